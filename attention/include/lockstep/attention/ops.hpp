@@ -1,0 +1,41 @@
+#pragma once
+// The building blocks of batched attention as host calls (docs/api.md, "Primitive ops"). Each call
+// checks its arguments (typed errors; nothing is enqueued on error), enqueues one kernel launch
+// on `stream` and returns without synchronizing. Buffers must live on the stream's device.
+
+#include <cstdint>
+
+#include "lockstep/buffer.hpp"
+
+namespace lockstep::ops {
+
+// out[r, :] = softmax(in[r, :]) for `rows` rows of length n (row-major, in == out allowed).
+void softmax_rows(Stream& stream, const Buffer<float>& in, Buffer<float>& out, std::int64_t rows,
+                  std::int64_t n);
+
+// out[i] = in[i] * scale for every element (same size; in == out allowed).
+void scale(Stream& stream, const Buffer<float>& in, Buffer<float>& out, float scale);
+
+// [seq, heads * dim] (interleaved) -> [heads, seq, dim] (batched).
+void interleaved_to_batched(Stream& stream, const Buffer<float>& in, Buffer<float>& out,
+                            std::int64_t seq, std::int64_t heads, std::int64_t dim);
+// [heads, seq, dim] -> [seq, heads * dim].
+void batched_to_interleaved(Stream& stream, const Buffer<float>& in, Buffer<float>& out,
+                            std::int64_t seq, std::int64_t heads, std::int64_t dim);
+// out [seq, dim] = head `head` of in [seq, heads * dim].
+void extract_head(Stream& stream, const Buffer<float>& in, Buffer<float>& out, std::int64_t seq,
+                  std::int64_t heads, std::int64_t dim, std::int64_t head);
+// Head `head` of out [seq, heads * dim] = in [seq, dim]; the other heads are untouched.
+void copy_head_back(Stream& stream, const Buffer<float>& in, Buffer<float>& out,
+                    std::int64_t seq, std::int64_t heads, std::int64_t dim, std::int64_t head);
+
+// out[b] = in[b]^T for in [batch, rows, cols] -> out [batch, cols, rows].
+void transpose(Stream& stream, const Buffer<float>& in, Buffer<float>& out, std::int64_t batch,
+               std::int64_t rows, std::int64_t cols);
+
+// c[b] = alpha * a[b] x b[b]: a [batch, m, k], b [batch, k, n], c [batch, m, n], row-major,
+// strict fp32 (SIMT). c must not overlap a or b.
+void gemm(Stream& stream, const Buffer<float>& a, const Buffer<float>& b, Buffer<float>& c,
+          std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k, float alpha = 1.0f);
+
+}  // namespace lockstep::ops

@@ -1,0 +1,48 @@
+#pragma once
+// Argument checks shared by the attention calls: every failure is an InvalidArgument naming the
+// parameter, its value and the limit, raised before anything is enqueued.
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+
+#include "lockstep/buffer.hpp"
+
+namespace lockstep::detail {
+
+inline void check_positive(std::string_view where, std::string_view name, std::int64_t v) {
+  check_arg(v >= 1, where, name, v, ">= 1");
+}
+inline void check_nonneg(std::string_view where, std::string_view name, std::int64_t v) {
+  check_arg(v >= 0, where, name, v, ">= 0");
+}
+
+template <class T>
+void check_on(std::string_view where, std::string_view name, const Buffer<T>& b, Stream& s) {
+  check_arg(!b.empty() || b.shared_device() != nullptr, where, name, "an empty Buffer",
+            "an allocated buffer");
+  check_arg(&b.device() == &s.device(), where, std::string(name) + ".device", b.device().id().str(),
+            "the stream's device " + s.device().id().str());
+}
+
+// Buffer `b` must hold exactly `expected` elements (the product of the named dims).
+template <class T>
+void check_size(std::string_view where, std::string_view name, const Buffer<T>& b,
+                std::uint64_t expected, std::string_view shape) {
+  check_arg(b.size() == expected, where, std::string(name) + ".size()", b.size(),
+            std::to_string(expected) + " (" + std::string(shape) + ")");
+}
+
+inline std::string dims(std::initializer_list<std::int64_t> d) {
+  std::string s = "[";
+  bool first = true;
+  for (auto v : d) {
+    if (!first) s += ", ";
+    s += std::to_string(v);
+    first = false;
+  }
+  return s + "]";
+}
+
+}  // namespace lockstep::detail

@@ -1,0 +1,25 @@
+#pragma once
+// Internal: the kernel launches behind the public calls, on raw device addresses (so that
+// per-head and per-batch offsets can be expressed). Each checks the kernel's indexing and grid
+// limits, which the public calls have not already implied.
+
+#include <cstdint>
+
+#include "lockstep/device.hpp"
+
+namespace lockstep::detail {
+
+void launch_softmax(Stream& s, const float* in, float* out, std::int64_t rows, std::int64_t n);
+void launch_scale(Stream& s, const float* in, float* out, std::int64_t n, float scale);
+// out[a*oa + b*ob + c] = in[a*ia + b*ib + c].
+void launch_copy3d(Stream& s, const float* in, float* out, std::int64_t A, std::int64_t B,
+                   std::int64_t C, std::int64_t ia, std::int64_t ib, std::int64_t oa,
+                   std::int64_t ob);
+void launch_transpose(Stream& s, const float* in, float* out, std::int64_t batch, std::int64_t R,
+                      std::int64_t C);
+void launch_gemm(Stream& s, const float* a, const float* b, float* c, std::int64_t batch,
+                 std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t lda,
+                 std::int64_t ldb, std::int64_t ldc, std::int64_t stride_a,
+                 std::int64_t stride_b, std::int64_t stride_c, float alpha);
+
+}  // namespace lockstep::detail

@@ -1,0 +1,209 @@
+#include "lockstep/attention/ops.hpp"
+
+#include <algorithm>
+
+#include "checks.hpp"
+#include "launchers.hpp"
+#include "lockstep/kernels/launch.hpp"
+
+namespace lockstep {
+namespace detail {
+
+namespace {
+std::uint32_t grid_dim(std::int64_t v, std::string_view where, std::string_view what,
+                       std::int64_t limit) {
+  check_arg(v <= limit, where, what, v, "<= " + std::to_string(limit) + " (launch grid limit)");
+  return static_cast<std::uint32_t>(std::max<std::int64_t>(v, 1));
+}
+}  // namespace
+
+void launch_softmax(Stream& s, const float* in, float* out, std::int64_t rows, std::int64_t n) {
+  using K = kernels::SoftmaxRows;
+  if (rows == 0) return;
+  check_fits(std::uint64_t(n) * K::kRowsPerBlock, kMaxLaneOffset, "softmax_rows",
+             "8 * n (row length)");
+  const auto gx = grid_dim(kernels::ceil_div(rows, K::kRowsPerBlock), "softmax_rows",
+                           "ceil(rows / 8)", 0x7fffffff);
+  launch<K>(s, Dim3{gx, 1, 1}, 0, K::Params{in, out, rows, n});
+}
+
+void launch_scale(Stream& s, const float* in, float* out, std::int64_t n, float scale) {
+  using K = kernels::Scale;
+  if (n == 0) return;
+  const auto gx = grid_dim(kernels::ceil_div(n, K::kPerBlock), "scale", "ceil(n / 1024)",
+                           0x7fffffff);
+  launch<K>(s, Dim3{gx, 1, 1}, 0, K::Params{in, out, n, scale});
+}
+
+void launch_copy3d(Stream& s, const float* in, float* out, std::int64_t A, std::int64_t B,
+                   std::int64_t C, std::int64_t ia, std::int64_t ib, std::int64_t oa,
+                   std::int64_t ob) {
+  using K = kernels::Copy3D;
+  if (A == 0 || B == 0 || C == 0) return;
+  check_fits(std::uint64_t(ib) * K::kRowsPerBlock + std::uint64_t(C), kMaxLaneOffset, "copy3d",
+             "8 * input row stride + row length");
+  check_fits(std::uint64_t(ob) * K::kRowsPerBlock + std::uint64_t(C), kMaxLaneOffset, "copy3d",
+             "8 * output row stride + row length");
+  const auto gx = grid_dim(kernels::ceil_div(B, K::kRowsPerBlock), "copy3d", "ceil(rows / 8)",
+                           0x7fffffff);
+  const std::int64_t gy = std::min<std::int64_t>(A, 65535);
+  const auto gz = grid_dim(kernels::ceil_div(A, gy), "copy3d", "ceil(A / 65535)", 65535);
+  launch<K>(s, Dim3{gx, static_cast<std::uint32_t>(gy), gz}, 0,
+            K::Params{in, out, A, B, C, ia, ib, oa, ob});
+}
+
+void launch_transpose(Stream& s, const float* in, float* out, std::int64_t batch, std::int64_t R,
+                      std::int64_t C) {
+  using K = kernels::Transpose;
+  if (batch == 0 || R == 0 || C == 0) return;
+  check_fits(std::uint64_t(C) * K::kTile, kMaxLaneOffset, "transpose", "32 * cols");
+  check_fits(std::uint64_t(R) * K::kTile, kMaxLaneOffset, "transpose", "32 * rows");
+  const auto gx = grid_dim(kernels::ceil_div(C, K::kTile), "transpose", "ceil(cols / 32)",
+                           0x7fffffff);
+  const auto gy = grid_dim(kernels::ceil_div(R, K::kTile), "transpose", "ceil(rows / 32)", 65535);
+  const auto gz = grid_dim(batch, "transpose", "batch", 65535);
+  launch<K>(s, Dim3{gx, gy, gz}, K::kSharedBytes, K::Params{in, out, batch, R, C});
+}
+
+void launch_gemm(Stream& s, const float* a, const float* b, float* c, std::int64_t batch,
+                 std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t lda,
+                 std::int64_t ldb, std::int64_t ldc, std::int64_t stride_a,
+                 std::int64_t stride_b, std::int64_t stride_c, float alpha) {
+  using K = kernels::Gemm;
+  if (batch == 0 || m == 0 || n == 0) return;
+  check_fits(std::uint64_t(lda) * K::kTile + K::kK, kMaxLaneOffset, "gemm", "64 * lda");
+  check_fits(std::uint64_t(ldb) * K::kK + K::kTile, kMaxLaneOffset, "gemm", "16 * ldb");
+  check_fits(std::uint64_t(ldc) * K::kTile + K::kTile, kMaxLaneOffset, "gemm", "64 * ldc");
+  const auto gx = grid_dim(kernels::ceil_div(n, K::kTile), "gemm", "ceil(n / 64)", 0x7fffffff);
+  const auto gy = grid_dim(kernels::ceil_div(m, K::kTile), "gemm", "ceil(m / 64)", 65535);
+  const auto gz = grid_dim(batch, "gemm", "batch", 65535);
+  launch<K>(s, Dim3{gx, gy, gz}, K::kSharedBytes,
+            K::Params{a, b, c, m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, alpha});
+}
+
+}  // namespace detail
+
+namespace ops {
+
+void softmax_rows(Stream& stream, const Buffer<float>& in, Buffer<float>& out, std::int64_t rows,
+                  std::int64_t n) {
+  constexpr std::string_view w = "softmax_rows";
+  detail::check_nonneg(w, "rows", rows);
+  detail::check_positive(w, "n", n);
+  detail::check_on(w, "in", in, stream);
+  detail::check_on(w, "out", out, stream);
+  const auto total = checked_mul(rows, n, w, "rows * n");
+  detail::check_size(w, "in", in, total, "rows * n");
+  detail::check_size(w, "out", out, total, "rows * n");
+  detail::launch_softmax(stream, in.data().get(), out.data().get(), rows, n);
+}
+
+void scale(Stream& stream, const Buffer<float>& in, Buffer<float>& out, float s) {
+  constexpr std::string_view w = "scale";
+  detail::check_on(w, "in", in, stream);
+  detail::check_on(w, "out", out, stream);
+  detail::check_size(w, "out", out, in.size(), "in.size()");
+  detail::launch_scale(stream, in.data().get(), out.data().get(),
+                       static_cast<std::int64_t>(in.size()), s);
+}
+
+namespace {
+void check_layout(std::string_view w, Stream& stream, const Buffer<float>& in,
+                  const Buffer<float>& out, std::int64_t seq, std::int64_t heads,
+                  std::int64_t dim, std::uint64_t in_elems, std::uint64_t out_elems) {
+  detail::check_nonneg(w, "seq", seq);
+  detail::check_positive(w, "heads", heads);
+  detail::check_positive(w, "dim", dim);
+  detail::check_on(w, "in", in, stream);
+  detail::check_on(w, "out", out, stream);
+  detail::check_size(w, "in", in, in_elems, "");
+  detail::check_size(w, "out", out, out_elems, "");
+}
+}  // namespace
+
+void interleaved_to_batched(Stream& stream, const Buffer<float>& in, Buffer<float>& out,
+                            std::int64_t seq, std::int64_t heads, std::int64_t dim) {
+  constexpr std::string_view w = "interleaved_to_batched";
+  const auto n = checked_product({std::uint64_t(std::max<std::int64_t>(seq, 0)),
+                                  std::uint64_t(std::max<std::int64_t>(heads, 0)),
+                                  std::uint64_t(std::max<std::int64_t>(dim, 0))},
+                                 w, "seq * heads * dim");
+  check_layout(w, stream, in, out, seq, heads, dim, n, n);
+  detail::launch_copy3d(stream, in.data().get(), out.data().get(), heads, seq, dim, dim,
+                        heads * dim, seq * dim, dim);
+}
+
+void batched_to_interleaved(Stream& stream, const Buffer<float>& in, Buffer<float>& out,
+                            std::int64_t seq, std::int64_t heads, std::int64_t dim) {
+  constexpr std::string_view w = "batched_to_interleaved";
+  const auto n = checked_product({std::uint64_t(std::max<std::int64_t>(seq, 0)),
+                                  std::uint64_t(std::max<std::int64_t>(heads, 0)),
+                                  std::uint64_t(std::max<std::int64_t>(dim, 0))},
+                                 w, "seq * heads * dim");
+  check_layout(w, stream, in, out, seq, heads, dim, n, n);
+  detail::launch_copy3d(stream, in.data().get(), out.data().get(), heads, seq, dim, seq * dim,
+                        dim, dim, heads * dim);
+}
+
+void extract_head(Stream& stream, const Buffer<float>& in, Buffer<float>& out, std::int64_t seq,
+                  std::int64_t heads, std::int64_t dim, std::int64_t head) {
+  constexpr std::string_view w = "extract_head";
+  const auto n = checked_product({std::uint64_t(std::max<std::int64_t>(seq, 0)),
+                                  std::uint64_t(std::max<std::int64_t>(heads, 0)),
+                                  std::uint64_t(std::max<std::int64_t>(dim, 0))},
+                                 w, "seq * heads * dim");
+  check_layout(w, stream, in, out, seq, heads, dim, n, n / std::uint64_t(std::max<std::int64_t>(heads, 1)));
+  check_arg(head >= 0 && head < heads, w, "head", head, "in [0, heads) = [0, " + std::to_string(heads) + ")");
+  detail::launch_copy3d(stream, in.data().get() + head * dim, out.data().get(), 1, seq, dim, 0,
+                        heads * dim, 0, dim);
+}
+
+void copy_head_back(Stream& stream, const Buffer<float>& in, Buffer<float>& out,
+                    std::int64_t seq, std::int64_t heads, std::int64_t dim, std::int64_t head) {
+  constexpr std::string_view w = "copy_head_back";
+  const auto n = checked_product({std::uint64_t(std::max<std::int64_t>(seq, 0)),
+                                  std::uint64_t(std::max<std::int64_t>(heads, 0)),
+                                  std::uint64_t(std::max<std::int64_t>(dim, 0))},
+                                 w, "seq * heads * dim");
+  check_layout(w, stream, in, out, seq, heads, dim, n / std::uint64_t(std::max<std::int64_t>(heads, 1)), n);
+  check_arg(head >= 0 && head < heads, w, "head", head, "in [0, heads) = [0, " + std::to_string(heads) + ")");
+  detail::launch_copy3d(stream, in.data().get(), out.data().get() + head * dim, 1, seq, dim, 0,
+                        dim, 0, heads * dim);
+}
+
+void transpose(Stream& stream, const Buffer<float>& in, Buffer<float>& out, std::int64_t batch,
+               std::int64_t rows, std::int64_t cols) {
+  constexpr std::string_view w = "transpose";
+  detail::check_nonneg(w, "batch", batch);
+  detail::check_positive(w, "rows", rows);
+  detail::check_positive(w, "cols", cols);
+  detail::check_on(w, "in", in, stream);
+  detail::check_on(w, "out", out, stream);
+  const auto n = checked_product({std::uint64_t(batch), std::uint64_t(rows), std::uint64_t(cols)},
+                                 w, "batch * rows * cols");
+  detail::check_size(w, "in", in, n, "batch * rows * cols");
+  detail::check_size(w, "out", out, n, "batch * rows * cols");
+  detail::launch_transpose(stream, in.data().get(), out.data().get(), batch, rows, cols);
+}
+
+void gemm(Stream& stream, const Buffer<float>& a, const Buffer<float>& b, Buffer<float>& c,
+          std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k, float alpha) {
+  constexpr std::string_view w = "gemm";
+  detail::check_nonneg(w, "batch", batch);
+  detail::check_positive(w, "m", m);
+  detail::check_positive(w, "n", n);
+  detail::check_positive(w, "k", k);
+  detail::check_on(w, "a", a, stream);
+  detail::check_on(w, "b", b, stream);
+  detail::check_on(w, "c", c, stream);
+  const auto ub = std::uint64_t(batch);
+  detail::check_size(w, "a", a, checked_product({ub, std::uint64_t(m), std::uint64_t(k)}, w, "batch * m * k"), "batch * m * k");
+  detail::check_size(w, "b", b, checked_product({ub, std::uint64_t(k), std::uint64_t(n)}, w, "batch * k * n"), "batch * k * n");
+  detail::check_size(w, "c", c, checked_product({ub, std::uint64_t(m), std::uint64_t(n)}, w, "batch * m * n"), "batch * m * n");
+  check_arg(&c != &a && &c != &b, w, "c", "the same buffer as a or b", "a distinct output buffer");
+  detail::launch_gemm(stream, a.data().get(), b.data().get(), c.data().get(), batch, m, n, k, k, n,
+                      n, m * k, k * n, m * n, alpha);
+}
+
+}  // namespace ops
+}  // namespace lockstep

@@ -1,0 +1,33 @@
+#pragma once
+// The bridge between the baseline-compiled CPU device and the per-SIMD-variant kernel code:
+// plain function pointers, no TBB, no Highway, no templates shared across variants.
+
+#include <cstdint>
+
+#include "lockstep/device.hpp"
+
+namespace lockstep::cpu {
+
+// Runs blocks [begin, end) of a launch (block b = order ? order[i] : i), with `shared` as the
+// block's shared memory.
+using BlockRangeFn = void (*)(const lockstep::detail::KernelLaunch& launch, std::uint64_t begin,
+                              std::uint64_t end, char* shared, const std::uint64_t* order);
+
+struct KernelTable {
+  const char* target = "";  // Highway target name
+  const BlockRangeFn* fns = nullptr;
+  int count = 0;
+};
+
+// One per compiled variant (cpu_variant.cpp).
+namespace avx3 {
+const KernelTable& kernel_table();
+}
+namespace avx2 {
+const KernelTable& kernel_table();
+}
+namespace generic {
+const KernelTable& kernel_table();
+}
+
+}  // namespace lockstep::cpu

@@ -1,0 +1,824 @@
+// The CPU execution model: lanes, lane expressions and CpuExec<N>, the context a kernel template
+// is instantiated with on the simulated device (design.md §3, docs/kernels.md).
+//
+// Deliberately no #pragma once: this header is compiled once per SIMD variant (cpu_variant.cpp is
+// built with -mavx512*, -mavx2 -mfma, or baseline flags) inside the namespace LOCKSTEP_CPU_NS, so
+// every variant gets its own types and no inline function is shared between variants.
+//
+// A block of N threads runs in lockstep, statement by statement. A per-thread value is a
+// LaneArray<T, N>: N values in memory. Arithmetic on lanes builds a small expression tree that is
+// evaluated, when assigned, one SIMD chunk (kL lanes) at a time, so a statement such as
+//   s = s + x.exp(v - m);
+// runs as one loop with everything in registers. Every operation maps to an IEEE-exact
+// Highway operation, and fma is a real fused multiply-add (never multiply + add, see fma below).
+
+#ifndef LOCKSTEP_CPU_NS
+#error "define LOCKSTEP_CPU_NS (the SIMD variant namespace) before including lanes.hpp"
+#endif
+
+#include <hwy/highway.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <tuple>
+#include <type_traits>
+#include <string>
+#include <utility>
+
+#include "lockstep/error.hpp"
+#include "lockstep/kernels/math.hpp"
+
+namespace lockstep::cpu::LOCKSTEP_CPU_NS {
+
+namespace hn = hwy::HWY_NAMESPACE;
+#define LS_INLINE inline __attribute__((always_inline))
+
+using DF = hn::ScalableTag<float>;
+using DI = hn::ScalableTag<std::int32_t>;
+inline constexpr int kL = static_cast<int>(hn::MaxLanes(DF()));
+inline const char* variant_target_name() { return hwy::TargetName(HWY_TARGET); }
+
+// ================================================================================================
+// Chunk values: kL lanes in one SIMD register. The math library (kernels/math.hpp) is
+// instantiated with VF exactly as CUDA instantiates it with float.
+// ================================================================================================
+struct VM {
+  hn::Mask<DI> m;
+  LS_INLINE VM() = default;
+  LS_INLINE VM(hn::Mask<DI> x) : m(x) {}
+  LS_INLINE explicit VM(bool b) : m(hn::FirstN(DI(), b ? kL : 0)) {}
+};
+struct VI {
+  hn::Vec<DI> v;
+  LS_INLINE VI() = default;
+  LS_INLINE VI(hn::Vec<DI> x) : v(x) {}
+  LS_INLINE VI(std::int32_t s) : v(hn::Set(DI(), s)) {}
+};
+struct VF {
+  hn::Vec<DF> v;
+  LS_INLINE VF() = default;
+  LS_INLINE VF(hn::Vec<DF> x) : v(x) {}
+  LS_INLINE VF(float s) : v(hn::Set(DF(), s)) {}
+};
+
+LS_INLINE VM fmask(hn::Mask<DF> m) { return VM(hn::RebindMask(DI(), m)); }
+LS_INLINE hn::Mask<DF> to_fmask(VM m) { return hn::RebindMask(DF(), m.m); }
+
+// --- VF ---
+LS_INLINE VF operator+(VF a, VF b) { return hn::Add(a.v, b.v); }
+LS_INLINE VF operator-(VF a, VF b) { return hn::Sub(a.v, b.v); }
+LS_INLINE VF operator*(VF a, VF b) { return hn::Mul(a.v, b.v); }
+LS_INLINE VF operator/(VF a, VF b) { return hn::Div(a.v, b.v); }
+LS_INLINE VF operator-(VF a) { return hn::Neg(a.v); }
+LS_INLINE VM operator<(VF a, VF b) { return fmask(hn::Lt(a.v, b.v)); }
+LS_INLINE VM operator>(VF a, VF b) { return fmask(hn::Gt(a.v, b.v)); }
+LS_INLINE VM operator<=(VF a, VF b) { return fmask(hn::Le(a.v, b.v)); }
+LS_INLINE VM operator>=(VF a, VF b) { return fmask(hn::Ge(a.v, b.v)); }
+LS_INLINE VM operator==(VF a, VF b) { return fmask(hn::Eq(a.v, b.v)); }
+// C++ != is unordered (NaN != NaN is true); Highway's Ne is the ordered compare, so negate Eq.
+LS_INLINE VM operator!=(VF a, VF b) { return fmask(hn::Not(hn::Eq(a.v, b.v))); }
+// --- VI ---
+LS_INLINE VI operator+(VI a, VI b) { return hn::Add(a.v, b.v); }
+LS_INLINE VI operator-(VI a, VI b) { return hn::Sub(a.v, b.v); }
+LS_INLINE VI operator*(VI a, VI b) { return hn::Mul(a.v, b.v); }
+LS_INLINE VI operator&(VI a, VI b) { return hn::And(a.v, b.v); }
+LS_INLINE VI operator|(VI a, VI b) { return hn::Or(a.v, b.v); }
+LS_INLINE VI operator^(VI a, VI b) { return hn::Xor(a.v, b.v); }
+LS_INLINE VI operator~(VI a) { return hn::Not(a.v); }
+LS_INLINE VI operator-(VI a) { return hn::Neg(a.v); }
+LS_INLINE VI operator<<(VI a, int s) { return hn::ShiftLeftSame(a.v, s); }
+LS_INLINE VI operator>>(VI a, int s) { return hn::ShiftRightSame(a.v, s); }  // arithmetic
+LS_INLINE VM operator<(VI a, VI b) { return hn::Lt(a.v, b.v); }
+LS_INLINE VM operator>(VI a, VI b) { return hn::Gt(a.v, b.v); }
+LS_INLINE VM operator<=(VI a, VI b) { return hn::Not(hn::Gt(a.v, b.v)); }
+LS_INLINE VM operator>=(VI a, VI b) { return hn::Not(hn::Lt(a.v, b.v)); }
+LS_INLINE VM operator==(VI a, VI b) { return hn::Eq(a.v, b.v); }
+LS_INLINE VM operator!=(VI a, VI b) { return hn::Not(hn::Eq(a.v, b.v)); }
+// --- VM ---
+LS_INLINE VM operator&(VM a, VM b) { return hn::And(a.m, b.m); }
+LS_INLINE VM operator|(VM a, VM b) { return hn::Or(a.m, b.m); }
+LS_INLINE VM operator^(VM a, VM b) { return hn::Xor(a.m, b.m); }
+LS_INLINE VM operator!(VM a) { return hn::Not(a.m); }
+LS_INLINE VM operator==(VM a, VM b) { return hn::Not(hn::Xor(a.m, b.m)); }
+LS_INLINE VM operator!=(VM a, VM b) { return hn::Xor(a.m, b.m); }
+
+// The primitives kernels/math.hpp is written with (same names as its scalar versions).
+LS_INLINE VF fma(VF a, VF b, VF c) {
+#if HWY_NATIVE_FMA
+  return hn::MulAdd(a.v, b.v, c.v);
+#else
+  // A target without a fused multiply-add must not fall back to multiply + add (two
+  // roundings): compute each lane with a correctly rounded std::fma instead.
+  alignas(64) float x[kL], y[kL], z[kL];
+  hn::Store(a.v, DF(), x);
+  hn::Store(b.v, DF(), y);
+  hn::Store(c.v, DF(), z);
+  for (int i = 0; i < kL; ++i) x[i] = std::fma(x[i], y[i], z[i]);
+  return hn::Load(DF(), x);
+#endif
+}
+LS_INLINE VF select(VM m, VF a, VF b) { return hn::IfThenElse(to_fmask(m), a.v, b.v); }
+LS_INLINE VI select(VM m, VI a, VI b) { return hn::IfThenElse(m.m, a.v, b.v); }
+LS_INLINE VM select(VM m, VM a, VM b) { return hn::Or(hn::And(m.m, a.m), hn::AndNot(m.m, b.m)); }
+LS_INLINE VI as_int(VF a) { return hn::BitCast(DI(), a.v); }
+LS_INLINE VF as_float(VI a) { return hn::BitCast(DF(), a.v); }
+LS_INLINE VF to_float(VI a) { return hn::ConvertTo(DF(), a.v); }
+LS_INLINE VF rint(VF a) { return hn::Round(a.v); }
+LS_INLINE VF floor(VF a) { return hn::Floor(a.v); }
+LS_INLINE VF sqrt(VF a) { return hn::Sqrt(a.v); }
+LS_INLINE VM isnan(VF a) { return fmask(hn::Not(hn::Eq(a.v, a.v))); }
+LS_INLINE VF abs(VF a) { return hn::Abs(a.v); }
+
+
+// ================================================================================================
+// Lane expressions
+// ================================================================================================
+template <class C>
+struct value_of;
+template <>
+struct value_of<VF> {
+  using type = float;
+};
+template <>
+struct value_of<VI> {
+  using type = std::int32_t;
+};
+template <>
+struct value_of<VM> {
+  using type = bool;
+};
+template <class T>
+struct chunk_of;
+template <>
+struct chunk_of<float> {
+  using type = VF;
+};
+template <>
+struct chunk_of<std::int32_t> {
+  using type = VI;
+};
+template <>
+struct chunk_of<bool> {
+  using type = VM;
+};
+template <class T>
+using chunk_t = typename chunk_of<T>::type;
+
+template <class E>
+concept LaneExpr = requires { std::remove_cvref_t<E>::kLaneExpr; };
+template <class T>
+concept Arith = std::is_arithmetic_v<std::remove_cvref_t<T>>;
+template <class E>
+concept LaneOrArith = LaneExpr<E> || Arith<E>;
+
+template <class T, int N>
+class LaneArray;
+template <class E>
+struct is_lane_array : std::false_type {};
+template <class T, int N>
+struct is_lane_array<LaneArray<T, N>> : std::true_type {};
+
+// How an expression holds an operand: a named LaneArray by reference (it outlives the statement),
+// anything else (temporaries, nodes, scalars) by value.
+template <class E>
+using hold_t = std::conditional_t<std::is_lvalue_reference_v<E> &&
+                                      is_lane_array<std::remove_cvref_t<E>>::value,
+                                  const std::remove_cvref_t<E>&, std::remove_cvref_t<E>>;
+
+template <class T>
+struct Scalar {
+  static constexpr bool kLaneExpr = true;
+  using value_type = T;
+  T s;
+  LS_INLINE chunk_t<T> eval(int) const {
+    if constexpr (std::is_same_v<T, bool>)
+      return VM(s);
+    else
+      return chunk_t<T>(s);
+  }
+};
+
+// A scalar next to lanes of value type T. An integral scalar may meet float lanes (converted as
+// CUDA converts it); a floating scalar next to integer lanes is refused, because CUDA would then
+// compute in float.
+template <class T, class S>
+LS_INLINE Scalar<T> scalar_as(S s) {
+  if constexpr (std::is_same_v<T, std::int32_t>) {
+    static_assert(std::is_integral_v<S> && sizeof(S) <= 4,
+                  "int lanes mix only with 32-bit integral scalars (cast 64-bit values explicitly)");
+  } else if constexpr (std::is_same_v<T, float>) {
+    static_assert(!std::is_same_v<S, double>, "double scalar next to float lanes: write 1.0f");
+    static_assert(!std::is_integral_v<S> || sizeof(S) <= 4, "64-bit integer next to float lanes");
+  }
+  return Scalar<T>{static_cast<T>(s)};
+}
+
+template <class F, class... A>
+struct Node {
+  static constexpr bool kLaneExpr = true;
+  std::tuple<A...> args;
+  template <std::size_t... I>
+  LS_INLINE auto eval_impl(int c, std::index_sequence<I...>) const {
+    return F::apply(std::get<I>(args).eval(c)...);
+  }
+  LS_INLINE auto eval(int c) const { return eval_impl(c, std::index_sequence_for<A...>{}); }
+  using chunk_type = decltype(F::apply(std::declval<const std::remove_cvref_t<A>&>().eval(0)...));
+  using value_type = typename value_of<chunk_type>::type;
+};
+
+template <class E>
+using value_t = typename std::remove_cvref_t<E>::value_type;
+
+// Wraps an operand: expressions are held, scalars become Scalar<T>.
+template <class T, class E>
+LS_INLINE decltype(auto) wrap(E&& e) {
+  if constexpr (LaneExpr<E>)
+    return static_cast<hold_t<E&&>>(std::forward<E>(e));
+  else
+    return scalar_as<T>(e);
+}
+template <class F, class... E>
+LS_INLINE auto make_node(E&&... e) {
+  return Node<F, hold_t<E&&>...>{{std::forward<E>(e)...}};
+}
+
+// The value type of the lane operands among A, B (they must agree).
+template <class A, class B>
+struct lane_type {
+  using type = std::conditional_t<LaneExpr<A>, value_t<std::conditional_t<LaneExpr<A>, A, B>>,
+                                  value_t<std::conditional_t<LaneExpr<B>, B, A>>>;
+};
+
+#define LS_FUNCTOR(Name, expr)                     \
+  struct Name {                                    \
+    template <class... C>                          \
+    static LS_INLINE auto apply(const C&... c) {   \
+      return expr;                                 \
+    }                                              \
+  };
+
+#define LS_BINOP(op, Name)                                                                    \
+  struct Name {                                                                               \
+    template <class X, class Y>                                                               \
+    static LS_INLINE auto apply(const X& x, const Y& y) {                                     \
+      return x op y;                                                                          \
+    }                                                                                         \
+  };                                                                                          \
+  template <class A, class B>                                                                 \
+    requires(LaneExpr<A> || LaneExpr<B>) && LaneOrArith<A> && LaneOrArith<B>                  \
+  LS_INLINE auto operator op(A&& a, B&& b) {                                                  \
+    using T = typename lane_type<A, B>::type;                                                 \
+    if constexpr (LaneExpr<A> && LaneExpr<B>)                                                 \
+      static_assert(std::is_same_v<value_t<A>, value_t<B>>,                                   \
+                    "lanes of different types: convert explicitly (to_float, as_int)");       \
+    return make_node<Name>(wrap<T>(std::forward<A>(a)), wrap<T>(std::forward<B>(b)));         \
+  }
+
+LS_BINOP(+, OpAdd)
+LS_BINOP(-, OpSub)
+LS_BINOP(*, OpMul)
+LS_BINOP(/, OpDiv)
+LS_BINOP(&, OpAnd)
+LS_BINOP(|, OpOr)
+LS_BINOP(^, OpXor)
+LS_BINOP(<, OpLt)
+LS_BINOP(>, OpGt)
+LS_BINOP(<=, OpLe)
+LS_BINOP(>=, OpGe)
+LS_BINOP(==, OpEq)
+LS_BINOP(!=, OpNe)
+#undef LS_BINOP
+
+struct OpNeg {
+  template <class X>
+  static LS_INLINE auto apply(const X& x) {
+    return -x;
+  }
+};
+struct OpNot {
+  static LS_INLINE VM apply(const VM& x) { return !x; }
+  static LS_INLINE VI apply(const VI& x) { return ~x; }
+};
+template <LaneExpr A>
+LS_INLINE auto operator-(A&& a) {
+  return make_node<OpNeg>(std::forward<A>(a));
+}
+template <LaneExpr A>
+LS_INLINE auto operator!(A&& a) {
+  return make_node<OpNot>(std::forward<A>(a));
+}
+template <LaneExpr A>
+LS_INLINE auto operator~(A&& a) {
+  return make_node<OpNot>(std::forward<A>(a));
+}
+
+template <int S>
+struct OpShl {
+  static LS_INLINE VI apply(const VI& x) { return hn::ShiftLeft<S>(x.v); }
+};
+template <int S>
+struct OpShr {
+  static LS_INLINE VI apply(const VI& x) { return hn::ShiftRight<S>(x.v); }
+};
+struct OpShlVar {
+  static LS_INLINE VI apply(const VI& x, const VI& s) { return x << hn::GetLane(s.v); }
+};
+struct OpShrVar {
+  static LS_INLINE VI apply(const VI& x, const VI& s) { return x >> hn::GetLane(s.v); }
+};
+// Shifts by a block-uniform count.
+template <LaneExpr A>
+LS_INLINE auto operator<<(A&& a, int s) {
+  return make_node<OpShlVar>(std::forward<A>(a), Scalar<std::int32_t>{s});
+}
+template <LaneExpr A>
+LS_INLINE auto operator>>(A&& a, int s) {
+  return make_node<OpShrVar>(std::forward<A>(a), Scalar<std::int32_t>{s});
+}
+
+// Integer division and remainder by a uniform or lane divisor: per lane (rare in kernels;
+// prefer shifts and masks by powers of two).
+struct OpIDiv {
+  static LS_INLINE VI apply(const VI& a, const VI& b) {
+    alignas(64) std::int32_t x[kL], y[kL];
+    hn::Store(a.v, DI(), x);
+    hn::Store(b.v, DI(), y);
+    for (int i = 0; i < kL; ++i) x[i] = x[i] / y[i];
+    return hn::Load(DI(), x);
+  }
+};
+struct OpIRem {
+  static LS_INLINE VI apply(const VI& a, const VI& b) {
+    alignas(64) std::int32_t x[kL], y[kL];
+    hn::Store(a.v, DI(), x);
+    hn::Store(b.v, DI(), y);
+    for (int i = 0; i < kL; ++i) x[i] = x[i] % y[i];
+    return hn::Load(DI(), x);
+  }
+};
+template <class A, class B>
+  requires(LaneExpr<A> || LaneExpr<B>) && LaneOrArith<A> && LaneOrArith<B>
+LS_INLINE auto operator%(A&& a, B&& b) {
+  return make_node<OpIRem>(wrap<std::int32_t>(std::forward<A>(a)),
+                           wrap<std::int32_t>(std::forward<B>(b)));
+}
+
+LS_FUNCTOR(OpFma, fma(c...))
+LS_FUNCTOR(OpSelect, select(c...))
+LS_FUNCTOR(OpExp, math::exp(c...))
+LS_FUNCTOR(OpExp2, math::exp2(c...))
+LS_FUNCTOR(OpLog, math::log(c...))
+LS_FUNCTOR(OpSin, math::sin(c...))
+LS_FUNCTOR(OpCos, math::cos(c...))
+LS_FUNCTOR(OpMax, math::max(c...))
+LS_FUNCTOR(OpMin, math::min(c...))
+LS_FUNCTOR(OpSqrt, sqrt(c...))
+LS_FUNCTOR(OpAbs, abs(c...))
+LS_FUNCTOR(OpToFloat, to_float(c...))
+LS_FUNCTOR(OpAsInt, as_int(c...))
+LS_FUNCTOR(OpAsFloat, as_float(c...))
+LS_FUNCTOR(OpRint, rint(c...))
+LS_FUNCTOR(OpFloor, floor(c...))
+LS_FUNCTOR(OpIsNan, isnan(c...))
+LS_FUNCTOR(OpRoundHalf, math::round_to_half(c...))
+#undef LS_FUNCTOR
+
+struct ThreadIdx {
+  static constexpr bool kLaneExpr = true;
+  using value_type = std::int32_t;
+  LS_INLINE VI eval(int c) const { return hn::Iota(DI(), c * kL); }
+};
+
+// ================================================================================================
+// LaneArray: one value per thread of the block, materialized.
+// ================================================================================================
+template <class T, int N>
+class LaneArray {
+  static_assert(N % kL == 0 || kL % N == 0, "block size must be a multiple of the SIMD width");
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, std::int32_t> ||
+                std::is_same_v<T, bool>, "lanes hold float, int32_t or bool");
+  using storage_t = std::conditional_t<std::is_same_v<T, bool>, std::int32_t, T>;
+  using tag_t = std::conditional_t<std::is_same_v<T, float>, DF, DI>;
+
+ public:
+  static constexpr bool kLaneExpr = true;
+  static constexpr int kChunks = N / kL;
+  using value_type = T;
+
+  LS_INLINE LaneArray() = default;
+  LS_INLINE LaneArray(T s) { *this = s; }
+  template <LaneExpr E>
+    requires(!std::is_same_v<std::remove_cvref_t<E>, LaneArray>)
+  LS_INLINE LaneArray(const E& e) {
+    assign(e);
+  }
+  LaneArray(const LaneArray&) = default;
+  LaneArray& operator=(const LaneArray&) = default;
+  template <LaneExpr E>
+    requires(!std::is_same_v<std::remove_cvref_t<E>, LaneArray>)
+  LS_INLINE LaneArray& operator=(const E& e) {
+    assign(e);
+    return *this;
+  }
+  LS_INLINE LaneArray& operator=(T s) {
+    assign(Scalar<T>{s});
+    return *this;
+  }
+  template <class E>
+  LS_INLINE LaneArray& operator+=(E&& e) {
+    return *this = *this + std::forward<E>(e);
+  }
+  template <class E>
+  LS_INLINE LaneArray& operator-=(E&& e) {
+    return *this = *this - std::forward<E>(e);
+  }
+  template <class E>
+  LS_INLINE LaneArray& operator*=(E&& e) {
+    return *this = *this * std::forward<E>(e);
+  }
+
+  LS_INLINE chunk_t<T> eval(int c) const {
+    if constexpr (std::is_same_v<T, bool>)
+      return VM(hn::Ne(hn::Load(DI(), v_ + c * kL), hn::Zero(DI())));
+    else
+      return chunk_t<T>(hn::Load(tag_t(), v_ + c * kL));
+  }
+  LS_INLINE void store_chunk(int c, const chunk_t<T>& x) {
+    if constexpr (std::is_same_v<T, bool>)
+      hn::Store(hn::VecFromMask(DI(), x.m), DI(), v_ + c * kL);
+    else
+      hn::Store(x.v, tag_t(), v_ + c * kL);
+  }
+
+  template <class E>
+  LS_INLINE void assign(const E& e) {
+    static_assert(std::is_same_v<typename std::remove_cvref_t<E>::value_type, T>,
+                  "assigning lanes of another type: convert explicitly (to_float, as_int)");
+    for (int c = 0; c < kChunks; ++c) store_chunk(c, e.eval(c));
+  }
+
+  storage_t* data() { return v_; }
+  const storage_t* data() const { return v_; }
+  T operator[](int i) const { return static_cast<T>(v_[i]); }
+  void set(int i, T v) { v_[i] = static_cast<storage_t>(v); }
+
+ private:
+  alignas(64) storage_t v_[N];
+};
+
+// ================================================================================================
+// Memory: per-chunk access with fast paths for the patterns SPMD kernels produce.
+// ================================================================================================
+template <class T>
+using mem_tag_t = std::conditional_t<std::is_same_v<T, float>, DF, DI>;
+
+// Loads kL lanes from base[o[i]] where m[i]; other lanes get `fallback`. Contiguous offsets
+// become one vector load, equal offsets a broadcast; masked-off lanes are never read.
+template <class T>
+LS_INLINE chunk_t<T> load_chunk(const T* base, const VI& o, const VM& m, T fallback) {
+  const mem_tag_t<T> d;
+  const std::int32_t o0 = hn::GetLane(o.v);
+  if (hn::AllTrue(DI(), m.m)) {
+    if (hn::AllTrue(DI(), hn::Eq(o.v, hn::Iota(DI(), o0)))) return chunk_t<T>(hn::LoadU(d, base + o0));
+    if (hn::AllTrue(DI(), hn::Eq(o.v, hn::Set(DI(), o0)))) return chunk_t<T>(hn::Set(d, base[o0]));
+    return chunk_t<T>(hn::GatherIndex(d, base, o.v));
+  }
+  if (hn::AllFalse(DI(), m.m)) return chunk_t<T>(fallback);
+  alignas(64) std::int32_t off[kL], act[kL];
+  alignas(64) T out[kL];
+  hn::Store(o.v, DI(), off);
+  hn::Store(hn::VecFromMask(DI(), m.m), DI(), act);
+  for (int i = 0; i < kL; ++i) out[i] = act[i] ? base[off[i]] : fallback;
+  return chunk_t<T>(hn::Load(d, out));
+}
+
+// Stores kL lanes to base[o[i]] where m[i], in lane order (a later lane wins on equal offsets,
+// which a race-free kernel never has).
+template <class T>
+LS_INLINE void store_chunk(T* base, const VI& o, const chunk_t<T>& v, const VM& m) {
+  const mem_tag_t<T> d;
+  const std::int32_t o0 = hn::GetLane(o.v);
+  const bool contiguous = hn::AllTrue(DI(), hn::Eq(o.v, hn::Iota(DI(), o0)));
+  if (contiguous && hn::AllTrue(DI(), m.m)) {
+    hn::StoreU(v.v, d, base + o0);
+    return;
+  }
+  if (hn::AllFalse(DI(), m.m)) return;
+  alignas(64) std::int32_t off[kL], act[kL];
+  alignas(64) T val[kL];
+  hn::Store(o.v, DI(), off);
+  hn::Store(hn::VecFromMask(DI(), m.m), DI(), act);
+  hn::Store(v.v, d, val);
+  for (int i = 0; i < kL; ++i)
+    if (act[i]) base[off[i]] = val[i];
+}
+
+template <class T, class O, class M>
+struct LoadNode {
+  static constexpr bool kLaneExpr = true;
+  using value_type = T;
+  const T* base;
+  O off;
+  M mask;
+  T fallback;
+  LS_INLINE chunk_t<T> eval(int c) const {
+    return load_chunk<T>(base, off.eval(c), mask.eval(c), fallback);
+  }
+};
+
+// A per-thread group of four consecutive values (CUDA float4/int4).
+template <class L>
+struct Quad {
+  L x, y, z, w;
+};
+
+// ================================================================================================
+// CpuExec<N>: the execution context of one block of N threads.
+// ================================================================================================
+struct BlockCoords {
+  std::uint32_t bx = 0, by = 0, bz = 0;
+  std::uint32_t gx = 1, gy = 1, gz = 1;
+};
+
+template <int N>
+class CpuExec {
+  static_assert(N % 32 == 0 && N >= 32 && N <= 1024, "threads per block: a multiple of 32");
+
+ public:
+  static constexpr int kThreads = N;
+  static constexpr int kWarps = N / 32;
+  static constexpr bool kIsCpu = true;
+  template <class T>
+  using Lanes = LaneArray<T, N>;
+
+  CpuExec(char* shared, std::size_t shared_bytes) : smem_(shared), smem_cap_(shared_bytes) {}
+  void begin_block(const BlockCoords& b) {
+    blk_ = b;
+    smem_off_ = 0;
+  }
+
+  // --- indices (block-uniform ones are plain ints) ---
+  int block_x() const { return static_cast<int>(blk_.bx); }
+  int block_y() const { return static_cast<int>(blk_.by); }
+  int block_z() const { return static_cast<int>(blk_.bz); }
+  int grid_x() const { return static_cast<int>(blk_.gx); }
+  int grid_y() const { return static_cast<int>(blk_.gy); }
+  int grid_z() const { return static_cast<int>(blk_.gz); }
+  ThreadIdx thread() const { return {}; }
+  auto lane() const { return ThreadIdx{} & 31; }
+  auto warp() const { return ThreadIdx{} >> 5; }
+
+  // --- shared memory: carved in call order from the launch's dynamic shared bytes ---
+  template <class T>
+  T* shared(std::size_t count) {
+    smem_off_ = (smem_off_ + 15) & ~std::size_t{15};
+    T* p = reinterpret_cast<T*>(smem_ + smem_off_);
+    smem_off_ += count * sizeof(T);
+    if (smem_off_ > smem_cap_) shared_overflow(smem_off_, smem_cap_);
+    return p;
+  }
+  void sync() const {}  // lockstep: every thread already reached this statement
+
+  // --- global and shared memory ---
+  template <class T, LaneExpr O>
+  LS_INLINE auto load(const T* base, O&& off) const {
+    return LoadNode<T, hold_t<O&&>, Scalar<bool>>{base, std::forward<O>(off), {true}, T{}};
+  }
+  template <class T, LaneExpr O, class M>
+  LS_INLINE auto load(const T* base, O&& off, M&& mask, T fallback) const {
+    return LoadNode<T, hold_t<O&&>, decltype(wrap<bool>(std::forward<M>(mask)))>{
+        base, std::forward<O>(off), wrap<bool>(std::forward<M>(mask)), fallback};
+  }
+  template <class T, LaneExpr O, class V>
+  LS_INLINE void store(T* base, O&& off, V&& val) const {
+    store(base, std::forward<O>(off), std::forward<V>(val), true);
+  }
+  template <class T, LaneExpr O, class V, class M>
+  LS_INLINE void store(T* base, O&& off, V&& val, M&& mask) const {
+    const auto& o = wrap<std::int32_t>(std::forward<O>(off));
+    const auto& v = wrap<T>(std::forward<V>(val));
+    const auto& m = wrap<bool>(std::forward<M>(mask));
+    for (int c = 0; c < N / kL; ++c) store_chunk<T>(base, o.eval(c), v.eval(c), m.eval(c));
+  }
+  // Four consecutive values per thread from base[off .. off+3] (off a multiple of 4: CUDA's
+  // 16-byte vector load). Contiguous quads become de-interleaving vector loads.
+  template <class T, LaneExpr O, class M>
+  Quad<Lanes<T>> load4(const T* base, O&& off, M&& mask) const {
+    Quad<Lanes<T>> q;
+    const auto& o = wrap<std::int32_t>(std::forward<O>(off));
+    const auto& m = wrap<bool>(std::forward<M>(mask));
+    const mem_tag_t<T> d;
+    for (int c = 0; c < N / kL; ++c) {
+      const VI oc = o.eval(c);
+      const VM mc = m.eval(c);
+      const std::int32_t o0 = hn::GetLane(oc.v);
+      if (hn::AllTrue(DI(), mc.m) &&
+          hn::AllTrue(DI(), hn::Eq(oc.v, hn::Add(hn::Set(DI(), o0),
+                                                  hn::ShiftLeft<2>(hn::Iota(DI(), 0)))))) {
+        hn::Vec<mem_tag_t<T>> a, b, e, f;
+        hn::LoadInterleaved4(d, base + o0, a, b, e, f);
+        hn::Store(a, d, q.x.data() + c * kL);
+        hn::Store(b, d, q.y.data() + c * kL);
+        hn::Store(e, d, q.z.data() + c * kL);
+        hn::Store(f, d, q.w.data() + c * kL);
+      } else {
+        alignas(64) std::int32_t off[kL], act[kL];
+        hn::Store(oc.v, DI(), off);
+        hn::Store(hn::VecFromMask(DI(), mc.m), DI(), act);
+        for (int i = 0; i < kL; ++i) {
+          const int l = c * kL + i;
+          const T* p = base + off[i];
+          q.x.set(l, act[i] ? p[0] : T{});
+          q.y.set(l, act[i] ? p[1] : T{});
+          q.z.set(l, act[i] ? p[2] : T{});
+          q.w.set(l, act[i] ? p[3] : T{});
+        }
+      }
+    }
+    return q;
+  }
+  template <class T, LaneExpr O>
+  Quad<Lanes<T>> load4(const T* base, O&& off) const {
+    return load4(base, std::forward<O>(off), true);
+  }
+  template <class T, LaneExpr O, class M>
+  void store4(T* base, O&& off, const Quad<Lanes<T>>& q, M&& mask) const {
+    const auto& o = wrap<std::int32_t>(std::forward<O>(off));
+    const auto& m = wrap<bool>(std::forward<M>(mask));
+    const mem_tag_t<T> d;
+    for (int c = 0; c < N / kL; ++c) {
+      const VI oc = o.eval(c);
+      const VM mc = m.eval(c);
+      const std::int32_t o0 = hn::GetLane(oc.v);
+      if (hn::AllTrue(DI(), mc.m) &&
+          hn::AllTrue(DI(), hn::Eq(oc.v, hn::Add(hn::Set(DI(), o0),
+                                                  hn::ShiftLeft<2>(hn::Iota(DI(), 0)))))) {
+        hn::StoreInterleaved4(hn::Load(d, q.x.data() + c * kL), hn::Load(d, q.y.data() + c * kL),
+                              hn::Load(d, q.z.data() + c * kL), hn::Load(d, q.w.data() + c * kL),
+                              d, base + o0);
+      } else {
+        alignas(64) std::int32_t off[kL], act[kL];
+        hn::Store(oc.v, DI(), off);
+        hn::Store(hn::VecFromMask(DI(), mc.m), DI(), act);
+        for (int i = 0; i < kL; ++i) {
+          if (!act[i]) continue;
+          const int l = c * kL + i;
+          T* p = base + off[i];
+          p[0] = q.x[l];
+          p[1] = q.y[l];
+          p[2] = q.z[l];
+          p[3] = q.w[l];
+        }
+      }
+    }
+  }
+  template <class T, LaneExpr O>
+  void store4(T* base, O&& off, const Quad<Lanes<T>>& q) const {
+    store4(base, std::forward<O>(off), q, true);
+  }
+
+  // --- lane-wise math (kernels/math.hpp, the same source CUDA runs) ---
+#define LS_UNARY(fn, Op)                                  \
+  template <LaneExpr A>                                   \
+  LS_INLINE auto fn(A&& a) const {                        \
+    return make_node<Op>(std::forward<A>(a));             \
+  }
+  LS_UNARY(exp, OpExp)
+  LS_UNARY(exp2, OpExp2)
+  LS_UNARY(log, OpLog)
+  LS_UNARY(sin, OpSin)
+  LS_UNARY(cos, OpCos)
+  LS_UNARY(sqrt, OpSqrt)
+  LS_UNARY(abs, OpAbs)
+  LS_UNARY(to_float, OpToFloat)
+  LS_UNARY(as_int, OpAsInt)
+  LS_UNARY(as_float, OpAsFloat)
+  LS_UNARY(rint, OpRint)
+  LS_UNARY(floor, OpFloor)
+  LS_UNARY(isnan, OpIsNan)
+  LS_UNARY(round_to_half, OpRoundHalf)
+#undef LS_UNARY
+  template <class A, class B, class C>
+  LS_INLINE auto fma(A&& a, B&& b, C&& c) const {
+    return make_node<OpFma>(wrap<float>(std::forward<A>(a)), wrap<float>(std::forward<B>(b)),
+                            wrap<float>(std::forward<C>(c)));
+  }
+  template <class A, class B>
+  LS_INLINE auto max(A&& a, B&& b) const {
+    return make_node<OpMax>(wrap<float>(std::forward<A>(a)), wrap<float>(std::forward<B>(b)));
+  }
+  template <class A, class B>
+  LS_INLINE auto min(A&& a, B&& b) const {
+    return make_node<OpMin>(wrap<float>(std::forward<A>(a)), wrap<float>(std::forward<B>(b)));
+  }
+  template <class M, class A, class B>
+  LS_INLINE auto select(M&& m, A&& a, B&& b) const {
+    using T = typename lane_type<A, B>::type;
+    return make_node<OpSelect>(wrap<bool>(std::forward<M>(m)), wrap<T>(std::forward<A>(a)),
+                               wrap<T>(std::forward<B>(b)));
+  }
+  // Integer quotient (truncating, as C++ and CUDA).
+  template <class A, class B>
+  LS_INLINE auto idiv(A&& a, B&& b) const {
+    return make_node<OpIDiv>(wrap<std::int32_t>(std::forward<A>(a)),
+                             wrap<std::int32_t>(std::forward<B>(b)));
+  }
+
+  // --- cross-lane operations --------------------------------------------------------------------
+  // out[i] = v[i ^ k] for 0 < k < 32 (CUDA __shfl_xor_sync over the full warp).
+  template <class E>
+  Lanes<value_t<E>> shfl_xor(const E& e, int k) const {
+    using T = value_t<E>;
+    Lanes<T> in(e), out;
+    xor_permute(in, out, k);
+    return out;
+  }
+  // out[i] = v[warp_base(i) + src] (CUDA __shfl_sync with a uniform source lane).
+  template <class E>
+  Lanes<value_t<E>> shfl(const E& e, int src) const {
+    using T = value_t<E>;
+    Lanes<T> in(e), out;
+    for (int w = 0; w < kWarps; ++w)
+      for (int i = 0; i < 32; ++i) out.set(w * 32 + i, in[w * 32 + src]);
+    return out;
+  }
+  // Butterfly reductions over groups of W lanes (W = 32: the whole warp), the fixed tree:
+  // offsets W/2, W/4, ..., 1, every lane combining its value with lane i ^ offset — exactly the
+  // CUDA loop `v = op(v, __shfl_xor_sync(~0u, v, off))`.
+  template <int W = 32, class E>
+  Lanes<float> warp_sum(const E& e) const {
+    return butterfly<W, OpAdd>(e);
+  }
+  template <int W = 32, class E>
+  Lanes<float> warp_max(const E& e) const {
+    return butterfly<W, OpMax>(e);
+  }
+  template <int W = 32, class E>
+  Lanes<float> warp_min(const E& e) const {
+    return butterfly<W, OpMin>(e);
+  }
+  // Block-wide vote (CUDA __syncthreads_or / __syncthreads_and); also a barrier.
+  template <class M>
+  bool any(const M& m) const {
+    const auto& w = wrap<bool>(m);
+    for (int c = 0; c < N / kL; ++c)
+      if (!hn::AllFalse(DI(), w.eval(c).m)) return true;
+    return false;
+  }
+  template <class M>
+  bool all(const M& m) const {
+    const auto& w = wrap<bool>(m);
+    for (int c = 0; c < N / kL; ++c)
+      if (!hn::AllTrue(DI(), w.eval(c).m)) return false;
+    return true;
+  }
+
+ private:
+  template <int W, class Op, class E>
+  Lanes<float> butterfly(const E& e) const {
+    static_assert(W >= 2 && W <= 32 && (W & (W - 1)) == 0, "group width: a power of two <= 32");
+    Lanes<float> v(e), t;
+    for (int k = W / 2; k >= 1; k /= 2) {
+      xor_permute(v, t, k);
+      v = make_node<Op>(v, t);
+    }
+    return v;
+  }
+  template <class T>
+  static void xor_permute(const Lanes<T>& in, Lanes<T>& out, int k) {
+    using Tag = mem_tag_t<T>;
+    const Tag d;
+    if (k >= kL) {
+      const int kc = k / kL;  // whole chunks swap places
+      for (int c = 0; c < N / kL; ++c)
+        hn::Store(hn::Load(d, in.data() + (c ^ kc) * kL), d, out.data() + c * kL);
+    } else {
+      alignas(64) std::int32_t idx[kL];
+      for (int i = 0; i < kL; ++i) idx[i] = i ^ k;
+      const auto ind = hn::SetTableIndices(d, idx);
+      for (int c = 0; c < N / kL; ++c)
+        hn::Store(hn::TableLookupLanes(hn::Load(d, in.data() + c * kL), ind), d,
+                  out.data() + c * kL);
+    }
+  }
+  [[noreturn]] static void shared_overflow(std::size_t need, std::size_t have);
+
+  BlockCoords blk_;
+  char* smem_;
+  std::size_t smem_cap_;
+  std::size_t smem_off_ = 0;
+};
+
+template <int N>
+void CpuExec<N>::shared_overflow(std::size_t need, std::size_t have) {
+  ::lockstep::detail::assertion_failed("shared memory carved <= launch shared_bytes", __FILE__,
+                                       __LINE__,
+                                       ("kernel carved " + std::to_string(need) +
+                                        " bytes of shared memory but was launched with " +
+                                        std::to_string(have))
+                                           .c_str());
+}
+
+#undef LS_INLINE
+}  // namespace lockstep::cpu::LOCKSTEP_CPU_NS

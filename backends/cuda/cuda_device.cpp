@@ -1,0 +1,355 @@
+// The CUDA device: cudaMalloc memory (never managed memory), non-blocking streams, events,
+// cudaMemcpyAsync on the given stream (never the legacy default stream), and launches of the
+// trampolines in cuda_kernels.cu. Every CUDA return code is checked.
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backend.hpp"
+#include "cuda_entries.hpp"
+#include "lockstep/device.hpp"
+#include "lockstep/kernels/elementwise.hpp"
+
+namespace lockstep::cuda {
+namespace {
+
+bool is_sticky(cudaError_t e) {
+  switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorContextIsDestroyed:
+      return true;
+    default:
+      return false;
+  }
+}
+
+[[noreturn]] void fail(cudaError_t e, const char* what) {
+  const bool sticky = is_sticky(e);
+  std::string m = std::string("lockstep: CUDA error in ") + what + ": " + cudaGetErrorName(e) +
+                  " (" + cudaGetErrorString(e) + ")";
+  if (sticky)
+    m += " [sticky: the CUDA context is lost; every later call on this device fails, restart "
+         "the process]";
+  throw DeviceError(m, sticky);
+}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail(e, what);
+}
+
+class CudaDevice;
+
+class CudaStream final : public Stream {
+ public:
+  CudaStream(CudaDevice& dev, cudaStream_t s, bool owning) : dev_(dev), s_(s), owning_(owning) {}
+  ~CudaStream() override;
+  Device& device() const override;
+  void synchronize() override;
+  bool query() override;
+  void wait(const Event& event) override;
+  void* native_handle() const override { return s_; }
+  cudaStream_t handle() const { return s_; }
+
+ protected:
+  void copy_h2d(void* dst, const void* src, std::size_t bytes) override;
+  void copy_d2h(void* dst, const void* src, std::size_t bytes) override;
+  void copy_d2d(void* dst, const void* src, std::size_t bytes) override;
+  void fill32(void* dst, std::uint32_t pattern, std::size_t count) override;
+  void launch(const lockstep::detail::KernelLaunch& l) override;
+
+ private:
+  CudaDevice& dev_;
+  cudaStream_t s_;
+  bool owning_;
+};
+
+class CudaEvent final : public Event {
+ public:
+  CudaEvent(CudaDevice& dev, bool timing);
+  ~CudaEvent() override;
+  void record(Stream& stream) override;
+  bool query() override;
+  void synchronize() override;
+  double elapsed_ms(const Event& start) const override;
+  cudaEvent_t handle() const { return e_; }
+
+ private:
+  CudaDevice& dev_;
+  cudaEvent_t e_ = nullptr;
+  bool timing_;
+};
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(int ordinal) : ordinal_(ordinal) {
+    check(cudaSetDevice(ordinal_), "cudaSetDevice");
+    cudaDeviceProp p{};
+    check(cudaGetDeviceProperties(&p, ordinal_), "cudaGetDeviceProperties");
+    caps_.multiprocessors = p.multiProcessorCount;
+    caps_.max_threads_per_block = p.maxThreadsPerBlock;
+    caps_.warp_size = p.warpSize;
+    caps_.max_shared_bytes_per_block = p.sharedMemPerBlockOptin;
+    caps_.total_memory = p.totalGlobalMem;
+    caps_.tensor_cores = p.major >= 7;
+    caps_.bit_faithful = true;
+    caps_.compute_capability = p.major * 10 + p.minor;
+    name_ = std::string(p.name) + " (sm_" + std::to_string(p.major) + std::to_string(p.minor) +
+            ", " + std::to_string(p.multiProcessorCount) + " SMs)";
+    cudaStream_t s;
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    default_stream_ = std::make_unique<CudaStream>(*this, s, true);
+  }
+  ~CudaDevice() override { default_stream_.reset(); }
+
+  DeviceId id() const override { return DeviceId{DeviceKind::kCuda, ordinal_}; }
+  std::string name() const override { return name_; }
+  const DeviceCaps& caps() const override { return caps_; }
+  MemoryStats memory_stats() const override {
+    std::lock_guard<std::mutex> lk(mu_);
+    return MemoryStats{in_use_, peak_, caps_.total_memory};
+  }
+  Stream& default_stream() override { return *default_stream_; }
+  std::unique_ptr<Stream> create_stream() override {
+    activate();
+    cudaStream_t s;
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    return std::make_unique<CudaStream>(*this, s, true);
+  }
+  std::unique_ptr<Event> create_event(bool timing) override {
+    return std::make_unique<CudaEvent>(*this, timing);
+  }
+  void synchronize() override {
+    activate();
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
+  void activate() const { check(cudaSetDevice(ordinal_), "cudaSetDevice"); }
+
+  // Raises a kernel's dynamic shared memory limit once, when a launch needs more than 48 KB.
+  void ensure_shared(const void* fn, std::size_t bytes) {
+    if (bytes <= 48 * 1024) return;
+    std::lock_guard<std::mutex> lk(mu_);
+    auto& have = shared_set_[fn];
+    if (have >= bytes) return;
+    check(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(bytes)),
+          "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    have = bytes;
+  }
+
+ protected:
+  void* allocate(std::size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    activate();
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();  // not sticky: clear it
+      std::size_t free_b = 0, total_b = 0;
+      (void)cudaMemGetInfo(&free_b, &total_b);
+      throw OutOfMemory(id().str(), bytes, free_b);
+    }
+    check(e, "cudaMalloc");
+    std::lock_guard<std::mutex> lk(mu_);
+    in_use_ += bytes;
+    peak_ = std::max(peak_, in_use_);
+    return p;
+  }
+  void release(void* ptr, std::size_t bytes) noexcept override {
+    // Note [buffer release]: wait for every stream of the device, then free.
+    (void)cudaSetDevice(ordinal_);
+    (void)cudaDeviceSynchronize();
+    (void)cudaFree(ptr);
+    std::lock_guard<std::mutex> lk(mu_);
+    in_use_ -= bytes;
+  }
+
+ private:
+  int ordinal_;
+  DeviceCaps caps_;
+  std::string name_;
+  mutable std::mutex mu_;
+  std::uint64_t in_use_ = 0, peak_ = 0;
+  std::map<const void*, std::size_t> shared_set_;
+  std::unique_ptr<CudaStream> default_stream_;
+};
+
+CudaStream::~CudaStream() {
+  if (owning_) {
+    (void)cudaSetDevice(dev_.id().index);
+    (void)cudaStreamSynchronize(s_);
+    (void)cudaStreamDestroy(s_);
+  }
+}
+Device& CudaStream::device() const { return dev_; }
+void CudaStream::synchronize() {
+  dev_.activate();
+  check(cudaStreamSynchronize(s_), "cudaStreamSynchronize");
+}
+bool CudaStream::query() {
+  dev_.activate();
+  const cudaError_t e = cudaStreamQuery(s_);
+  if (e == cudaErrorNotReady) return false;
+  check(e, "cudaStreamQuery");
+  return true;
+}
+void CudaStream::wait(const Event& event) {
+  auto* e = dynamic_cast<const CudaEvent*>(&event);
+  check_arg(e != nullptr, "Stream::wait", "event", "an event of another backend",
+            "an event of a CUDA device");
+  dev_.activate();
+  check(cudaStreamWaitEvent(s_, e->handle(), 0), "cudaStreamWaitEvent");
+}
+void CudaStream::copy_h2d(void* dst, const void* src, std::size_t bytes) {
+  dev_.activate();
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s_), "cudaMemcpyAsync(H2D)");
+}
+void CudaStream::copy_d2h(void* dst, const void* src, std::size_t bytes) {
+  dev_.activate();
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s_), "cudaMemcpyAsync(D2H)");
+}
+void CudaStream::copy_d2d(void* dst, const void* src, std::size_t bytes) {
+  dev_.activate();
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s_), "cudaMemcpyAsync(D2D)");
+}
+void CudaStream::fill32(void* dst, std::uint32_t pattern, std::size_t count) {
+  kernels::Fill32Params p{static_cast<std::int32_t*>(dst), static_cast<std::int64_t>(count),
+                          static_cast<std::int32_t>(pattern)};
+  lockstep::detail::KernelLaunch l;
+  l.kernel_index = fill32_kernel_index();
+  l.kernel_name = kernels::Fill32::kName;
+  l.compiled_threads = kernels::Fill32::kThreads;
+  const std::uint64_t blocks =
+      (count + kernels::Fill32::kPerBlock - 1) / kernels::Fill32::kPerBlock;
+  l.config.grid = Dim3{static_cast<std::uint32_t>(blocks), 1, 1};
+  l.config.block_threads = kernels::Fill32::kThreads;
+  l.params = &p;
+  l.params_size = sizeof(p);
+  launch(l);
+}
+void CudaStream::launch(const lockstep::detail::KernelLaunch& l) {
+  const void* fn = kernel_entry(l.kernel_index);
+  LOCKSTEP_ASSERT(fn != nullptr, "kernel index out of range");
+  dev_.activate();
+  dev_.ensure_shared(fn, l.config.shared_bytes);
+  void* args[] = {const_cast<void*>(l.params)};
+  const dim3 grid(l.config.grid.x, l.config.grid.y, l.config.grid.z);
+  const dim3 block(l.config.block_threads, 1, 1);
+  check(cudaLaunchKernel(fn, grid, block, args, l.config.shared_bytes, s_),
+        l.kernel_name);
+  check(cudaGetLastError(), l.kernel_name);
+}
+
+CudaEvent::CudaEvent(CudaDevice& dev, bool timing) : dev_(dev), timing_(timing) {
+  dev_.activate();
+  check(cudaEventCreateWithFlags(&e_, timing ? cudaEventDefault : cudaEventDisableTiming),
+        "cudaEventCreateWithFlags");
+}
+CudaEvent::~CudaEvent() {
+  if (e_ != nullptr) (void)cudaEventDestroy(e_);
+}
+void CudaEvent::record(Stream& stream) {
+  auto* s = dynamic_cast<CudaStream*>(&stream);
+  check_arg(s != nullptr && &s->device() == &dev_, "Event::record", "stream",
+            stream.device().id().str(), "a stream of the event's device " + dev_.id().str());
+  dev_.activate();
+  check(cudaEventRecord(e_, s->handle()), "cudaEventRecord");
+}
+bool CudaEvent::query() {
+  const cudaError_t e = cudaEventQuery(e_);
+  if (e == cudaErrorNotReady) return false;
+  check(e, "cudaEventQuery");
+  return true;
+}
+void CudaEvent::synchronize() { check(cudaEventSynchronize(e_), "cudaEventSynchronize"); }
+double CudaEvent::elapsed_ms(const Event& start) const {
+  auto* s = dynamic_cast<const CudaEvent*>(&start);
+  check_arg(s != nullptr && &s->dev_ == &dev_, "Event::elapsed_ms", "start", "an event",
+            "an event of the same device");
+  check_arg(timing_ && s->timing_, "Event::elapsed_ms", "timing", "false",
+            "true for both events (create_event(true))");
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, s->e_, e_), "cudaEventElapsedTime");
+  return ms;
+}
+
+class CudaBackend final : public lockstep::detail::Backend {
+ public:
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
+  BackendInfo info() override {
+    BackendInfo b;
+    b.kind = DeviceKind::kCuda;
+    b.built = true;
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      b.reason = e == cudaErrorNoDevice ? "no device (no CUDA GPU is visible)"
+                 : e == cudaErrorInsufficientDriver
+                     ? "no driver (or the driver is older than this CUDA runtime): " +
+                           std::string(cudaGetErrorString(e))
+                     : std::string("CUDA runtime: ") + cudaGetErrorName(e) + ": " +
+                           cudaGetErrorString(e);
+      return b;
+    }
+    if (n == 0) {
+      b.reason = "no device (no CUDA GPU is visible)";
+      return b;
+    }
+    b.usable = true;
+    for (int i = 0; i < n; ++i) {
+      auto d = open(i);
+      b.devices.push_back(DeviceInfo{d->id(), d->name(), d->caps()});
+    }
+    return b;
+  }
+  std::shared_ptr<Device> open(int index) override {
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw DeviceUnavailable("lockstep: cannot open cuda:" + std::to_string(index) + ": " +
+                              cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+    }
+    if (index < 0 || index >= n)
+      throw DeviceUnavailable("lockstep: cannot open cuda:" + std::to_string(index) + ": this "
+                              "machine has " + std::to_string(n) + " CUDA device(s)");
+    std::lock_guard<std::mutex> lk(mu_);
+    auto& d = devices_[index];
+    if (!d) d = std::make_shared<CudaDevice>(index);
+    return d;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<int, std::shared_ptr<Device>> devices_;
+};
+
+}  // namespace
+}  // namespace lockstep::cuda
+
+namespace lockstep::detail {
+Backend* cuda_backend() {
+  static cuda::CudaBackend b;
+  return &b;
+}
+std::unique_ptr<Stream> cuda_wrap_stream(Device& device, void* cuda_stream) {
+  auto* d = dynamic_cast<cuda::CudaDevice*>(&device);
+  check_arg(d != nullptr, "cuda_wrap_stream", "device", device.id().str(), "a CUDA device");
+  return std::make_unique<cuda::CudaStream>(*d, static_cast<cudaStream_t>(cuda_stream), false);
+}
+}  // namespace lockstep::detail

@@ -1,0 +1,129 @@
+#pragma once
+// CudaExec<N>: the execution context a kernel template is instantiated with on the GPU. A
+// per-thread value is a register (Lanes<T> = T); every operation is the CUDA operation the CPU
+// context (backends/cpu/lanes.hpp) reproduces bit for bit.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "lockstep/kernels/math.hpp"
+
+namespace lockstep::cuda {
+
+template <class T>
+struct Quad {
+  T x, y, z, w;
+};
+
+template <int N>
+struct CudaExec {
+  static_assert(N % 32 == 0 && N >= 32 && N <= 1024, "threads per block: a multiple of 32");
+  static constexpr int kThreads = N;
+  static constexpr int kWarps = N / 32;
+  static constexpr bool kIsCpu = false;
+  template <class T>
+  using Lanes = T;
+
+  std::size_t smem_off_ = 0;
+
+  __device__ __forceinline__ int block_x() const { return static_cast<int>(blockIdx.x); }
+  __device__ __forceinline__ int block_y() const { return static_cast<int>(blockIdx.y); }
+  __device__ __forceinline__ int block_z() const { return static_cast<int>(blockIdx.z); }
+  __device__ __forceinline__ int grid_x() const { return static_cast<int>(gridDim.x); }
+  __device__ __forceinline__ int grid_y() const { return static_cast<int>(gridDim.y); }
+  __device__ __forceinline__ int grid_z() const { return static_cast<int>(gridDim.z); }
+  __device__ __forceinline__ int thread() const { return static_cast<int>(threadIdx.x); }
+  __device__ __forceinline__ int lane() const { return static_cast<int>(threadIdx.x) & 31; }
+  __device__ __forceinline__ int warp() const { return static_cast<int>(threadIdx.x) >> 5; }
+
+  template <class T>
+  __device__ __forceinline__ T* shared(std::size_t count) {
+    extern __shared__ __align__(16) unsigned char lockstep_smem[];
+    smem_off_ = (smem_off_ + 15) & ~std::size_t{15};
+    T* p = reinterpret_cast<T*>(lockstep_smem + smem_off_);
+    smem_off_ += count * sizeof(T);
+    return p;
+  }
+  __device__ __forceinline__ void sync() const { __syncthreads(); }
+
+  template <class T>
+  __device__ __forceinline__ T load(const T* base, int off) const {
+    return base[off];
+  }
+  template <class T>
+  __device__ __forceinline__ T load(const T* base, int off, bool m, T fallback) const {
+    return m ? base[off] : fallback;
+  }
+  template <class T, class V>
+  __device__ __forceinline__ void store(T* base, int off, V v) const {
+    base[off] = static_cast<T>(v);
+  }
+  template <class T, class V>
+  __device__ __forceinline__ void store(T* base, int off, V v, bool m) const {
+    if (m) base[off] = static_cast<T>(v);
+  }
+  __device__ __forceinline__ Quad<float> load4(const float* base, int off, bool m = true) const {
+    if (!m) return {0.0f, 0.0f, 0.0f, 0.0f};
+    const float4 t = *reinterpret_cast<const float4*>(base + off);
+    return {t.x, t.y, t.z, t.w};
+  }
+  __device__ __forceinline__ void store4(float* base, int off, const Quad<float>& q,
+                                         bool m = true) const {
+    if (m) *reinterpret_cast<float4*>(base + off) = make_float4(q.x, q.y, q.z, q.w);
+  }
+
+  __device__ __forceinline__ float exp(float v) const { return math::exp(v); }
+  __device__ __forceinline__ float exp2(float v) const { return math::exp2(v); }
+  __device__ __forceinline__ float log(float v) const { return math::log(v); }
+  __device__ __forceinline__ float sin(float v) const { return math::sin(v); }
+  __device__ __forceinline__ float cos(float v) const { return math::cos(v); }
+  __device__ __forceinline__ float sqrt(float v) const { return __fsqrt_rn(v); }
+  __device__ __forceinline__ float abs(float v) const { return math::abs(v); }
+  __device__ __forceinline__ float to_float(int v) const { return static_cast<float>(v); }
+  __device__ __forceinline__ int as_int(float v) const { return __float_as_int(v); }
+  __device__ __forceinline__ float as_float(int v) const { return __int_as_float(v); }
+  __device__ __forceinline__ float rint(float v) const { return rintf(v); }
+  __device__ __forceinline__ float floor(float v) const { return floorf(v); }
+  __device__ __forceinline__ bool isnan(float v) const { return v != v; }
+  __device__ __forceinline__ float round_to_half(float v) const { return math::round_to_half(v); }
+  __device__ __forceinline__ float fma(float a, float b, float c) const { return __fmaf_rn(a, b, c); }
+  __device__ __forceinline__ float max(float a, float b) const { return math::max(a, b); }
+  __device__ __forceinline__ float min(float a, float b) const { return math::min(a, b); }
+  template <class T>
+  __device__ __forceinline__ T select(bool m, T a, T b) const {
+    return m ? a : b;
+  }
+  __device__ __forceinline__ int idiv(int a, int b) const { return a / b; }
+
+  template <class T>
+  __device__ __forceinline__ T shfl_xor(T v, int k) const {
+    return __shfl_xor_sync(0xffffffffu, v, k);
+  }
+  template <class T>
+  __device__ __forceinline__ T shfl(T v, int src) const {
+    return __shfl_sync(0xffffffffu, v, src);
+  }
+  template <int W = 32>
+  __device__ __forceinline__ float warp_sum(float v) const {
+#pragma unroll
+    for (int k = W / 2; k >= 1; k /= 2) v = v + __shfl_xor_sync(0xffffffffu, v, k);
+    return v;
+  }
+  template <int W = 32>
+  __device__ __forceinline__ float warp_max(float v) const {
+#pragma unroll
+    for (int k = W / 2; k >= 1; k /= 2) v = math::max(v, __shfl_xor_sync(0xffffffffu, v, k));
+    return v;
+  }
+  template <int W = 32>
+  __device__ __forceinline__ float warp_min(float v) const {
+#pragma unroll
+    for (int k = W / 2; k >= 1; k /= 2) v = math::min(v, __shfl_xor_sync(0xffffffffu, v, k));
+    return v;
+  }
+  __device__ __forceinline__ bool any(bool m) const { return __syncthreads_or(m) != 0; }
+  __device__ __forceinline__ bool all(bool m) const { return __syncthreads_and(m) != 0; }
+};
+
+}  // namespace lockstep::cuda

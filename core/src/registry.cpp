@@ -1,0 +1,103 @@
+#include <cstdlib>
+#include <string>
+
+#include "backend.hpp"
+#include "lockstep/device.hpp"
+#include "lockstep/interop.hpp"
+#include "lockstep/kernels/launch.hpp"
+
+namespace lockstep {
+
+namespace {
+detail::Backend* backend_for(DeviceKind kind) {
+  if (kind == DeviceKind::kCpu) return &detail::cpu_backend();
+  return detail::cuda_backend();
+}
+}  // namespace
+
+std::vector<BackendInfo> devices() {
+  std::vector<BackendInfo> out;
+  out.push_back(detail::cpu_backend().info());
+  if (auto* cuda = detail::cuda_backend()) {
+    out.push_back(cuda->info());
+  } else {
+    BackendInfo b;
+    b.kind = DeviceKind::kCuda;
+    b.built = false;
+    b.usable = false;
+    b.reason = "not built (this library was configured without the CUDA toolkit or with "
+               "LOCKSTEP_CUDA=OFF)";
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+DeviceId resolve_auto() {
+  if (const char* env = std::getenv("LOCKSTEP_DEVICE"); env != nullptr && *env != '\0') {
+    std::string_view text(env);
+    if (text != "auto") {
+      try {
+        return DeviceId::parse(text);
+      } catch (const InvalidArgument&) {
+        throw InvalidArgument("resolve_auto", "LOCKSTEP_DEVICE", "\"" + std::string(text) + "\"",
+                              "one of \"auto\", \"cpu\", \"cpu:N\", \"cuda\", \"cuda:N\"");
+      }
+    }
+  }
+  if (auto* cuda = detail::cuda_backend(); cuda != nullptr && cuda->info().usable)
+    return DeviceId{DeviceKind::kCuda, 0};
+  return DeviceId{DeviceKind::kCpu, 0};
+}
+
+std::shared_ptr<Device> open(DeviceId id) {
+  detail::Backend* b = backend_for(id.kind);
+  if (b == nullptr)
+    throw DeviceUnavailable("lockstep: cannot open " + id.str() +
+                            ": the CUDA backend is not built into this library");
+  return b->open(id.index);
+}
+
+std::shared_ptr<Device> open(std::string_view spec) {
+  const DeviceSpec s = DeviceSpec::parse(spec);
+  return open(s.is_auto ? resolve_auto() : s.id);
+}
+
+std::shared_ptr<Device> make_cpu_device(const CpuDeviceOptions& options) {
+  return detail::make_cpu_device(options);
+}
+
+std::unique_ptr<Stream> cuda_wrap_stream(const std::shared_ptr<Device>& device,
+                                         void* cuda_stream) {
+  check_arg(device != nullptr, "cuda_wrap_stream", "device", "null", "an open CUDA device");
+  check_arg(device->id().kind == DeviceKind::kCuda, "cuda_wrap_stream", "device",
+            device->id().str(), "a CUDA device");
+  check_arg(cuda_stream != nullptr, "cuda_wrap_stream", "cuda_stream", "null",
+            "a cudaStream_t created by the caller (the legacy default stream is not accepted)");
+  return detail::cuda_wrap_stream(*device, cuda_stream);
+}
+
+namespace detail {
+
+void launch_checked(Stream& stream, const KernelLaunch& l) {
+  const DeviceCaps& caps = stream.device().caps();
+  const std::string where = std::string("launch ") + l.kernel_name;
+  const auto& c = l.config;
+  check_arg(c.block_threads >= 1, where, "block_threads", c.block_threads, ">= 1");
+  check_arg(c.block_threads <= static_cast<std::uint32_t>(caps.max_threads_per_block), where,
+            "block_threads", c.block_threads,
+            "<= " + std::to_string(caps.max_threads_per_block) + " (the device limit)");
+  check_arg(c.block_threads == l.compiled_threads, where, "block_threads", c.block_threads,
+            "the kernel's compiled block size " + std::to_string(l.compiled_threads));
+  check_arg(c.grid.x >= 1 && c.grid.x <= 0x7fffffffu, where, "grid.x", c.grid.x,
+            "in [1, 2147483647]");
+  check_arg(c.grid.y >= 1 && c.grid.y <= 65535u, where, "grid.y", c.grid.y, "in [1, 65535]");
+  check_arg(c.grid.z >= 1 && c.grid.z <= 65535u, where, "grid.z", c.grid.z, "in [1, 65535]");
+  check_arg(c.shared_bytes <= caps.max_shared_bytes_per_block, where, "shared_bytes",
+            static_cast<std::uint64_t>(c.shared_bytes),
+            "<= " + std::to_string(caps.max_shared_bytes_per_block) +
+                " (the per-block shared memory limit)");
+  StreamAccess::launch(stream, l);
+}
+
+}  // namespace detail
+}  // namespace lockstep

@@ -1,0 +1,38 @@
+#pragma once
+// Host/device qualifiers and the few definitions every kernel header needs.
+
+#include <cstddef>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define LOCKSTEP_HD __host__ __device__ __forceinline__
+#define LOCKSTEP_DEVICE_FN __device__ __forceinline__
+#else
+// always_inline: a helper compiled into several CPU SIMD variants must never be called out of
+// line from a variant it was not compiled for (docs/architecture.md, "SIMD variants").
+#define LOCKSTEP_HD inline __attribute__((always_inline))
+#define LOCKSTEP_DEVICE_FN inline __attribute__((always_inline))
+#endif
+
+#if defined(__CUDA_ARCH__)
+#define LOCKSTEP_ON_DEVICE 1
+#else
+#define LOCKSTEP_ON_DEVICE 0
+#endif
+
+namespace lockstep::kernels {
+
+inline constexpr int kWarpSize = 32;
+inline constexpr float kInf = __builtin_huge_valf();
+
+// The per-thread size/offset type. Per-lane offsets are 32-bit relative to a block-uniform 64-bit
+// base pointer (docs/kernels.md, "Indexing"); hosts check sizes against kMaxLaneOffset.
+using lane_int = std::int32_t;
+
+LOCKSTEP_HD constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
+  return (a + b - 1) / b;
+}
+LOCKSTEP_HD constexpr std::int64_t imin(std::int64_t a, std::int64_t b) { return a < b ? a : b; }
+LOCKSTEP_HD constexpr std::int64_t imax(std::int64_t a, std::int64_t b) { return a > b ? a : b; }
+
+}  // namespace lockstep::kernels

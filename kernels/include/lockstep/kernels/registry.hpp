@@ -1,0 +1,37 @@
+#pragma once
+// The list of every kernel. Each backend instantiates every entry (CPU: one function per SIMD
+// variant; CUDA: one __global__ trampoline), and lockstep::launch<K> finds K's slot here. Adding
+// a kernel = writing it in kernels/ and appending it to AllKernels.
+
+#include "lockstep/kernels/elementwise.hpp"
+#include "lockstep/kernels/gemm.hpp"
+#include "lockstep/kernels/layout.hpp"
+#include "lockstep/kernels/math_eval.hpp"
+#include "lockstep/kernels/softmax.hpp"
+
+#include <type_traits>
+
+namespace lockstep::kernels {
+
+template <class... Ks>
+struct KernelList {
+  static constexpr int size = sizeof...(Ks);
+};
+
+using AllKernels = KernelList<Fill32, SoftmaxRows, Scale, Copy3D, Transpose, Gemm, MathEval>;
+
+template <class K, class List>
+struct kernel_index;
+template <class K, class... Ks>
+struct kernel_index<K, KernelList<Ks...>> {
+  static constexpr int value = [] {
+    int i = 0, found = -1;
+    ((std::is_same_v<K, Ks> ? (found = i, ++i) : ++i), ...);
+    return found;
+  }();
+  static_assert(value >= 0, "kernel missing from lockstep::kernels::AllKernels");
+};
+template <class K>
+inline constexpr int kernel_index_v = kernel_index<K, AllKernels>::value;
+
+}  // namespace lockstep::kernels

@@ -1,0 +1,65 @@
+#pragma once
+// Row softmax, one warp per row (the worked example of docs/kernels.md).
+//
+// out[r, j] = exp(in[r, j] - max_r) / sum_j exp(in[r, j] - max_r)
+//
+// Three passes over the row: the max, the sum of exponentials, the normalized output (the
+// exponentials are recomputed, identically, rather than stored). Each lane walks the row with a
+// stride of 32 and keeps its own running max / sum; the warp then combines the 32 partial values
+// with the fixed butterfly (Note [max is commutative]). So the summation order depends only on the
+// row length, never on the backend, the number of rows or the launch.
+//
+// Edge cases: a row of only -inf gives zeros (the max is -inf, and exp(-inf - -inf) would be NaN);
+// a NaN anywhere in a row makes that row all NaN and no other; +inf in a row gives NaN.
+
+#include "lockstep/kernels/hd.hpp"
+
+namespace lockstep::kernels {
+
+struct SoftmaxRowsParams {
+  const float* in;
+  float* out;
+  std::int64_t rows;
+  std::int64_t n;  // row length, 1 <= n; rows are contiguous
+};
+
+struct SoftmaxRows {
+  static constexpr const char* kName = "softmax_rows";
+  static constexpr int kThreads = 256;
+  static constexpr int kRowsPerBlock = kThreads / kWarpSize;
+  using Params = SoftmaxRowsParams;
+
+  template <class X>
+  LOCKSTEP_HD static void run(X& x, const Params& p) {
+    using F = typename X::template Lanes<float>;
+    using I = typename X::template Lanes<lane_int>;
+    using B = typename X::template Lanes<bool>;
+    const std::int64_t row0 = std::int64_t{x.block_x()} * kRowsPerBlock;
+    const int live = static_cast<int>(imin(p.rows - row0, kRowsPerBlock));
+    const int n = static_cast<int>(p.n);
+    const float* in = p.in + row0 * p.n;
+    float* out = p.out + row0 * p.n;
+
+    const I lane = x.lane();
+    const I base = x.warp() * n + lane;
+    const B row_ok = x.warp() < live;
+
+    F m = -kInf;
+    for (int j = 0; j < n; j += kWarpSize) m = x.max(m, x.load(in, base + j, row_ok & (lane < n - j), -kInf));
+    m = x.warp_max(m);
+
+    const B empty = m == -kInf;  // all -inf (or a padding-only lane group)
+    F s = 0.0f;
+    for (int j = 0; j < n; j += kWarpSize)
+      s = s + x.exp(x.load(in, base + j, row_ok & (lane < n - j), -kInf) - m);
+    s = x.warp_sum(s);
+
+    for (int j = 0; j < n; j += kWarpSize) {
+      const B ok = row_ok & (lane < n - j);
+      const F e = x.exp(x.load(in, base + j, ok, -kInf) - m);
+      x.store(out, base + j, x.select(empty, 0.0f, e / s), ok);
+    }
+  }
+};
+
+}  // namespace lockstep::kernels

@@ -1,0 +1,130 @@
+#pragma once
+// The cross-backend harness (docs/kernels.md, "Registering a kernel"): every kernel has a Case
+// that draws inputs from a seed, runs on any device, and is checked against a float64 oracle and
+// the documented error bound. The property tests (RapidCheck) and `lockstep parity` both use it.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "lockstep/lockstep.hpp"
+
+namespace lockstep::harness {
+
+// What one run produced: every output element, and how many still held the poison pattern
+// (outputs are poisoned before the launch on every backend).
+struct Run {
+  std::vector<float> out;
+  std::size_t unwritten = 0;
+};
+
+struct OracleReport {
+  double max_ulp = 0;       // largest distance to the float64 reference, in float ulps
+  double max_rel = 0;       // largest relative error (|ref| > tiny)
+  std::size_t violations = 0;  // elements outside the documented bound
+  std::string first_violation;
+};
+
+class Case {
+ public:
+  virtual ~Case() = default;
+  virtual std::string describe() const = 0;
+  // Generates the inputs from the case's seed, runs on `dev` and synchronizes.
+  virtual Run run(const std::shared_ptr<Device>& dev) const = 0;
+  // Checks a run against the float64 oracle and the documented bound.
+  virtual OracleReport check(const Run& r) const = 0;
+  // Output elements a correct run leaves untouched (poisoned); 0 for most kernels.
+  virtual std::size_t expected_unwritten() const { return 0; }
+};
+
+// Runs `c` on the CPU device (and on the portable SIMD variant, and on CUDA when present) and
+// returns "" when every check passes, else what failed: the oracle bound, unwritten outputs, or
+// a CPU/CUDA (or SIMD variant) bit mismatch.
+struct Verdict {
+  std::string failure;
+  OracleReport oracle;
+  bool compared_cuda = false;
+  bool compared_variant = false;
+};
+Verdict verify(const Case& c, bool with_variant, bool with_cuda);
+
+struct KernelEntry {
+  std::string name;
+  std::function<std::unique_ptr<Case>(std::mt19937_64&)> random_case;
+};
+// Every registered kernel (softmax, scale, layout, transpose, gemm, math, ...).
+const std::vector<KernelEntry>& kernel_entries();
+
+// Sizes every shape generator draws often (the issue list): 1, 31, 32, 33, 97, 1025.
+inline constexpr std::int64_t kEdgeSizes[] = {1, 31, 32, 33, 97, 1025};
+std::int64_t draw_size(std::mt19937_64& rng, std::int64_t max);
+
+// Bitwise comparison with every NaN equal to every other (NaN payloads are not part of the
+// contract, docs/numerics.md).
+struct Compare {
+  std::size_t mismatches = 0;
+  std::string first;
+};
+Compare compare_bits(const Run& a, const Run& b);
+
+// Distance between a float and a float64 reference in units of the float ulp at the reference.
+double ulp_distance(float got, double ref);
+std::uint32_t float_bits(float f);
+
+// Helpers for Case implementations.
+std::vector<float> uniform(std::uint64_t seed, std::size_t n, float lo, float hi);
+void poison(Stream& s, Buffer<float>& b);
+Run collect(Stream& s, const Buffer<float>& b);
+
+// Each kernel's entry point for RapidCheck and unit tests.
+struct SoftmaxShape {
+  std::int64_t rows = 1, n = 1;
+  float range = 8.0f;
+  int special = 0;  // 0: none, 1: one row all -inf, 2: a NaN in one row
+  std::uint64_t seed = 0;
+};
+std::unique_ptr<Case> softmax_case(const SoftmaxShape& s);
+
+struct ScaleShape {
+  std::int64_t n = 1;
+  float scale = 1.0f;
+  std::uint64_t seed = 0;
+};
+std::unique_ptr<Case> scale_case(const ScaleShape& s);
+
+// kind: 0 interleaved->batched, 1 batched->interleaved, 2 extract head, 3 copy head back.
+struct LayoutShape {
+  int kind = 0;
+  std::int64_t seq = 1, heads = 1, dim = 1, head = 0;
+  std::uint64_t seed = 0;
+};
+std::unique_ptr<Case> layout_case(const LayoutShape& s);
+
+struct TransposeShape {
+  std::int64_t batch = 1, rows = 1, cols = 1;
+  std::uint64_t seed = 0;
+};
+std::unique_ptr<Case> transpose_case(const TransposeShape& s);
+
+struct GemmShape {
+  std::int64_t batch = 1, m = 1, n = 1, k = 1;
+  float alpha = 1.0f;
+  std::uint64_t seed = 0;
+};
+std::unique_ptr<Case> gemm_case(const GemmShape& s);
+
+struct MathShape {
+  int fn = 0;  // kernels::MathFn
+  std::int64_t n = 1;
+  float lo = -10.0f, hi = 10.0f;
+  std::uint64_t seed = 0;
+};
+std::unique_ptr<Case> math_case(const MathShape& s);
+// The documented max ulp of each strict-math function over the ranges math_case draws.
+double math_ulp_bound(int fn);
+const char* math_name(int fn);
+
+}  // namespace lockstep::harness

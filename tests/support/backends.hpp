@@ -1,0 +1,57 @@
+#pragma once
+// Tests are written once and instantiated for every backend (like Kokkos's TEST_CATEGORY). A
+// backend that cannot run here is skipped with the reason printed.
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "lockstep/lockstep.hpp"
+
+namespace lockstep::testing {
+
+// The reason a backend cannot run here, or "" when it can.
+inline std::string unavailable_reason(DeviceKind kind) {
+  for (const auto& b : devices())
+    if (b.kind == kind) return b.usable ? "" : b.reason;
+  return "unknown backend";
+}
+
+class BackendTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    const auto spec = DeviceSpec::parse(GetParam());
+    const std::string why = unavailable_reason(spec.id.kind);
+    if (!why.empty()) GTEST_SKIP() << GetParam() << " unavailable: " << why;
+    dev = open(GetParam());
+  }
+  std::shared_ptr<Device> dev;
+};
+
+#define LOCKSTEP_INSTANTIATE_BACKENDS(Suite)                                          \
+  INSTANTIATE_TEST_SUITE_P(AllBackends, Suite, ::testing::Values("cpu", "cuda:0"),    \
+                           [](const auto& info) {                                     \
+                             return info.param == "cpu" ? std::string("cpu")          \
+                                                        : std::string("cuda");        \
+                           })
+
+inline bool same_bits(float a, float b) {
+  if (a != a && b != b) return true;  // NaN payloads are not part of the contract
+  std::uint32_t x, y;
+  std::memcpy(&x, &a, 4);
+  std::memcpy(&y, &b, 4);
+  return x == y;
+}
+inline std::uint32_t bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float from_bits(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+}  // namespace lockstep::testing

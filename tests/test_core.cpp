@@ -1,0 +1,354 @@
+// Core: device ids, the registry, streams, events, buffers, memory statistics and errors, on
+// every backend.
+
+#include <gtest/gtest.h>
+#include <xmmintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "lockstep/attention/ops.hpp"
+#include "lockstep/kernels/launch.hpp"
+#include "support/backends.hpp"
+
+namespace lockstep::testing {
+namespace {
+
+// --- DeviceId / registry (backend independent) --------------------------------------------------
+
+TEST(DeviceId, ParsesValidSpecs) {
+  EXPECT_EQ(DeviceId::parse("cpu"), (DeviceId{DeviceKind::kCpu, 0}));
+  EXPECT_EQ(DeviceId::parse("cpu:3"), (DeviceId{DeviceKind::kCpu, 3}));
+  EXPECT_EQ(DeviceId::parse("cuda"), (DeviceId{DeviceKind::kCuda, 0}));
+  EXPECT_EQ(DeviceId::parse("cuda:1"), (DeviceId{DeviceKind::kCuda, 1}));
+  EXPECT_EQ(DeviceId::parse("cuda:1").str(), "cuda:1");
+  EXPECT_TRUE(DeviceSpec::parse("auto").is_auto);
+  EXPECT_FALSE(DeviceSpec::parse("cpu:2").is_auto);
+}
+
+TEST(DeviceId, RejectsInvalidSpecsNamingTheText) {
+  for (const char* bad : {"gpu", "cuda:x", "cpu:-1", "cpu:", ":0", "CPU", "cuda:1:2", "cpu:+1",
+                          "cpu 0", "", "auto:1"}) {
+    try {
+      (void)DeviceSpec::parse(bad);
+      ADD_FAILURE() << "accepted \"" << bad << "\"";
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(e.parameter(), "device");
+      EXPECT_EQ(e.value(), "\"" + std::string(bad) + "\"");
+      EXPECT_NE(std::string(e.what()).find("\"" + std::string(bad) + "\""), std::string::npos);
+    }
+  }
+}
+
+TEST(Registry, ListsEveryBackendWithReasons) {
+  const auto list = devices();
+  ASSERT_EQ(list.size(), 2u);
+  EXPECT_EQ(list[0].kind, DeviceKind::kCpu);
+  EXPECT_TRUE(list[0].usable);
+  ASSERT_FALSE(list[0].devices.empty());
+  EXPECT_GT(list[0].devices[0].caps.total_memory, 0u);
+  EXPECT_FALSE(list[0].devices[0].name.empty());
+  EXPECT_EQ(list[1].kind, DeviceKind::kCuda);
+  if (!list[1].usable) {
+    EXPECT_FALSE(list[1].reason.empty());
+    std::printf("cuda unavailable here: %s\n", list[1].reason.c_str());
+  } else {
+    EXPECT_FALSE(list[1].devices.empty());
+  }
+}
+
+TEST(Registry, OutOfRangeDevicesAreTypedErrors) {
+  EXPECT_THROW(open("cuda:7"), DeviceUnavailable);  // at most one GPU on our machines
+  EXPECT_THROW(open("cpu:64"), DeviceUnavailable);
+  try {
+    open("cuda:7");
+  } catch (const DeviceUnavailable& e) {
+    EXPECT_NE(std::string(e.what()).find("cuda:7"), std::string::npos);
+  }
+}
+
+TEST(Registry, OpenReturnsTheSameDevice) {
+  EXPECT_EQ(open("cpu").get(), open("cpu:0").get());
+  EXPECT_NE(open("cpu:0").get(), open("cpu:1").get());
+}
+
+TEST(Registry, EnvironmentOverridesAuto) {
+  ::setenv("LOCKSTEP_DEVICE", "cpu:5", 1);
+  EXPECT_EQ(resolve_auto(), (DeviceId{DeviceKind::kCpu, 5}));
+  EXPECT_EQ(open("auto")->id(), (DeviceId{DeviceKind::kCpu, 5}));
+  ::setenv("LOCKSTEP_DEVICE", "gpu", 1);
+  EXPECT_THROW(resolve_auto(), InvalidArgument);
+  ::unsetenv("LOCKSTEP_DEVICE");
+  const bool cuda = unavailable_reason(DeviceKind::kCuda).empty();
+  EXPECT_EQ(resolve_auto().kind, cuda ? DeviceKind::kCuda : DeviceKind::kCpu);
+}
+
+TEST(Numerics, FlushToZeroAndDenormalsAreZeroAreOff) {
+  const unsigned csr = _mm_getcsr();
+  EXPECT_EQ(csr & 0x8000u, 0u) << "FTZ is on";
+  EXPECT_EQ(csr & 0x0040u, 0u) << "DAZ is on";
+  // And on the worker threads that run kernels: a denormal survives a kernel's multiply.
+  auto dev = open("cpu");
+  auto& s = dev->default_stream();
+  std::vector<float> in(5000, 1e-40f);
+  Buffer<float> a(dev, in.size()), b(dev, in.size());
+  a.copy_from_host(s, in);
+  ops::scale(s, a, b, 0.5f);
+  const auto out = b.to_vector(s);
+  for (float v : out) ASSERT_EQ(bits(v), bits(1e-40f * 0.5f));
+  EXPECT_NE(out[0], 0.0f);
+}
+
+// --- per-backend ----------------------------------------------------------------------------------
+
+class Core : public BackendTest {};
+
+TEST_P(Core, CopyRoundTripThroughStreams) {
+  auto& s = dev->default_stream();
+  std::vector<float> h(1000);
+  std::iota(h.begin(), h.end(), 0.5f);
+  Buffer<float> a(dev, h.size()), b(dev, h.size());
+  a.copy_from_host(s, h);
+  b.copy_from(s, a);
+  std::vector<float> back(h.size(), -1.0f);
+  b.copy_to_host(s, back);
+  s.synchronize();
+  EXPECT_EQ(back, h);
+  // Offsets.
+  std::vector<float> part(10, 7.0f);
+  a.copy_from_host(s, part, 990);
+  std::vector<float> tail(10);
+  a.copy_to_host(s, tail, 990);
+  s.synchronize();
+  EXPECT_EQ(tail, part);
+  EXPECT_THROW(a.copy_from_host(s, part, 991), InvalidArgument);
+}
+
+TEST_P(Core, HostSourceMayBeReusedAfterCopyFromHost) {
+  auto& s = dev->default_stream();
+  Buffer<int> a(dev, 4096);
+  std::vector<int> h(4096, 1);
+  a.copy_from_host(s, h);
+  std::fill(h.begin(), h.end(), 2);  // before any synchronization
+  const auto back = a.to_vector(s);
+  EXPECT_TRUE(std::all_of(back.begin(), back.end(), [](int v) { return v == 1; }));
+}
+
+TEST_P(Core, StreamIsInOrder) {
+  auto s = dev->create_stream();
+  Buffer<float> a(dev, 1 << 16), b(dev, 1 << 16);
+  // 50 dependent steps: fill, scale into the other buffer, scale back... the result is only right
+  // if every step saw the previous one.
+  a.fill(*s, 1.0f);
+  for (int i = 0; i < 25; ++i) {
+    ops::scale(*s, a, b, 2.0f);
+    ops::scale(*s, b, a, 1.5f);
+  }
+  const auto out = a.to_vector(*s);
+  float expect = 1.0f;
+  for (int i = 0; i < 25; ++i) expect = (expect * 2.0f) * 1.5f;
+  for (float v : out) ASSERT_EQ(v, expect);
+  EXPECT_TRUE(s->query());
+}
+
+TEST_P(Core, EventsOrderTwoStreams) {
+  auto s1 = dev->create_stream();
+  auto s2 = dev->create_stream();
+  auto ev = dev->create_event();
+  EXPECT_TRUE(ev->query()) << "an event never recorded is complete";
+  const std::size_t n = 1 << 22;
+  Buffer<float> a(dev, n), b(dev, n), c(dev, n);
+  for (int round = 0; round < 5; ++round) {
+    const float v = 1.0f + round;
+    a.fill(*s1, v);
+    for (int i = 0; i < 4; ++i) ops::scale(*s1, a, b, 1.0f), ops::scale(*s1, b, a, 1.0f);
+    ev->record(*s1);
+    s2->wait(*ev);
+    ops::scale(*s2, a, c, 2.0f);  // must see the whole chain of s1
+    std::vector<float> host(n);
+    c.copy_to_host(*s2, host);
+    s2->synchronize();
+    EXPECT_TRUE(ev->query());
+    for (std::size_t i = 0; i < n; i += 4099) ASSERT_EQ(host[i], 2.0f * v) << "round " << round;
+  }
+}
+
+TEST_P(Core, TimingEventsMeasureElapsedTime) {
+  auto& s = dev->default_stream();
+  auto t0 = dev->create_event(true), t1 = dev->create_event(true);
+  Buffer<float> a(dev, 1 << 20);
+  t0->record(s);
+  a.fill(s, 3.0f);
+  t1->record(s);
+  t1->synchronize();
+  EXPECT_GE(t1->elapsed_ms(*t0), 0.0);
+  auto untimed = dev->create_event(false);
+  untimed->record(s);
+  untimed->synchronize();
+  EXPECT_THROW((void)untimed->elapsed_ms(*t0), InvalidArgument);
+}
+
+TEST_P(Core, MemoryStatisticsTrackBuffers) {
+  const auto before = dev->memory_stats();
+  {
+    Buffer<float> a(dev, 1000);
+    Buffer<double> b(dev, 10);
+    const auto during = dev->memory_stats();
+    EXPECT_EQ(during.in_use, before.in_use + 4000 + 80);
+    EXPECT_GE(during.peak, during.in_use);
+  }
+  EXPECT_EQ(dev->memory_stats().in_use, before.in_use);
+}
+
+TEST_P(Core, DestroyingABufferWithQueuedWorkIsSafe) {
+  // The input is released while kernels that read it are still queued: the release waits for
+  // the device's streams (Note [buffer release]); AddressSanitizer / compute-sanitizer would flag
+  // a use after free, and the result shows every kernel read live memory.
+  auto s = dev->create_stream();
+  const std::size_t n = 1 << 22;
+  Buffer<float> out(dev, n);
+  {
+    Buffer<float> in(dev, n);
+    in.fill(*s, 4.0f);
+    for (int i = 0; i < 8; ++i) ops::scale(*s, in, out, 0.25f);
+  }  // released here
+  const auto host = out.to_vector(*s);
+  for (std::size_t i = 0; i < n; i += 1021) ASSERT_EQ(host[i], 1.0f);
+}
+
+TEST_P(Core, LaunchConfigurationErrorsAreTypedAndEnqueueNothing) {
+  auto& s = dev->default_stream();
+  Buffer<float> a(dev, 1024), b(dev, 1024);
+  a.fill(s, 1.0f);
+  b.fill(s, 9.0f);
+  s.synchronize();
+  kernels::ScaleParams p{a.data().get(), b.data().get(), 1024, 2.0f};
+  auto expect_invalid = [&](LaunchConfig c, const std::string& param) {
+    try {
+      launch<kernels::Scale>(s, c, p);
+      ADD_FAILURE() << "launch accepted " << param;
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(e.parameter(), param) << e.what();
+    }
+  };
+  expect_invalid(LaunchConfig{Dim3{1, 1, 1}, 0, 0}, "block_threads");
+  expect_invalid(LaunchConfig{Dim3{1, 1, 1}, 2048, 0}, "block_threads");
+  expect_invalid(LaunchConfig{Dim3{1, 1, 1}, 128, 0}, "block_threads");
+  expect_invalid(LaunchConfig{Dim3{0, 1, 1}, 256, 0}, "grid.x");
+  expect_invalid(LaunchConfig{Dim3{1, 70000, 1}, 256, 0}, "grid.y");
+  expect_invalid(LaunchConfig{Dim3{1, 1, 1}, 256, 1 << 20}, "shared_bytes");
+  const auto host = b.to_vector(s);
+  for (float v : host) ASSERT_EQ(v, 9.0f) << "a rejected launch ran";
+}
+
+TEST_P(Core, BadBufferArgumentsAreTypedErrors) {
+  auto& s = dev->default_stream();
+  Buffer<float> a(dev, 100), b(dev, 99);
+  EXPECT_THROW(b.copy_from(s, a), InvalidArgument);
+  auto other = dev->id().kind == DeviceKind::kCpu ? open("cpu:1") : open("cpu:0");
+  Buffer<float> c(other, 100);
+  EXPECT_THROW(c.copy_from(other->default_stream(), a), InvalidArgument);
+  EXPECT_THROW(a.copy_from_host(other->default_stream(), std::vector<float>(10)), InvalidArgument);
+  EXPECT_THROW(ops::scale(s, a, b, 1.0f), InvalidArgument);
+  try {
+    ops::scale(s, a, b, 1.0f);
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.parameter(), "out.size()");
+    EXPECT_EQ(e.value(), "99");
+    EXPECT_NE(e.limit().find("100"), std::string::npos);
+  }
+  EXPECT_THROW(Buffer<float>(dev, std::size_t(1) << 62), InvalidArgument);  // bytes overflow
+}
+
+TEST_P(Core, CopiesAcrossDevicesAreExplicit) {
+  auto other = open("cpu:2");
+  std::vector<float> h(777);
+  std::iota(h.begin(), h.end(), 1.0f);
+  Buffer<float> a(dev, h.size()), b(other, h.size());
+  a.copy_from_host(dev->default_stream(), h);
+  copy_across(other->default_stream(), b, dev->default_stream(), a);
+  EXPECT_EQ(b.to_vector(other->default_stream()), h);
+}
+
+LOCKSTEP_INSTANTIATE_BACKENDS(Core);
+
+// --- CPU device specifics ------------------------------------------------------------------------
+
+TEST(CpuDevice, NewAllocationsArePoisoned) {
+  auto dev = make_cpu_device({});
+  Buffer<float> a(dev, 333);
+  const auto h = a.to_vector(dev->default_stream());
+  for (float v : h) {
+    ASSERT_EQ(bits(v), kPoisonPattern);
+    ASSERT_TRUE(v != v) << "the poison pattern is a NaN";
+  }
+  CpuDeviceOptions o;
+  o.poison = false;
+  auto clean = make_cpu_device(o);
+  Buffer<float> b(clean, 1 << 16);
+  const auto hb = b.to_vector(clean->default_stream());
+  EXPECT_LT(std::count_if(hb.begin(), hb.end(), [](float v) { return bits(v) == kPoisonPattern; }),
+            16);
+}
+
+TEST(CpuDevice, CapacityExhaustionIsOutOfMemoryAndLeaksNothing) {
+  CpuDeviceOptions o;
+  o.memory_capacity = 1 << 20;
+  auto dev = make_cpu_device(o);
+  EXPECT_EQ(dev->memory_stats().capacity, 1u << 20);
+  Buffer<char> a(dev, 600 * 1024);
+  const auto before = dev->memory_stats();
+  try {
+    Buffer<char> b(dev, 500 * 1024);
+    ADD_FAILURE() << "allocation beyond capacity succeeded";
+  } catch (const OutOfMemory& e) {
+    EXPECT_EQ(e.requested(), 500u * 1024);
+    EXPECT_EQ(e.available(), (1u << 20) - 600u * 1024);
+    EXPECT_NE(std::string(e.what()).find("512000"), std::string::npos);
+  }
+  EXPECT_EQ(dev->memory_stats().in_use, before.in_use);
+  EXPECT_EQ(dev->memory_stats().peak, 600u * 1024);
+  Buffer<char> c(dev, 400 * 1024);  // what is left still works
+  EXPECT_EQ(dev->memory_stats().in_use, 1000u * 1024);
+}
+
+TEST(CpuDevice, DevicesAreIndependent) {
+  auto d1 = make_cpu_device({});
+  auto d2 = make_cpu_device({});
+  Buffer<float> a(d1, 1000);
+  EXPECT_EQ(d1->memory_stats().in_use, 4000u);
+  EXPECT_EQ(d2->memory_stats().in_use, 0u);
+}
+
+TEST(CpuDevice, StreamsReallyRunAsynchronously) {
+  // A long queue is accepted without waiting: the host returns before the work is done, and a
+  // copy to the host is only visible after synchronize (the CPU device enforces what a GPU does).
+  auto dev = make_cpu_device({});
+  auto s = dev->create_stream();
+  const std::size_t n = 1 << 24;
+  Buffer<float> a(dev, n), b(dev, n);
+  a.fill(*s, 1.0f);
+  for (int i = 0; i < 30; ++i) ops::scale(*s, a, b, 1.0f), ops::scale(*s, b, a, 1.0f);
+  std::vector<float> host(16, -5.0f);
+  a.copy_to_host(*s, host);
+  const bool done_immediately = s->query();
+  s->synchronize();
+  EXPECT_FALSE(done_immediately) << "61 passes over 64 MiB finished before the enqueue returned";
+  EXPECT_EQ(host[0], 1.0f);
+}
+
+TEST(CpuDevice, SimdVariantsAreSelectable) {
+  CpuDeviceOptions o;
+  o.simd = "generic";
+  auto g = make_cpu_device(o);
+  EXPECT_FALSE(g->caps().simd_target.empty());
+  o.simd = "sse9";
+  EXPECT_THROW(make_cpu_device(o), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace lockstep::testing

@@ -1,0 +1,162 @@
+// Strict math (kernels/math.hpp): accuracy on a dense sample against float64 references, special
+// values, and the same bits from the host scalar instantiation and the CPU device's SIMD one.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "lockstep/kernels/launch.hpp"
+#include "lockstep/kernels/math.hpp"
+#include "lockstep/kernels/math_eval.hpp"
+#include "support/backends.hpp"
+
+namespace lockstep::testing {
+namespace {
+
+using kernels::MathFn;
+
+float host_eval(MathFn fn, float x) {
+  switch (fn) {
+    case MathFn::kExp: return math::exp(x);
+    case MathFn::kExp2: return math::exp2(x);
+    case MathFn::kLog: return math::log(x);
+    case MathFn::kSin: return math::sin(x);
+    case MathFn::kCos: return math::cos(x);
+    default: return math::round_to_half(x);
+  }
+}
+double reference(MathFn fn, double x) {
+  switch (fn) {
+    case MathFn::kExp: return std::exp(x);
+    case MathFn::kExp2: return std::exp2(x);
+    case MathFn::kLog: return std::log(x);
+    case MathFn::kSin: return std::sin(x);
+    default: return std::cos(x);
+  }
+}
+double ulps(float got, double ref) {
+  if (std::isnan(ref)) return std::isnan(got) ? 0 : INFINITY;
+  if (std::isinf(static_cast<float>(ref)))  // the correctly rounded float overflows
+    return got == static_cast<float>(ref) ? 0 : INFINITY;
+  const double a = std::fabs(ref);
+  const double ulp = a < 0x1p-126 ? 0x1p-149 : std::ldexp(1.0, std::min(std::ilogb(a), 127) - 23);
+  return std::fabs(got - ref) / ulp;
+}
+
+// Every 4099th float bit pattern (about a million), both signs.
+double max_ulp_over_sweep(MathFn fn, float lo, float hi) {
+  double worst = 0;
+  for (std::uint64_t b = 0; b < (1ull << 32); b += 4099) {
+    const float x = from_bits(static_cast<std::uint32_t>(b));
+    if (!(x >= lo && x <= hi)) continue;
+    worst = std::max(worst, ulps(host_eval(fn, x), reference(fn, x)));
+  }
+  return worst;
+}
+
+TEST(StrictMath, ExpIsWithinOneUlp) { EXPECT_LE(max_ulp_over_sweep(MathFn::kExp, -200, 200), 1.0); }
+TEST(StrictMath, Exp2IsWithinOneUlp) { EXPECT_LE(max_ulp_over_sweep(MathFn::kExp2, -200, 200), 1.0); }
+TEST(StrictMath, LogIsWithinOneUlp) { EXPECT_LE(max_ulp_over_sweep(MathFn::kLog, 0, INFINITY), 1.0); }
+TEST(StrictMath, SinCosAreWithinTwoUlpsUpTo1e5) {
+  EXPECT_LE(max_ulp_over_sweep(MathFn::kSin, -1e5f, 1e5f), 2.0);
+  EXPECT_LE(max_ulp_over_sweep(MathFn::kCos, -1e5f, 1e5f), 2.0);
+}
+
+TEST(StrictMath, SpecialValues) {
+  const float inf = INFINITY, nan = NAN;
+  EXPECT_EQ(math::exp(-inf), 0.0f);
+  EXPECT_EQ(math::exp(inf), inf);
+  EXPECT_TRUE(std::isnan(math::exp(nan)));
+  EXPECT_EQ(math::exp(0.0f), 1.0f);
+  EXPECT_EQ(math::exp(89.0f), inf);
+  EXPECT_EQ(math::exp(-104.0f), 0.0f);
+  EXPECT_GT(math::exp(-100.0f), 0.0f) << "gradual underflow to a subnormal";
+  EXPECT_LT(math::exp(-100.0f), 1.2e-38f);
+  for (int k = -149; k <= 127; ++k) ASSERT_EQ(math::exp2(float(k)), std::ldexp(1.0f, k)) << k;
+  EXPECT_EQ(math::exp2(128.0f), inf);
+  EXPECT_EQ(math::log(0.0f), -inf);
+  EXPECT_EQ(math::log(-0.0f), -inf);
+  EXPECT_TRUE(std::isnan(math::log(-1.0f)));
+  EXPECT_EQ(math::log(inf), inf);
+  EXPECT_TRUE(std::isnan(math::log(nan)));
+  EXPECT_EQ(math::log(1.0f), 0.0f);
+  EXPECT_LE(ulps(math::log(1e-45f), std::log(double(1e-45f))), 1.0);
+  EXPECT_TRUE(std::isnan(math::sin(inf)));
+  EXPECT_TRUE(std::isnan(math::cos(-inf)));
+  EXPECT_EQ(bits(math::sin(-0.0f)), bits(-0.0f));
+  EXPECT_EQ(math::cos(0.0f), 1.0f);
+  EXPECT_EQ(math::round_to_half(65519.0f), 65504.0f);
+  EXPECT_EQ(math::round_to_half(65520.0f), inf);
+  EXPECT_EQ(math::round_to_half(1.0f + 0x1p-11f), 1.0f) << "tie to even";
+  EXPECT_EQ(math::round_to_half(1.0f + 3 * 0x1p-11f), 1.0f + 0x1p-9f) << "tie to even (up)";
+  EXPECT_EQ(math::round_to_half(0x1p-25f), 0.0f) << "half the smallest fp16 subnormal ties to 0";
+  EXPECT_EQ(math::round_to_half(0x1.8p-25f), 0x1p-24f);
+}
+
+TEST(StrictMath, MaxAndMinAreCommutativeIncludingZerosAndNaN) {
+  const float v[] = {0.0f, -0.0f, 1.0f, -1.0f, INFINITY, -INFINITY, NAN, 1e-45f};
+  for (float a : v)
+    for (float b : v) {
+      ASSERT_EQ(bits(math::max(a, b)), bits(math::max(b, a))) << a << " " << b;
+      ASSERT_EQ(bits(math::min(a, b)), bits(math::min(b, a))) << a << " " << b;
+    }
+  EXPECT_EQ(bits(math::max(0.0f, -0.0f)), bits(0.0f));
+  EXPECT_EQ(bits(math::min(0.0f, -0.0f)), bits(-0.0f));
+  EXPECT_EQ(bits(math::max(NAN, 1.0f)), 0x7fffffffu) << "NaN propagates as the canonical NaN";
+}
+
+// The device's SIMD instantiation returns the host scalar instantiation's bits: 2^20 consecutive
+// bit patterns at several places, every function, every CPU SIMD variant available here.
+class DeviceMath : public BackendTest {};
+
+TEST_P(DeviceMath, MatchesHostScalarBits) {
+  using K = kernels::MathEval;
+  const std::int64_t n = 1 << 20;
+  Buffer<float> out(dev, n);
+  auto& s = dev->default_stream();
+  for (int f = 0; f < static_cast<int>(MathFn::kCount); ++f)
+    for (std::uint32_t start : {0x00000000u, 0x3f000000u, 0x42a00000u, 0x80700000u, 0xc2b00000u,
+                                0x7f700000u}) {
+      launch<K>(s, Dim3{std::uint32_t(n / K::kPerBlock), 1, 1}, 0,
+                K::Params{nullptr, out.data().get(), n, start, static_cast<MathFn>(f)});
+      const auto host = out.to_vector(s);
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float x = from_bits(start + std::uint32_t(i));
+        ASSERT_TRUE(same_bits(host[i], host_eval(static_cast<MathFn>(f), x)))
+            << "fn " << f << " x=" << x << " (0x" << std::hex << bits(x) << ")";
+      }
+    }
+}
+LOCKSTEP_INSTANTIATE_BACKENDS(DeviceMath);
+
+TEST(DeviceMath, EverySimdVariantMatchesHostScalarBits) {
+  using K = kernels::MathEval;
+  for (const char* simd : {"generic", "avx2", "avx3"}) {
+    CpuDeviceOptions o;
+    o.simd = simd;
+    std::shared_ptr<Device> dev;
+    try {
+      dev = make_cpu_device(o);
+    } catch (const Unsupported&) {
+      std::printf("SIMD variant %s: not supported by this CPU, skipped\n", simd);
+      continue;
+    }
+    const std::int64_t n = 1 << 18;
+    Buffer<float> out(dev, n);
+    auto& s = dev->default_stream();
+    for (int f = 0; f < static_cast<int>(MathFn::kCount); ++f) {
+      launch<K>(s, Dim3{std::uint32_t(n / K::kPerBlock), 1, 1}, 0,
+                K::Params{nullptr, out.data().get(), n, 0x3e800000u, static_cast<MathFn>(f)});
+      const auto host = out.to_vector(s);
+      for (std::int64_t i = 0; i < n; ++i)
+        ASSERT_TRUE(same_bits(host[i], host_eval(static_cast<MathFn>(f),
+                                                 from_bits(0x3e800000u + std::uint32_t(i)))))
+            << simd << " fn " << f;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lockstep::testing
