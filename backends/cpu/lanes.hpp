@@ -39,6 +39,15 @@ using DI = hn::ScalableTag<std::int32_t>;
 inline constexpr int kL = static_cast<int>(hn::MaxLanes(DF()));
 inline const char* variant_target_name() { return hwy::TargetName(HWY_TARGET); }
 
+// 0, 1, 2, ... as a vector, loaded from constant memory. (Highway's Iota builds the vector through
+// a scalar store and a vector load: a store-forwarding stall on every call.)
+alignas(64) inline constexpr std::int32_t kIotaArray[64] = {
+    0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
+    22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43,
+    44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63};
+static_assert(kL <= 64);
+#define LS_IOTA() hn::Load(DI(), kIotaArray)
+
 // ================================================================================================
 // Chunk values: kL lanes in one SIMD register. The math library (kernels/math.hpp) is
 // instantiated with VF exactly as CUDA instantiates it with float.
@@ -387,7 +396,7 @@ LS_FUNCTOR(OpRoundHalf, math::round_to_half(c...))
 struct ThreadIdx {
   static constexpr bool kLaneExpr = true;
   using value_type = std::int32_t;
-  LS_INLINE VI eval(int c) const { return hn::Iota(DI(), c * kL); }
+  LS_INLINE VI eval(int c) const { return hn::Add(LS_IOTA(), hn::Set(DI(), c * kL)); }
 };
 
 // ================================================================================================
@@ -455,6 +464,7 @@ class LaneArray {
   LS_INLINE void assign(const E& e) {
     static_assert(std::is_same_v<typename std::remove_cvref_t<E>::value_type, T>,
                   "assigning lanes of another type: convert explicitly (to_float, as_int)");
+#pragma GCC unroll 4
     for (int c = 0; c < kChunks; ++c) store_chunk(c, e.eval(c));
   }
 
@@ -480,7 +490,7 @@ LS_INLINE chunk_t<T> load_chunk(const T* base, const VI& o, const VM& m, T fallb
   const mem_tag_t<T> d;
   const std::int32_t o0 = hn::GetLane(o.v);
   if (hn::AllTrue(DI(), m.m)) {
-    if (hn::AllTrue(DI(), hn::Eq(o.v, hn::Iota(DI(), o0)))) return chunk_t<T>(hn::LoadU(d, base + o0));
+    if (hn::AllTrue(DI(), hn::Eq(o.v, hn::Add(LS_IOTA(), hn::Set(DI(), o0))))) return chunk_t<T>(hn::LoadU(d, base + o0));
     if (hn::AllTrue(DI(), hn::Eq(o.v, hn::Set(DI(), o0)))) return chunk_t<T>(hn::Set(d, base[o0]));
     return chunk_t<T>(hn::GatherIndex(d, base, o.v));
   }
@@ -499,7 +509,7 @@ template <class T>
 LS_INLINE void store_chunk(T* base, const VI& o, const chunk_t<T>& v, const VM& m) {
   const mem_tag_t<T> d;
   const std::int32_t o0 = hn::GetLane(o.v);
-  const bool contiguous = hn::AllTrue(DI(), hn::Eq(o.v, hn::Iota(DI(), o0)));
+  const bool contiguous = hn::AllTrue(DI(), hn::Eq(o.v, hn::Add(LS_IOTA(), hn::Set(DI(), o0))));
   if (contiguous && hn::AllTrue(DI(), m.m)) {
     hn::StoreU(v.v, d, base + o0);
     return;
@@ -599,6 +609,7 @@ class CpuExec {
     const auto& o = wrap<std::int32_t>(std::forward<O>(off));
     const auto& v = wrap<T>(std::forward<V>(val));
     const auto& m = wrap<bool>(std::forward<M>(mask));
+#pragma GCC unroll 4
     for (int c = 0; c < N / kL; ++c) store_chunk<T>(base, o.eval(c), v.eval(c), m.eval(c));
   }
   // Four consecutive values per thread from base[off .. off+3] (off a multiple of 4: CUDA's
@@ -615,7 +626,7 @@ class CpuExec {
       const std::int32_t o0 = hn::GetLane(oc.v);
       if (hn::AllTrue(DI(), mc.m) &&
           hn::AllTrue(DI(), hn::Eq(oc.v, hn::Add(hn::Set(DI(), o0),
-                                                  hn::ShiftLeft<2>(hn::Iota(DI(), 0)))))) {
+                                                  hn::ShiftLeft<2>(LS_IOTA()))))) {
         hn::Vec<mem_tag_t<T>> a, b, e, f;
         hn::LoadInterleaved4(d, base + o0, a, b, e, f);
         hn::Store(a, d, q.x.data() + c * kL);
@@ -653,7 +664,7 @@ class CpuExec {
       const std::int32_t o0 = hn::GetLane(oc.v);
       if (hn::AllTrue(DI(), mc.m) &&
           hn::AllTrue(DI(), hn::Eq(oc.v, hn::Add(hn::Set(DI(), o0),
-                                                  hn::ShiftLeft<2>(hn::Iota(DI(), 0)))))) {
+                                                  hn::ShiftLeft<2>(LS_IOTA()))))) {
         hn::StoreInterleaved4(hn::Load(d, q.x.data() + c * kL), hn::Load(d, q.y.data() + c * kL),
                               hn::Load(d, q.z.data() + c * kL), hn::Load(d, q.w.data() + c * kL),
                               d, base + o0);

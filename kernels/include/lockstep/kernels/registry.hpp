@@ -3,6 +3,7 @@
 // variant; CUDA: one __global__ trampoline), and lockstep::launch<K> finds K's slot here. Adding
 // a kernel = writing it in kernels/ and appending it to AllKernels.
 
+#include "lockstep/kernels/ceilings.hpp"
 #include "lockstep/kernels/elementwise.hpp"
 #include "lockstep/kernels/gemm.hpp"
 #include "lockstep/kernels/layout.hpp"
@@ -18,7 +19,8 @@ struct KernelList {
   static constexpr int size = sizeof...(Ks);
 };
 
-using AllKernels = KernelList<Fill32, SoftmaxRows, Scale, Copy3D, Transpose, Gemm, MathEval>;
+using AllKernels =
+    KernelList<Fill32, SoftmaxRows, Scale, Copy3D, Transpose, Gemm, MathEval, ReadSum, FmaPeak>;
 
 template <class K, class List>
 struct kernel_index;

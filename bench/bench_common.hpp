@@ -1,0 +1,83 @@
+#pragma once
+// Shared pieces of lockstep-bench: results, ceilings, the benchmark registry.
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "lockstep/lockstep.hpp"
+
+namespace lockstep::bench {
+
+struct Ceilings {
+  double copy_gbps = 0;   // device-to-device copy, bytes read + written
+  double read_gbps = 0;   // read-only sum of a large buffer
+  double fma_gflops = 0;  // fp32 fused multiply-adds (2 FLOPs each)
+  std::string fma_source;
+};
+
+struct Result {
+  std::string name, device, shape, note;
+  double median_ms = 0;
+  double bytes = 0;  // the fewest bytes the operation must move
+  double flops = 0;
+  int launches = 1;
+  double frac_copy = 0, frac_read = 0, frac_fma = 0;
+  nlohmann::json extra = nlohmann::json::object();
+
+  double gbps() const { return median_ms > 0 ? bytes / (median_ms * 1e6) : 0; }
+  double gflops() const { return median_ms > 0 ? flops / (median_ms * 1e6) : 0; }
+  void fill_fractions(const Ceilings& c) {
+    if (c.copy_gbps > 0) frac_copy = gbps() / c.copy_gbps;
+    if (c.read_gbps > 0) frac_read = gbps() / c.read_gbps;
+    if (c.fma_gflops > 0) frac_fma = gflops() / c.fma_gflops;
+  }
+  nlohmann::json to_json() const {
+    nlohmann::json j = {{"name", name},           {"device", device},
+                        {"shape", shape},         {"median_ms", median_ms},
+                        {"bytes", bytes},         {"flops", flops},
+                        {"GBps", gbps()},         {"GFLOPs", gflops()},
+                        {"launches", launches},   {"frac_copy_ceiling", frac_copy},
+                        {"frac_read_ceiling", frac_read}, {"frac_fma_ceiling", frac_fma},
+                        {"note", note}};
+    for (auto& [k, v] : extra.items()) j[k] = v;
+    return j;
+  }
+};
+
+struct Context {
+  std::shared_ptr<Device> dev;
+  bool quick = false, cuda = false;
+  int reps = 5, warmup = 2;
+  Ceilings ceil;
+  Stream& stream() const { return dev->default_stream(); }
+  // Picks a size by device class: (quick, cpu, cuda).
+  template <class T>
+  T pick(T q, T cpu, T gpu) const {
+    return quick ? q : (cuda ? gpu : cpu);
+  }
+};
+
+struct Bench {
+  std::string name;
+  std::function<std::vector<Result>(Context&)> run;
+};
+
+double median_ms(Device& dev, Stream& s, const std::function<void()>& fn, int warmup, int reps);
+Buffer<float> random_buffer(const std::shared_ptr<Device>& dev, std::size_t n, std::uint64_t seed,
+                            float lo, float hi);
+std::vector<float> random_host(std::size_t n, std::uint64_t seed, float lo, float hi);
+
+Ceilings measure_ceilings(Context& ctx);
+const std::vector<Bench>& registry();
+void print_table(const std::vector<Result>& rs);
+
+// Native CPU fp32 fma peak (AVX2+FMA registers, all hardware threads), GFLOP/s; 0 if unsupported.
+double cpu_native_fma_gflops();
+
+}  // namespace lockstep::bench

@@ -1,0 +1,159 @@
+// Ceilings and the benchmarks of the first kernels (softmax, scale, layouts, transpose, GEMM).
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "bench_common.hpp"
+#include "lockstep/attention/ops.hpp"
+#include "lockstep/kernels/launch.hpp"
+
+namespace lockstep::bench {
+
+namespace {
+std::string shape_str(std::initializer_list<std::pair<const char*, std::int64_t>> d) {
+  std::string s;
+  for (auto& [k, v] : d) s += std::string(s.empty() ? "" : " ") + k + "=" + std::to_string(v);
+  return s;
+}
+}  // namespace
+
+Ceilings measure_ceilings(Context& ctx) {
+  Ceilings c;
+  auto& s = ctx.stream();
+  const std::size_t n = ctx.pick<std::size_t>(1 << 20, std::size_t(1) << 26, std::size_t(1) << 29);
+  Buffer<float> a(ctx.dev, n), b(ctx.dev, n);
+  a.fill(s, 1.0f);
+  b.fill(s, 2.0f);
+  const double copy_ms = median_ms(*ctx.dev, s, [&] { b.copy_from(s, a); }, ctx.warmup, ctx.reps);
+  c.copy_gbps = 2.0 * double(n) * 4 / (copy_ms * 1e6);
+
+  using RS = kernels::ReadSum;
+  Buffer<float> partial(ctx.dev, n / RS::kPerBlock);
+  const double read_ms = median_ms(
+      *ctx.dev, s,
+      [&] {
+        launch<RS>(s, Dim3{std::uint32_t(n / RS::kPerBlock), 1, 1}, 64,
+                   RS::Params{a.data().get(), partial.data().get()});
+      },
+      ctx.warmup, ctx.reps);
+  c.read_gbps = double(n) * 4 / (read_ms * 1e6);
+
+  if (ctx.cuda) {
+    using FP = kernels::FmaPeak;
+    const std::uint32_t blocks = 132 * 64;
+    const int iters = ctx.quick ? 16 : 4096;
+    Buffer<float> out(ctx.dev, std::size_t(blocks) * FP::kThreads);
+    const double ms = median_ms(
+        *ctx.dev, s,
+        [&] { launch<FP>(s, Dim3{blocks, 1, 1}, 0, FP::Params{out.data().get(), iters, 0.999f, 1e-3f}); },
+        ctx.warmup, ctx.reps);
+    c.fma_gflops = 2.0 * double(blocks) * FP::kThreads * FP::kChains * iters / (ms * 1e6);
+    c.fma_source = "fma_peak kernel";
+  } else {
+    c.fma_gflops = cpu_native_fma_gflops();
+    c.fma_source = "native AVX2 fma loop, all threads";
+  }
+  return c;
+}
+
+const std::vector<Bench>& registry() {
+  static const std::vector<Bench> benches = {
+      {"softmax_rows",
+       [](Context& ctx) {
+         std::vector<Result> rs;
+         const std::int64_t n = ctx.pick<std::int64_t>(1024, 32768, 32768);
+         const std::int64_t rows = ctx.pick<std::int64_t>(64, 1024, 8192);
+         auto in = random_buffer(ctx.dev, std::size_t(rows * n), 1, -8.0f, 8.0f);
+         Buffer<float> out(ctx.dev, std::size_t(rows * n));
+         Result r;
+         r.name = "softmax_rows";
+         r.shape = shape_str({{"rows", rows}, {"n", n}});
+         r.median_ms = median_ms(*ctx.dev, ctx.stream(), [&] { ops::softmax_rows(ctx.stream(), in, out, rows, n); },
+                                 ctx.warmup, ctx.reps);
+         r.bytes = 2.0 * double(rows * n) * 4;
+         r.flops = 0;
+         r.note = "bytes = read once + write once";
+         rs.push_back(r);
+         return rs;
+       }},
+      {"scale",
+       [](Context& ctx) {
+         const std::int64_t n = ctx.pick<std::int64_t>(1 << 20, 1 << 25, std::int64_t(1) << 28);
+         auto in = random_buffer(ctx.dev, std::size_t(n), 2, -1.0f, 1.0f);
+         Buffer<float> out(ctx.dev, std::size_t(n));
+         Result r;
+         r.name = "scale";
+         r.shape = shape_str({{"n", n}});
+         r.median_ms = median_ms(*ctx.dev, ctx.stream(), [&] { ops::scale(ctx.stream(), in, out, 0.5f); },
+                                 ctx.warmup, ctx.reps);
+         r.bytes = 2.0 * double(n) * 4;
+         r.flops = double(n);
+         return std::vector<Result>{r};
+       }},
+      {"layout",
+       [](Context& ctx) {
+         std::vector<Result> rs;
+         const std::int64_t S = ctx.pick<std::int64_t>(256, 4096, 32768), H = 32, D = ctx.pick<std::int64_t>(64, 128, 256);
+         auto in = random_buffer(ctx.dev, std::size_t(S * H * D), 3, -1.0f, 1.0f);
+         Buffer<float> out(ctx.dev, std::size_t(S * H * D));
+         for (int kind = 0; kind < 2; ++kind) {
+           Result r;
+           r.name = kind == 0 ? "interleaved_to_batched" : "batched_to_interleaved";
+           r.shape = shape_str({{"seq", S}, {"heads", H}, {"dim", D}});
+           r.median_ms = median_ms(
+               *ctx.dev, ctx.stream(),
+               [&] {
+                 if (kind == 0)
+                   ops::interleaved_to_batched(ctx.stream(), in, out, S, H, D);
+                 else
+                   ops::batched_to_interleaved(ctx.stream(), in, out, S, H, D);
+               },
+               ctx.warmup, ctx.reps);
+           r.bytes = 2.0 * double(S * H * D) * 4;
+           rs.push_back(r);
+         }
+         return rs;
+       }},
+      {"transpose",
+       [](Context& ctx) {
+         const std::int64_t B = ctx.pick<std::int64_t>(1, 2, 16), R = ctx.pick<std::int64_t>(512, 4096, 4096), C = R;
+         auto in = random_buffer(ctx.dev, std::size_t(B * R * C), 4, -1.0f, 1.0f);
+         Buffer<float> out(ctx.dev, std::size_t(B * R * C));
+         Result r;
+         r.name = "transpose";
+         r.shape = shape_str({{"batch", B}, {"rows", R}, {"cols", C}});
+         r.median_ms = median_ms(*ctx.dev, ctx.stream(), [&] { ops::transpose(ctx.stream(), in, out, B, R, C); },
+                                 ctx.warmup, ctx.reps);
+         r.bytes = 2.0 * double(B * R * C) * 4;
+         return std::vector<Result>{r};
+       }},
+      {"gemm_f32",
+       [](Context& ctx) {
+         const std::int64_t M = ctx.pick<std::int64_t>(128, 1024, 4096);
+         auto a = random_buffer(ctx.dev, std::size_t(M * M), 5, -1.0f, 1.0f);
+         auto b = random_buffer(ctx.dev, std::size_t(M * M), 6, -1.0f, 1.0f);
+         Buffer<float> c(ctx.dev, std::size_t(M * M));
+         Result r;
+         r.name = "gemm_f32";
+         r.shape = shape_str({{"m", M}, {"n", M}, {"k", M}});
+         r.median_ms = median_ms(*ctx.dev, ctx.stream(), [&] { ops::gemm(ctx.stream(), a, b, c, 1, M, M, M); },
+                                 ctx.warmup, std::max(1, ctx.reps / 2));
+         r.bytes = 3.0 * double(M * M) * 4;
+         r.flops = 2.0 * double(M) * M * M;
+         return std::vector<Result>{r};
+       }},
+  };
+  return benches;
+}
+
+void print_table(const std::vector<Result>& rs) {
+  std::printf("\n| device | benchmark | shape | median ms | GB/s | GFLOP/s | %% copy ceil | %% read ceil | %% fma ceil |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (const auto& r : rs)
+    std::printf("| %s | %s | %s | %.4f | %.1f | %.1f | %.0f%% | %.0f%% | %.1f%% |\n", r.device.c_str(),
+                r.name.c_str(), r.shape.c_str(), r.median_ms, r.gbps(), r.gflops(),
+                100 * r.frac_copy, 100 * r.frac_read, 100 * r.frac_fma);
+}
+
+}  // namespace lockstep::bench

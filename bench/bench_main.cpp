@@ -1,0 +1,131 @@
+// lockstep-bench: each kernel on each device over a shape list. Reports the median time (CUDA
+// events on the GPU, the CPU device's steady-clock events on the CPU) after warm-up, the bytes
+// moved and FLOPs, and the fraction of the ceilings measured in the same run (copy and read
+// bandwidth, fp32 fma rate). --json writes everything for docs/gpu-results.md.
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "bench_common.hpp"
+
+namespace lockstep::bench {
+
+double median_ms(Device& dev, Stream& s, const std::function<void()>& fn, int warmup, int reps) {
+  for (int i = 0; i < warmup; ++i) fn();
+  s.synchronize();
+  auto t0 = dev.create_event(true), t1 = dev.create_event(true);
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    t0->record(s);
+    fn();
+    t1->record(s);
+    t1->synchronize();
+    ms.push_back(t1->elapsed_ms(*t0));
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+std::vector<float> random_host(std::size_t n, std::uint64_t seed, float lo, float hi) {
+  std::mt19937_64 g(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  // Random but cheap for large buffers: a few thousand draws, repeated with an offset.
+  std::vector<float> base(4099);
+  for (auto& x : base) x = d(g);
+  for (std::size_t i = 0; i < n; ++i) v[i] = base[i % base.size()] + float(i % 7) * 1e-3f;
+  return v;
+}
+
+Buffer<float> random_buffer(const std::shared_ptr<Device>& dev, std::size_t n, std::uint64_t seed,
+                            float lo, float hi) {
+  Buffer<float> b(dev, n);
+  const std::size_t chunk = std::size_t(1) << 24;
+  auto& s = dev->default_stream();
+  for (std::size_t off = 0; off < n; off += chunk) {
+    const auto h = random_host(std::min(chunk, n - off), seed + off, lo, hi);
+    b.copy_from_host(s, h, off);
+  }
+  s.synchronize();
+  return b;
+}
+
+}  // namespace lockstep::bench
+
+using namespace lockstep;
+using namespace lockstep::bench;
+
+int main(int argc, char** argv) {
+  CLI::App app{"lockstep-bench: kernel benchmarks with ceilings measured in the same run"};
+  std::string device_arg = "all", json_path, filter = ".*";
+  bool quick = false;
+  int reps = 0;
+  app.add_option("--device", device_arg, "cpu, cuda:0, ... or all");
+  app.add_option("--json", json_path, "write results as JSON to this file");
+  app.add_option("--filter", filter, "regex on benchmark names");
+  app.add_flag("--quick", quick, "tiny sizes, one repetition (CI smoke test)");
+  app.add_option("--reps", reps, "timed repetitions (default: 20 on CUDA, 5 on CPU)");
+  CLI11_PARSE(app, argc, argv);
+
+  std::vector<std::shared_ptr<Device>> devs;
+  if (device_arg == "all") {
+    for (const auto& b : devices())
+      if (b.usable)
+        for (const auto& d : b.devices) devs.push_back(open(d.id));
+  } else {
+    devs.push_back(open(device_arg));
+  }
+  const std::regex re(filter);
+  nlohmann::json out;
+  out["quick"] = quick;
+  std::vector<Result> all;
+  for (const auto& dev : devs) {
+    Context ctx;
+    ctx.dev = dev;
+    ctx.quick = quick;
+    ctx.cuda = dev->id().kind == DeviceKind::kCuda;
+    ctx.reps = reps > 0 ? reps : (quick ? 1 : (ctx.cuda ? 20 : 5));
+    ctx.warmup = quick ? 0 : 2;
+    std::fprintf(stderr, "== %s: %s\n", dev->id().str().c_str(), dev->name().c_str());
+    ctx.ceil = measure_ceilings(ctx);
+    nlohmann::json dj;
+    dj["device"] = dev->id().str();
+    dj["name"] = dev->name();
+    dj["ceilings"] = {{"copy_GBps", ctx.ceil.copy_gbps},
+                      {"read_GBps", ctx.ceil.read_gbps},
+                      {"fma_GFLOPs", ctx.ceil.fma_gflops},
+                      {"fma_source", ctx.ceil.fma_source}};
+    std::fprintf(stderr, "   ceilings: copy %.1f GB/s, read %.1f GB/s, fp32 fma %.1f GFLOP/s (%s)\n",
+                 ctx.ceil.copy_gbps, ctx.ceil.read_gbps, ctx.ceil.fma_gflops,
+                 ctx.ceil.fma_source.c_str());
+    for (const auto& b : registry()) {
+      if (!std::regex_search(b.name, re)) continue;
+      for (auto r : b.run(ctx)) {
+        r.device = dev->id().str();
+        r.fill_fractions(ctx.ceil);
+        std::fprintf(stderr, "   %-34s %-38s %10.4f ms  %8.1f GB/s  %8.2f GFLOP/s  %s\n",
+                     r.name.c_str(), r.shape.c_str(), r.median_ms, r.gbps(), r.gflops(),
+                     r.note.c_str());
+        dj["results"].push_back(r.to_json());
+        all.push_back(r);
+      }
+    }
+    out["devices"].push_back(dj);
+  }
+  print_table(all);
+  if (!json_path.empty()) {
+    std::ofstream f(json_path);
+    f << out.dump(2) << "\n";
+  }
+  return 0;
+}

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine from the repository root: bash .gpu/run.sh <cases> <stages...>
+# stages: info tests props parity memcheck racecheck bench peers sass
+set -u
+cases=$1; shift
+G=$(pwd)/.gpu
+export LD_LIBRARY_PATH=$G
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+summary="$OUT/summary.txt"
+echo "commit $(cat $G/COMMIT)" | tee -a "$summary"
+for stage in "$@"; do
+  t0=$(date +%s)
+  case $stage in
+    info)
+      nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv | tee -a "$summary"
+      $G/lockstep devices | tee -a "$summary"
+      nproc | sed 's/^/host cores: /' | tee -a "$summary"
+      grep -m1 "model name" /proc/cpuinfo | tee -a "$summary" ;;
+    tests)
+      $G/lockstep_tests > "$OUT/tests.log" 2>&1; rc=$?
+      echo "unit tests rc=$rc: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/tests.log" | tr '\n' ' ')" | tee -a "$summary"
+      grep -E "FAILED|Failure" "$OUT/tests.log" | head -20 | tee -a "$summary" ;;
+    props)
+      RC_PARAMS="max_success=$cases" $G/lockstep_proptests > "$OUT/props.log" 2>&1; rc=$?
+      echo "properties ($cases cases each) rc=$rc:" | tee -a "$summary"
+      grep -E "^\[       OK \]|^\[  FAILED  \]|differ|outside|unwritten|reproduce" "$OUT/props.log" | head -30 | tee -a "$summary" ;;
+    parity)
+      $G/lockstep parity --cases 100 > "$OUT/parity.log" 2>&1; rc=$?
+      echo "parity rc=$rc" | tee -a "$summary"; cat "$OUT/parity.log" | tee -a "$summary" ;;
+    memcheck)
+      compute-sanitizer --tool memcheck --error-exitcode 9 $G/lockstep_tests --gtest_filter='*cuda*:CudaInterop*' > "$OUT/memcheck.log" 2>&1; rc=$?
+      echo "memcheck rc=$rc: $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)" | tee -a "$summary"
+      grep -E "^\[  (PASSED|FAILED) " "$OUT/memcheck.log" | tee -a "$summary" ;;
+    racecheck)
+      compute-sanitizer --tool racecheck --error-exitcode 9 $G/lockstep_tests --gtest_filter="${RACE_FILTER:-*cuda*}" > "$OUT/racecheck.log" 2>&1; rc=$?
+      echo "racecheck rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/racecheck.log" | tail -2 | tr '\n' ' ')" | tee -a "$summary"
+      grep -E "^\[  (PASSED|FAILED) " "$OUT/racecheck.log" | tee -a "$summary" ;;
+    bench)
+      $G/lockstep-bench --device cuda:0 --json "$OUT/bench_cuda.json" ${BENCH_FILTER:+--filter "$BENCH_FILTER"} > "$OUT/bench.log" 2>&1; rc=$?
+      echo "bench rc=$rc" | tee -a "$summary"; grep -E "ceilings|^\|" "$OUT/bench.log" | tee -a "$summary" ;;
+    peers)
+      PYTHONUNBUFFERED=1 python3 $G/torch_peers.py --json "$OUT/peers.json" > "$OUT/peers.log" 2>&1; rc=$?
+      echo "peers rc=$rc" | tee -a "$summary"; tail -40 "$OUT/peers.log" | tee -a "$summary" ;;
+  esac
+  echo "[stage $stage: $(( $(date +%s) - t0 )) s]" | tee -a "$summary"
+done
