@@ -36,6 +36,17 @@ struct Copy3D {
     const int C = static_cast<int>(p.C);
     const I lane = x.lane();
     const B row_ok = x.warp() < live;
+    const bool quads = ((C | p.ia | p.ib | p.oa | p.ob) & 3) == 0 &&
+                       ((reinterpret_cast<std::uintptr_t>(in) | reinterpret_cast<std::uintptr_t>(out)) & 15) == 0;
+    if (quads) {  // 16-byte vectors: each lane moves 4 consecutive floats
+      const I in_row = x.warp() * static_cast<int>(p.ib) + lane * 4;
+      const I out_row = x.warp() * static_cast<int>(p.ob) + lane * 4;
+      for (int c = 0; c < C; c += 4 * kWarpSize) {
+        const B ok = row_ok & (lane * 4 < C - c);
+        x.store4(out, out_row + c, x.load4(in, in_row + c, ok), ok);
+      }
+      return;
+    }
     const I in_row = x.warp() * static_cast<int>(p.ib) + lane;
     const I out_row = x.warp() * static_cast<int>(p.ob) + lane;
     for (int c = 0; c < C; c += kWarpSize) {
