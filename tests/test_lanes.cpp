@@ -154,7 +154,7 @@ TEST(Lanes, SharedMemoryIsCarvedInOrderAndBounded) {
   float* a = x.shared<float>(10);
   float* b = x.shared<float>(10);
   EXPECT_EQ(reinterpret_cast<char*>(a), smem);
-  EXPECT_EQ(reinterpret_cast<char*>(b), smem + 48);  // 40 bytes rounded up to 16
+  EXPECT_EQ(reinterpret_cast<char*>(b), smem + 64);  // 40 bytes rounded up to 32
   EXPECT_DEATH(x.shared<float>(100), "shared memory");
 }
 

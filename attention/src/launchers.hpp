@@ -22,4 +22,13 @@ void launch_gemm(Stream& s, const float* a, const float* b, float* c, std::int64
                  std::int64_t ldb, std::int64_t ldc, std::int64_t stride_a,
                  std::int64_t stride_b, std::int64_t stride_c, float alpha);
 
+// The tensor-core GEMM (same parameters as launch_gemm).
+void launch_gemm_tc(Stream& s, const float* a, const float* b, float* c, std::int64_t batch,
+                    std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t lda,
+                    std::int64_t ldb, std::int64_t ldc, std::int64_t stride_a,
+                    std::int64_t stride_b, std::int64_t stride_c, float alpha);
+// out = in * scale with the causal mask when causal, over [batch, rows, cols].
+void launch_scale_mask(Stream& s, const float* in, float* out, std::int64_t batch,
+                       std::int64_t rows, std::int64_t cols, float scale, bool causal);
+
 }  // namespace lockstep::detail

@@ -81,6 +81,33 @@ void launch_gemm(Stream& s, const float* a, const float* b, float* c, std::int64
             K::Params{a, b, c, m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, alpha});
 }
 
+void launch_gemm_tc(Stream& s, const float* a, const float* b, float* c, std::int64_t batch,
+                    std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t lda,
+                    std::int64_t ldb, std::int64_t ldc, std::int64_t stride_a,
+                    std::int64_t stride_b, std::int64_t stride_c, float alpha) {
+  using K = kernels::GemmTensorCore;
+  if (batch == 0 || m == 0 || n == 0) return;
+  check_fits(std::uint64_t(lda) * K::kTile + K::kK, kMaxLaneOffset, "gemm_tensor_core", "64 * lda");
+  check_fits(std::uint64_t(ldb) * K::kK + K::kTile, kMaxLaneOffset, "gemm_tensor_core", "32 * ldb");
+  check_fits(std::uint64_t(ldc) * K::kTile + K::kTile, kMaxLaneOffset, "gemm_tensor_core", "64 * ldc");
+  const auto gx = grid_dim(kernels::ceil_div(n, K::kTile), "gemm_tensor_core", "ceil(n / 64)", 0x7fffffff);
+  const auto gy = grid_dim(kernels::ceil_div(m, K::kTile), "gemm_tensor_core", "ceil(m / 64)", 65535);
+  const auto gz = grid_dim(batch, "gemm_tensor_core", "batch", 65535);
+  launch<K>(s, Dim3{gx, gy, gz}, K::kSharedBytes,
+            K::Params{a, b, c, m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, alpha});
+}
+
+void launch_scale_mask(Stream& s, const float* in, float* out, std::int64_t batch,
+                       std::int64_t rows, std::int64_t cols, float scale, bool causal) {
+  using K = kernels::ScaleMask;
+  if (batch == 0 || rows == 0 || cols == 0) return;
+  const std::int64_t blocks = checked_product(
+      {std::uint64_t(batch), std::uint64_t(rows), std::uint64_t(kernels::ceil_div(cols, K::kSegment))},
+      "scale_mask", "batch * rows * segments");
+  const auto gx = grid_dim(blocks, "scale_mask", "batch * rows * ceil(cols / 1024)", 0x7fffffff);
+  launch<K>(s, Dim3{gx, 1, 1}, 0, K::Params{in, out, batch, rows, cols, scale, causal ? 1 : 0});
+}
+
 }  // namespace detail
 
 namespace ops {

@@ -582,7 +582,7 @@ class CpuExec {
   // --- shared memory: carved in call order from the launch's dynamic shared bytes ---
   template <class T>
   T* shared(std::size_t count) {
-    smem_off_ = (smem_off_ + 15) & ~std::size_t{15};
+    smem_off_ = (smem_off_ + 31) & ~std::size_t{31};
     T* p = reinterpret_cast<T*>(smem_ + smem_off_);
     smem_off_ += count * sizeof(T);
     if (smem_off_ > smem_cap_) shared_overflow(smem_off_, smem_cap_);
@@ -591,6 +591,11 @@ class CpuExec {
   void sync() const {}  // lockstep: every thread already reached this statement
 
   // --- global and shared memory ---
+  // One value every thread reads (a block-uniform scalar, e.g. a sequence length).
+  template <class T>
+  T load_uniform(const T* p) const {
+    return *p;
+  }
   template <class T, LaneExpr O>
   LS_INLINE auto load(const T* base, O&& off) const {
     return LoadNode<T, hold_t<O&&>, Scalar<bool>>{base, std::forward<O>(off), {true}, T{}};
@@ -687,6 +692,75 @@ class CpuExec {
   template <class T, LaneExpr O>
   void store4(T* base, O&& off, const Quad<Lanes<T>>& q) const {
     store4(base, std::forward<O>(off), q, true);
+  }
+
+  // --- fp16 storage and warp-level 16x16x16 matrix tiles (the tensor-core operations) ---------
+  // half_t is fp16 storage (bits). A tile operation is executed by every warp of the block; the
+  // offsets are lane values that are uniform within each warp (each warp's tile).
+  using half_t = std::uint16_t;
+  struct AccTile {
+    alignas(64) float v[kWarps][256];
+  };
+  template <LaneExpr O, class V, class M>
+  void store_half(half_t* base, O&& off, V&& val, M&& mask) const {
+    const Lanes<std::int32_t> o(wrap<std::int32_t>(std::forward<O>(off)));
+    const Lanes<float> v(wrap<float>(std::forward<V>(val)));
+    const Lanes<bool> m(wrap<bool>(std::forward<M>(mask)));
+    for (int i = 0; i < N; ++i)
+      if (m[i]) base[o[i]] = math::half_bits_rn(v[i]);
+  }
+  template <LaneExpr O, class V>
+  void store_half(half_t* base, O&& off, V&& val) const {
+    store_half(base, std::forward<O>(off), std::forward<V>(val), true);
+  }
+  void tile_zero(AccTile& t) const {
+    for (int w = 0; w < kWarps; ++w)
+      for (int i = 0; i < 256; ++i) t.v[w][i] = 0.0f;
+  }
+  // acc += A x B for the warp's 16x16 row-major fp16 tiles A (at a_off, leading dimension lda)
+  // and B. Note [tensor-core emulation]: every product of two fp16 values is exact; the 16
+  // products and the accumulator are summed in float64 and rounded once to fp32 per 16x16x16
+  // step: the same tiles and rounding points as the hardware, whose internal summation is not
+  // IEEE-specified (docs/numerics.md gives the measured difference).
+  template <class OA, class OB>
+  void tile_mma(AccTile& acc, const half_t* A, const OA& a_off, int lda, const half_t* B,
+                const OB& b_off, int ldb) const {
+    const Lanes<std::int32_t> ao(a_off), bo(b_off);
+    for (int w = 0; w < kWarps; ++w) {
+      const half_t* a = A + ao[w * 32];
+      const half_t* b = B + bo[w * 32];
+      double af[16][16], bf[16][16];
+      for (int i = 0; i < 16; ++i)
+        for (int k = 0; k < 16; ++k) {
+          af[i][k] = math::half_bits_to_float(a[i * lda + k]);
+          bf[i][k] = math::half_bits_to_float(b[i * ldb + k]);
+        }
+      float* c = acc.v[w];
+      for (int i = 0; i < 16; ++i)
+        for (int j = 0; j < 16; ++j) {
+          double sum = c[i * 16 + j];
+          for (int k = 0; k < 16; ++k) sum += af[i][k] * bf[k][j];
+          c[i * 16 + j] = static_cast<float>(sum);
+        }
+    }
+  }
+  template <class O>
+  void tile_store(float* C, const O& c_off, int ldc, const AccTile& acc) const {
+    const Lanes<std::int32_t> co(c_off);
+    for (int w = 0; w < kWarps; ++w) {
+      float* c = C + co[w * 32];
+      for (int i = 0; i < 16; ++i)
+        for (int j = 0; j < 16; ++j) c[i * ldc + j] = acc.v[w][i * 16 + j];
+    }
+  }
+  template <class O>
+  void tile_load(AccTile& acc, const float* C, const O& c_off, int ldc) const {
+    const Lanes<std::int32_t> co(c_off);
+    for (int w = 0; w < kWarps; ++w) {
+      const float* c = C + co[w * 32];
+      for (int i = 0; i < 16; ++i)
+        for (int j = 0; j < 16; ++j) acc.v[w][i * 16 + j] = c[i * ldc + j];
+    }
   }
 
   // --- lane-wise math (kernels/math.hpp, the same source CUDA runs) ---

@@ -3,7 +3,9 @@
 // per-thread value is a register (Lanes<T> = T); every operation is the CUDA operation the CPU
 // context (backends/cpu/lanes.hpp) reproduces bit for bit.
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 
 #include <cstdint>
 
@@ -39,14 +41,18 @@ struct CudaExec {
 
   template <class T>
   __device__ __forceinline__ T* shared(std::size_t count) {
-    extern __shared__ __align__(16) unsigned char lockstep_smem[];
-    smem_off_ = (smem_off_ + 15) & ~std::size_t{15};
+    extern __shared__ __align__(128) unsigned char lockstep_smem[];
+    smem_off_ = (smem_off_ + 31) & ~std::size_t{31};
     T* p = reinterpret_cast<T*>(lockstep_smem + smem_off_);
     smem_off_ += count * sizeof(T);
     return p;
   }
   __device__ __forceinline__ void sync() const { __syncthreads(); }
 
+  template <class T>
+  __device__ __forceinline__ T load_uniform(const T* p) const {
+    return *p;
+  }
   template <class T>
   __device__ __forceinline__ T load(const T* base, int off) const {
     return base[off];
@@ -71,6 +77,31 @@ struct CudaExec {
   __device__ __forceinline__ void store4(float* base, int off, const Quad<float>& q,
                                          bool m = true) const {
     if (m) *reinterpret_cast<float4*>(base + off) = make_float4(q.x, q.y, q.z, q.w);
+  }
+
+  // fp16 storage and warp-level 16x16x16 tiles on the tensor cores (WMMA).
+  using half_t = __half;
+  struct AccTile {
+    nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> f;
+  };
+  __device__ __forceinline__ void store_half(half_t* base, int off, float v, bool m = true) const {
+    if (m) base[off] = __float2half_rn(v);
+  }
+  __device__ __forceinline__ void tile_zero(AccTile& t) const { nvcuda::wmma::fill_fragment(t.f, 0.0f); }
+  __device__ __forceinline__ void tile_mma(AccTile& acc, const half_t* A, int a_off, int lda,
+                                           const half_t* B, int b_off, int ldb) const {
+    using namespace nvcuda;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
+    wmma::load_matrix_sync(a, A + a_off, lda);
+    wmma::load_matrix_sync(b, B + b_off, ldb);
+    wmma::mma_sync(acc.f, a, b, acc.f);
+  }
+  __device__ __forceinline__ void tile_store(float* C, int c_off, int ldc, const AccTile& acc) const {
+    nvcuda::wmma::store_matrix_sync(C + c_off, acc.f, ldc, nvcuda::wmma::mem_row_major);
+  }
+  __device__ __forceinline__ void tile_load(AccTile& acc, const float* C, int c_off, int ldc) const {
+    nvcuda::wmma::load_matrix_sync(acc.f, C + c_off, ldc, nvcuda::wmma::mem_row_major);
   }
 
   __device__ __forceinline__ float exp(float v) const { return math::exp(v); }

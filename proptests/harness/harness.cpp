@@ -106,6 +106,8 @@ void account(OracleReport& rep, std::size_t i, float got, double ref, double bou
   if (std::isfinite(u)) rep.max_ulp = std::max(rep.max_ulp, u);
   if (std::fabs(ref) > 1e-30 && std::isfinite(ref))
     rep.max_rel = std::max(rep.max_rel, std::fabs(double(got) - ref) / std::fabs(ref));
+  if (bound_abs > 0 && std::isfinite(ref))
+    rep.max_bound_ratio = std::max(rep.max_bound_ratio, std::fabs(double(got) - ref) / bound_abs);
   const bool nan_ok = std::isnan(ref) && std::isnan(got);
   const bool inf_ok = std::isinf(ref) && double(got) == ref;
   if (nan_ok || inf_ok) return;
@@ -467,8 +469,11 @@ double math_ulp_bound(int fn) {
   }
 }
 
+std::vector<KernelEntry> attention_entries();
+
 const std::vector<KernelEntry>& kernel_entries() {
-  static const std::vector<KernelEntry> entries = {
+  static const std::vector<KernelEntry> entries = [] {
+  std::vector<KernelEntry> e = {
       {"softmax_rows",
        [](std::mt19937_64& g) {
          SoftmaxShape s;
@@ -544,6 +549,9 @@ const std::vector<KernelEntry>& kernel_entries() {
          return math_case(s);
        }},
   };
+  for (auto& a : attention_entries()) e.push_back(std::move(a));
+  return e;
+  }();
   return entries;
 }
 
@@ -600,6 +608,21 @@ Verdict verify(const Case& c, bool with_variant, bool with_cuda) {
     const Run gpu = c.run(open("cuda:0"));
     if (gpu.unwritten != c.expected_unwritten()) {
       v.failure = "CUDA left " + std::to_string(gpu.unwritten) + " output elements unwritten";
+      return v;
+    }
+    if (!c.bitwise_across_backends()) {
+      const OracleReport g = c.check(gpu);
+      double num = 0, den = 0;
+      for (std::size_t i = 0; i < cpu.out.size(); ++i) {
+        const double d = double(gpu.out[i]) - double(cpu.out[i]);
+        num += d * d;
+        den += double(cpu.out[i]) * double(cpu.out[i]);
+        v.cuda_cpu_max_ulp = std::max(v.cuda_cpu_max_ulp, ulp_distance(gpu.out[i], cpu.out[i]));
+      }
+      v.cuda_cpu_nmse = den > 0 ? num / den : num;
+      if (g.violations != 0)
+        v.failure = "CUDA outside the documented bound in " + std::to_string(g.violations) +
+                    " elements; first: " + g.first_violation;
       return v;
     }
     const Compare cmp = compare_bits(cpu, gpu);

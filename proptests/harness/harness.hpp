@@ -24,6 +24,7 @@ struct Run {
 struct OracleReport {
   double max_ulp = 0;       // largest distance to the float64 reference, in float ulps
   double max_rel = 0;       // largest relative error (|ref| > tiny)
+  double max_bound_ratio = 0;  // largest |error| / documented bound (<= 1 passes)
   std::size_t violations = 0;  // elements outside the documented bound
   std::string first_violation;
 };
@@ -38,6 +39,9 @@ class Case {
   virtual OracleReport check(const Run& r) const = 0;
   // Output elements a correct run leaves untouched (poisoned); 0 for most kernels.
   virtual std::size_t expected_unwritten() const { return 0; }
+  // False for tensor-core paths: CUDA and CPU then agree within the documented bound only
+  // (both are checked against the oracle, and their distance is reported).
+  virtual bool bitwise_across_backends() const { return true; }
 };
 
 // Runs `c` on the CPU device (and on the portable SIMD variant, and on CUDA when present) and
@@ -48,6 +52,8 @@ struct Verdict {
   OracleReport oracle;
   bool compared_cuda = false;
   bool compared_variant = false;
+  double cuda_cpu_max_ulp = 0;   // for cases that are not bitwise across backends
+  double cuda_cpu_nmse = 0;
 };
 Verdict verify(const Case& c, bool with_variant, bool with_cuda);
 
@@ -115,6 +121,42 @@ struct GemmShape {
   std::uint64_t seed = 0;
 };
 std::unique_ptr<Case> gemm_case(const GemmShape& s);
+
+// Attention (the attention-algorithms issue). gemm: 0 fp32, 1 tensor core; impl: 0 batched, 1 per head.
+struct MhaCaseShape {
+  std::int64_t seq = 1, heads = 1, dim = 32;
+  bool causal = false;
+  int gemm = 0;
+  int impl = 0;
+  std::uint64_t seed = 0;
+};
+std::unique_ptr<Case> mha_case(const MhaCaseShape& s);
+
+struct DecodeCaseShape {
+  std::int64_t len = 1, max_len = 1, heads = 1, kv_heads = 1, dim = 32;
+  std::uint64_t seed = 0;
+};
+// incremental_attention; the cache past `len` is poisoned with NaN (never read).
+std::unique_ptr<Case> decode_case(const DecodeCaseShape& s);
+
+struct ScatterCaseShape {
+  std::int64_t kv_heads = 1, dim = 32, max_len = 1, pos = 0;
+  std::uint64_t seed = 0;
+};
+std::unique_ptr<Case> scatter_case(const ScatterCaseShape& s);
+
+// Float64 references shared by the cases and tests: attention of one head, q [Sq, D],
+// k/v [Skv, D] (row strides given), causal bottom-right aligned. Returns out [Sq, D] and, per
+// element, the error scale sum_j p_j |v_j| and the score error scale max_j sum_i |q_i k_ji|.
+struct AttentionRef {
+  std::vector<double> out, pv_mag, qk_mag;
+};
+AttentionRef attention_reference(const float* q, std::int64_t q_stride, const float* k,
+                                 const float* v, std::int64_t kv_stride, std::int64_t Sq,
+                                 std::int64_t Skv, std::int64_t D, bool causal);
+// The documented bounds (docs/numerics.md, Note [attention bound]).
+double attention_bound_fp32(double pv_mag, double qk_mag, std::int64_t Skv, std::int64_t D);
+double attention_bound_tc(double pv_mag, double qk_mag, std::int64_t Skv, std::int64_t D);
 
 struct MathShape {
   int fn = 0;  // kernels::MathFn

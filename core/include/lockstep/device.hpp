@@ -95,7 +95,7 @@ class Device : public std::enable_shared_from_this<Device> {
 
 class Stream {
  public:
-  virtual ~Stream() = default;
+  virtual ~Stream();
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
 
@@ -119,7 +119,22 @@ class Stream {
   virtual void copy_d2d(void* dst, const void* src, std::size_t bytes) = 0;
   virtual void fill32(void* dst, std::uint32_t pattern, std::size_t count) = 0;
   virtual void launch(const detail::KernelLaunch& launch) = 0;
+  // Derived destructors call this after draining the stream.
+  void release_scratch() noexcept;
   friend struct detail::StreamAccess;
+
+ private:
+  // Note [stream scratch]: device memory for temporaries of calls enqueued on this stream (split-K
+  // partials, attention workspaces). Work on one stream is ordered, so consecutive calls may
+  // share it; a larger request allocates a new block and keeps the old one (queued work may still
+  // use it) until the stream is destroyed. Never freed mid-stream, so no call synchronizes.
+  struct ScratchBlock {
+    Device* device;
+    void* ptr;
+    std::size_t bytes;
+  };
+  void* scratch(std::size_t bytes);
+  std::vector<ScratchBlock> scratch_;
 };
 
 class Event {
@@ -199,6 +214,7 @@ struct StreamAccess {
     s.fill32(dst, pattern, count);
   }
   static void launch(Stream& s, const KernelLaunch& l) { s.launch(l); }
+  static void* scratch(Stream& s, std::size_t bytes) { return s.scratch(bytes); }
 };
 }  // namespace detail
 

@@ -76,4 +76,43 @@ struct Fill32 {
   }
 };
 
+// Attention score scaling with an optional causal mask, for [batch, rows, cols] score matrices:
+// out = in * scale, and -inf where causal and col > row + (cols - rows) (bottom-right aligned).
+// Grid: x = batch * rows * segments of 1024 columns.
+struct ScaleMaskParams {
+  const float* in;
+  float* out;
+  std::int64_t batch, rows, cols;
+  float scale;
+  std::int32_t causal;
+};
+
+struct ScaleMask {
+  static constexpr const char* kName = "scale_mask";
+  static constexpr int kThreads = 256;
+  static constexpr int kSegment = 1024;
+  using Params = ScaleMaskParams;
+
+  template <class X>
+  LOCKSTEP_HD static void run(X& x, const Params& p) {
+    using F = typename X::template Lanes<float>;
+    using I = typename X::template Lanes<lane_int>;
+    using B = typename X::template Lanes<bool>;
+    const std::int64_t segs = ceil_div(p.cols, kSegment);
+    const std::int64_t row = std::int64_t{x.block_x()} / segs;   // over batch * rows
+    const int seg = static_cast<int>(std::int64_t{x.block_x()} % segs);
+    const std::int64_t i = row % p.rows;
+    const int cols = static_cast<int>(p.cols);
+    const int limit = static_cast<int>(i + (p.cols - p.rows));  // last visible column
+    const float* in = p.in + row * p.cols;
+    float* out = p.out + row * p.cols;
+    for (int j = 0; j < kSegment; j += kThreads) {
+      const I c = x.thread() + (seg * kSegment + j);
+      const B ok = c < cols;
+      const F v = x.load(in, c, ok, 0.0f) * p.scale;
+      x.store(out, c, x.select((c > limit) & (p.causal != 0), -kInf, v), ok);
+    }
+  }
+};
+
 }  // namespace lockstep::kernels

@@ -4,7 +4,9 @@
 // a kernel = writing it in kernels/ and appending it to AllKernels.
 
 #include "lockstep/kernels/ceilings.hpp"
+#include "lockstep/kernels/decode.hpp"
 #include "lockstep/kernels/elementwise.hpp"
+#include "lockstep/kernels/gemm_tc.hpp"
 #include "lockstep/kernels/gemm.hpp"
 #include "lockstep/kernels/layout.hpp"
 #include "lockstep/kernels/math_eval.hpp"
@@ -19,8 +21,16 @@ struct KernelList {
   static constexpr int size = sizeof...(Ks);
 };
 
-using AllKernels =
-    KernelList<Fill32, SoftmaxRows, Scale, Copy3D, Transpose, Gemm, MathEval, ReadSum, FmaPeak>;
+using AllKernels = KernelList<
+    Fill32, SoftmaxRows, Scale, Copy3D, Transpose, Gemm, MathEval, ReadSum, FmaPeak,
+    GemmTensorCore, ScaleMask, KvScatter,
+    // decode: head_dim x query heads per block (G * D <= 512)
+    DecodeChunk<32, 1>, DecodeChunk<32, 2>, DecodeChunk<32, 4>, DecodeChunk<32, 8>,
+    DecodeChunk<64, 1>, DecodeChunk<64, 2>, DecodeChunk<64, 4>, DecodeChunk<64, 8>,
+    DecodeChunk<96, 1>, DecodeChunk<96, 2>, DecodeChunk<96, 4>,
+    DecodeChunk<128, 1>, DecodeChunk<128, 2>, DecodeChunk<128, 4>,
+    DecodeChunk<256, 1>, DecodeChunk<256, 2>,
+    DecodeMerge<32>, DecodeMerge<64>, DecodeMerge<96>, DecodeMerge<128>, DecodeMerge<256>>;
 
 template <class K, class List>
 struct kernel_index;

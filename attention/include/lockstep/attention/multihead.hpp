@@ -1,0 +1,43 @@
+#pragma once
+// Multi-head attention from the building blocks (docs/api.md, "Multi-head attention"):
+// out = softmax(Q K^T / sqrt(d) [+ causal mask]) V per head, inputs and output interleaved
+// [seq_len, n_heads * head_dim].
+
+#include <cstdint>
+
+#include "lockstep/buffer.hpp"
+
+namespace lockstep {
+
+// PerHead: extract -> transpose -> GEMM -> scale -> softmax -> GEMM -> copy back, head by head
+// (the reference path, 9 launches per head). Batched: every head in each launch (9 launches).
+enum class MhaImpl { kAuto, kPerHead, kBatched };
+// Fp32: the strict SIMT GEMM (bit-identical on both backends). TensorCore: fp16 inputs, fp32
+// accumulation (WMMA; emulated on the CPU, within the bound of docs/numerics.md). Auto: tensor
+// cores when m, n >= 16 and k >= 64, unless LOCKSTEP_FORCE_FP32_GEMM=1.
+enum class GemmKind { kAuto, kFp32, kTensorCore };
+
+struct MhaShape {
+  std::int64_t seq_len = 0;
+  std::int64_t n_heads = 0;
+  std::int64_t head_dim = 0;
+};
+
+struct MhaOptions {
+  bool causal = false;
+  MhaImpl impl = MhaImpl::kAuto;  // Auto: Batched
+  GemmKind gemm = GemmKind::kAuto;
+};
+
+struct MhaReport {
+  int launches = 0;             // kernel launches this call enqueued
+  MhaImpl impl = MhaImpl::kBatched;
+  GemmKind score_gemm = GemmKind::kFp32;  // what each GEMM ran on
+  GemmKind value_gemm = GemmKind::kFp32;
+};
+
+MhaReport multihead_attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
+                              const Buffer<float>& v, Buffer<float>& out, const MhaShape& shape,
+                              const MhaOptions& options = {});
+
+}  // namespace lockstep

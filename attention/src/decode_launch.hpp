@@ -1,0 +1,26 @@
+#pragma once
+// Internal: the decode kernels' launch (shared by incremental_attention and flash_decoding).
+#include <cstddef>
+
+#include "lockstep/device.hpp"
+#include "lockstep/kernels/decode.hpp"
+
+namespace lockstep::detail {
+
+// Floats of workspace launch_decode needs for `rows` query rows of H heads, lengths <= max_len.
+std::size_t decode_workspace_floats(std::int64_t rows, std::int64_t H, std::int64_t head_dim,
+                                    std::int64_t max_len);
+
+// Launches DecodeChunk + DecodeMerge for p (q, k, v, lengths/length, slots, out, strides, rows,
+// H, Hkv, scale set); the partials are carved from `workspace`. Returns the launches enqueued.
+int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int64_t head_dim,
+                  std::int64_t max_len);
+
+void launch_kv_scatter(Stream& s, const kernels::KvScatterParams& p);
+
+// Checks the decode geometry: head_dim supported, kv heads divide heads, sizes within the
+// kernels' 32-bit lane offsets.
+void check_decode_shape(std::string_view where, std::int64_t n_heads, std::int64_t n_kv_heads,
+                        std::int64_t head_dim, std::int64_t max_len);
+
+}  // namespace lockstep::detail

@@ -1,0 +1,102 @@
+#include "lockstep/attention/multihead.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "checks.hpp"
+#include "launchers.hpp"
+
+namespace lockstep {
+
+namespace {
+
+bool force_fp32_gemm() {
+  const char* v = std::getenv("LOCKSTEP_FORCE_FP32_GEMM");
+  return v != nullptr && std::string(v) == "1";
+}
+
+// The seed's rule: tensor cores when m, n >= 16 and k >= 64.
+GemmKind pick(GemmKind want, std::int64_t m, std::int64_t n, std::int64_t k) {
+  if (want == GemmKind::kFp32) return GemmKind::kFp32;
+  if (want == GemmKind::kTensorCore) return GemmKind::kTensorCore;
+  if (force_fp32_gemm()) return GemmKind::kFp32;
+  return (m >= 16 && n >= 16 && k >= 64) ? GemmKind::kTensorCore : GemmKind::kFp32;
+}
+
+void gemm(Stream& s, GemmKind kind, const float* a, const float* b, float* c, std::int64_t batch,
+          std::int64_t m, std::int64_t n, std::int64_t k) {
+  if (kind == GemmKind::kTensorCore)
+    detail::launch_gemm_tc(s, a, b, c, batch, m, n, k, k, n, n, m * k, k * n, m * n, 1.0f);
+  else
+    detail::launch_gemm(s, a, b, c, batch, m, n, k, k, n, n, m * k, k * n, m * n, 1.0f);
+}
+
+}  // namespace
+
+MhaReport multihead_attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
+                              const Buffer<float>& v, Buffer<float>& out, const MhaShape& shape,
+                              const MhaOptions& options) {
+  constexpr std::string_view w = "multihead_attention";
+  detail::check_nonneg(w, "seq_len", shape.seq_len);
+  detail::check_positive(w, "n_heads", shape.n_heads);
+  detail::check_positive(w, "head_dim", shape.head_dim);
+  detail::check_on(w, "q", q, stream);
+  detail::check_on(w, "k", k, stream);
+  detail::check_on(w, "v", v, stream);
+  detail::check_on(w, "out", out, stream);
+  const std::int64_t S = shape.seq_len, H = shape.n_heads, D = shape.head_dim;
+  const auto n = checked_product({std::uint64_t(S), std::uint64_t(H), std::uint64_t(D)}, w,
+                                 "seq_len * n_heads * head_dim");
+  for (auto* b : {&q, &k, &v})
+    detail::check_size(w, b == &q ? "q" : b == &k ? "k" : "v", *b, n, "seq_len * n_heads * head_dim");
+  detail::check_size(w, "out", out, n, "seq_len * n_heads * head_dim");
+  const auto scores = checked_product({std::uint64_t(H), std::uint64_t(S), std::uint64_t(S)}, w,
+                                      "n_heads * seq_len * seq_len");
+  check_fits(std::uint64_t(S) * 64, kMaxLaneOffset, w, "64 * seq_len");
+  check_fits(std::uint64_t(H * D) * 8 + std::uint64_t(D), kMaxLaneOffset, w, "8 * n_heads * head_dim");
+
+  MhaReport rep;
+  rep.impl = options.impl == MhaImpl::kPerHead ? MhaImpl::kPerHead : MhaImpl::kBatched;
+  rep.score_gemm = pick(options.gemm, S, S, D);
+  rep.value_gemm = pick(options.gemm, S, D, S);
+  if (S == 0) return rep;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+
+  if (rep.impl == MhaImpl::kBatched) {
+    // Workspace: Q, K, V, K^T, O batched [H, S, D] and the scores [H, S, S].
+    const std::size_t total = checked_add(checked_mul(n, 5, w, "workspace"), scores, w, "workspace");
+    auto* ws = static_cast<float*>(detail::StreamAccess::scratch(stream, checked_mul(total, 4, w, "workspace bytes")));
+    float *qb = ws, *kb = qb + n, *vb = kb + n, *kt = vb + n, *ob = kt + n, *sc = ob + n;
+    detail::launch_copy3d(stream, q.data().get(), qb, H, S, D, D, H * D, S * D, D);
+    detail::launch_copy3d(stream, k.data().get(), kb, H, S, D, D, H * D, S * D, D);
+    detail::launch_copy3d(stream, v.data().get(), vb, H, S, D, D, H * D, S * D, D);
+    detail::launch_transpose(stream, kb, kt, H, S, D);
+    gemm(stream, rep.score_gemm, qb, kt, sc, H, S, S, D);
+    detail::launch_scale_mask(stream, sc, sc, H, S, S, scale, options.causal);
+    detail::launch_softmax(stream, sc, sc, H * S, S);
+    gemm(stream, rep.value_gemm, sc, vb, ob, H, S, D, S);
+    detail::launch_copy3d(stream, ob, out.data().get(), S, H, D, D, S * D, H * D, D);
+    rep.launches = 9;
+    return rep;
+  }
+  // PerHead: one head at a time through the same kernels (batch = 1).
+  const std::uint64_t sd = std::uint64_t(S * D), ss = std::uint64_t(S) * std::uint64_t(S);
+  auto* ws = static_cast<float*>(detail::StreamAccess::scratch(stream, (5 * sd + ss) * 4));
+  float *qh = ws, *kh = qh + sd, *vh = kh + sd, *kt = vh + sd, *oh = kt + sd, *sc = oh + sd;
+  for (std::int64_t h = 0; h < H; ++h) {
+    detail::launch_copy3d(stream, q.data().get() + h * D, qh, 1, S, D, 0, H * D, 0, D);
+    detail::launch_copy3d(stream, k.data().get() + h * D, kh, 1, S, D, 0, H * D, 0, D);
+    detail::launch_copy3d(stream, v.data().get() + h * D, vh, 1, S, D, 0, H * D, 0, D);
+    detail::launch_transpose(stream, kh, kt, 1, S, D);
+    gemm(stream, rep.score_gemm, qh, kt, sc, 1, S, S, D);
+    detail::launch_scale_mask(stream, sc, sc, 1, S, S, scale, options.causal);
+    detail::launch_softmax(stream, sc, sc, S, S);
+    gemm(stream, rep.value_gemm, sc, vh, oh, 1, S, D, S);
+    detail::launch_copy3d(stream, oh, out.data().get() + h * D, 1, S, D, 0, D, 0, H * D);
+    rep.launches += 9;
+  }
+  return rep;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,263 @@
+#pragma once
+// Single-token decode attention, split-K over fixed chunks of the KV cache (Flash-Decoding), for
+// any number of sequences and grouped-query attention; and the KV-cache scatter (append).
+//
+// Note [fixed split size]
+// A sequence's cache is cut into chunks of kDecodeChunk = 256 tokens, whatever the batch, the
+// device or its occupancy. DecodeChunk computes, per chunk and query head, the chunk's max score
+// m_c, the sum l_c of exp(score - m_c) and the unnormalized output o_c = sum exp(score - m_c) v;
+// DecodeMerge combines the chunks of one sequence in chunk order. Every sum has a fixed order
+// that depends only on the sequence's own length, so a sequence's output is bitwise the same
+// alone or in any batch (batch invariance), and incremental_attention and flash_decoding, which
+// both run these two kernels, agree bit for bit.
+//
+// Cache layout (per layer): [slots, kv_heads, max_len, head_dim]; a query row r attends slot
+// slots[r] (or r), kv head h / (H / Hkv), tokens [0, length). Tokens at or beyond the length are
+// never read.
+
+#include "lockstep/kernels/hd.hpp"
+
+namespace lockstep::kernels {
+
+inline constexpr int kDecodeChunk = 256;
+
+struct DecodeParams {
+  const float* q;               // [rows, H, D]
+  const float* k;               // cache base (a layer's K)
+  const float* v;               // cache base (a layer's V)
+  const std::int32_t* lengths;  // [rows] tokens to attend; null: every row uses `length`
+  const std::int32_t* slots;    // [rows] cache slot of each row; null: row r uses slot r
+  float* part_o;                // [rows, H, max_chunks, D]
+  float* part_ml;               // [rows, H, max_chunks, 2]: chunk max, chunk sum
+  float* out;                   // [rows, H, D]
+  std::int64_t slot_stride;     // elements between slots
+  std::int64_t head_stride;     // elements between kv heads (max_len * D)
+  std::int32_t rows, H, Hkv, max_chunks;
+  std::int32_t length;          // when lengths is null
+  float scale;                  // 1 / sqrt(D)
+};
+
+// Grid: x = chunk, y = kv head * (H / Hkv / G) + subgroup, z = row (rows beyond 65535 loop).
+// Each block reads its chunk of K and V once for the G query heads it serves.
+template <int D, int G>
+struct DecodeChunk {
+  static_assert(D % 32 == 0 && D <= 256, "head_dim: a multiple of 32, at most 256");
+  static_assert(G * D <= 512, "accumulators per thread: G * D / 8 <= 64");
+  static constexpr const char* kName = "decode_chunk";
+  static constexpr int kThreads = 128;
+  static constexpr int kWarps = kThreads / kWarpSize;
+  static constexpr int kQuads = D / 32;  // 16-byte vectors per lane per row (8 lanes per row)
+  static constexpr std::size_t kSharedBytes =
+      (2 * G * kDecodeChunk + kWarps * G * D) * sizeof(float) + 64;
+  using Params = DecodeParams;
+
+  template <class X>
+  LOCKSTEP_HD static void run(X& x, const Params& p) {
+    using F = typename X::template Lanes<float>;
+    using I = typename X::template Lanes<lane_int>;
+    using B = typename X::template Lanes<bool>;
+    float* S = x.template shared<float>(G * kDecodeChunk);   // scores
+    float* P = x.template shared<float>(G * kDecodeChunk);   // exp(score - chunk max)
+    float* O = x.template shared<float>(kWarps * G * D);     // per-warp partial outputs
+
+    const int group = p.H / p.Hkv;
+    const int subgroups = group / G;
+    const int hk = x.block_y() / subgroups;
+    const int h0 = hk * group + (x.block_y() % subgroups) * G;  // first query head served
+    const int chunk = x.block_x();
+    const I lane = x.lane();
+    const I l8 = lane & 7;                 // lane within the 8 lanes that share a row
+    const I row_in_iter = x.warp() * 4 + (lane >> 3);  // 16 rows per block iteration
+
+    for (int r = x.block_z(); r < p.rows; r += x.grid_z()) {
+      const int len = p.lengths != nullptr ? x.load_uniform(p.lengths + r) : p.length;
+      const int t0 = chunk * kDecodeChunk;
+      if (t0 >= len) continue;  // block-uniform: this chunk is past the sequence
+      const int slot = p.slots != nullptr ? x.load_uniform(p.slots + r) : r;
+      const std::int64_t kv_off = slot * p.slot_stride + hk * p.head_stride + std::int64_t{t0} * D;
+      const float* kb = p.k + kv_off;
+      const float* vb = p.v + kv_off;
+      const int live = static_cast<int>(imin(len - t0, kDecodeChunk));
+
+      // q of the G heads, in the lane layout of the K rows: lane l8 holds floats
+      // (qd * 8 + l8) * 4 .. +3 of each row.
+      typename X::template Lanes<float> qv[G][kQuads][4];
+      for (int g = 0; g < G; ++g) {
+        const float* qrow = p.q + (std::int64_t{r} * p.H + h0 + g) * D;
+        for (int qd = 0; qd < kQuads; ++qd) {
+          auto t = x.load4(qrow, (l8 + qd * 8) * 4);
+          qv[g][qd][0] = t.x;
+          qv[g][qd][1] = t.y;
+          qv[g][qd][2] = t.z;
+          qv[g][qd][3] = t.w;
+        }
+      }
+
+      // Phase 1: scores. Each group of 8 lanes takes one row; a warp 4 rows; the block 16.
+      for (int it = 0; it < kDecodeChunk; it += 16) {
+        const I tl = row_in_iter + it;
+        const B ok = tl < live;
+        F dot[G];
+        for (int g = 0; g < G; ++g) dot[g] = 0.0f;
+        for (int qd = 0; qd < kQuads; ++qd) {
+          const auto kq = x.load4(kb, tl * D + (l8 + qd * 8) * 4, ok);
+          for (int g = 0; g < G; ++g) {
+            dot[g] = x.fma(qv[g][qd][0], kq.x, dot[g]);
+            dot[g] = x.fma(qv[g][qd][1], kq.y, dot[g]);
+            dot[g] = x.fma(qv[g][qd][2], kq.z, dot[g]);
+            dot[g] = x.fma(qv[g][qd][3], kq.w, dot[g]);
+          }
+        }
+        for (int g = 0; g < G; ++g) {
+          const F s = x.template warp_sum<8>(dot[g]) * p.scale;
+          x.store(S, tl + g * kDecodeChunk, x.select(ok, s, -kInf), l8 == 0);
+        }
+      }
+      x.sync();
+
+      // Phase 2: chunk max and sum per head (every warp computes them; warp 0 writes).
+      for (int g = 0; g < G; ++g) {
+        const float* sg = S + g * kDecodeChunk;
+        F m = -kInf;
+        for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) m = x.max(m, x.load(sg, lane * 8 + i));
+        m = x.warp_max(m);
+        const B empty = m == -kInf;
+        F l = 0.0f;
+        for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) {
+          const F e = x.select(empty, 0.0f, x.exp(x.load(sg, lane * 8 + i) - m));
+          x.store(P + g * kDecodeChunk, lane * 8 + i, e, x.warp() == 0);
+          l = l + e;
+        }
+        l = x.warp_sum(l);
+        float* ml = p.part_ml + ((std::int64_t{r} * p.H + h0 + g) * p.max_chunks + chunk) * 2;
+        x.store(ml, lane, x.select(lane == 0, m, l), x.thread() < 2);
+      }
+      x.sync();
+
+      // Phase 3: P x V. Lane layout as in phase 1; each lane accumulates its 16 rows.
+      F acc[G][kQuads][4];
+      for (int g = 0; g < G; ++g)
+        for (int qd = 0; qd < kQuads; ++qd)
+          for (int j = 0; j < 4; ++j) acc[g][qd][j] = 0.0f;
+      for (int it = 0; it < kDecodeChunk; it += 16) {
+        const I tl = row_in_iter + it;
+        const B ok = tl < live;
+        F pg[G];
+        for (int g = 0; g < G; ++g) pg[g] = x.load(P, tl + g * kDecodeChunk);
+        for (int qd = 0; qd < kQuads; ++qd) {
+          const auto vq = x.load4(vb, tl * D + (l8 + qd * 8) * 4, ok);
+          for (int g = 0; g < G; ++g) {
+            acc[g][qd][0] = x.fma(pg[g], vq.x, acc[g][qd][0]);
+            acc[g][qd][1] = x.fma(pg[g], vq.y, acc[g][qd][1]);
+            acc[g][qd][2] = x.fma(pg[g], vq.z, acc[g][qd][2]);
+            acc[g][qd][3] = x.fma(pg[g], vq.w, acc[g][qd][3]);
+          }
+        }
+      }
+      // The 4 row groups of a warp (lanes l8, l8 + 8, l8 + 16, l8 + 24), then the 4 warps.
+      for (int g = 0; g < G; ++g)
+        for (int qd = 0; qd < kQuads; ++qd)
+          for (int j = 0; j < 4; ++j) {
+            F a = acc[g][qd][j];
+            a = a + x.shfl_xor(a, 8);
+            a = a + x.shfl_xor(a, 16);
+            x.store(O, (x.warp() * G + g) * D + (l8 + qd * 8) * 4 + j, a, lane < 8);
+          }
+      x.sync();
+      for (int g = 0; g < G; ++g) {
+        float* po = p.part_o + ((std::int64_t{r} * p.H + h0 + g) * p.max_chunks + chunk) * D;
+        for (int d0 = 0; d0 < D; d0 += kThreads) {
+          const I d = x.thread() + d0;
+          const B ok = d < D;
+          F o = x.load(O, g * D + d, ok, 0.0f);
+          for (int w = 1; w < kWarps; ++w) o = o + x.load(O, (w * G + g) * D + d, ok, 0.0f);
+          x.store(po, d, o, ok);
+        }
+      }
+      x.sync();  // S, P and O are reused by the next row
+    }
+  }
+};
+
+// out[r, h, :] = the chunks of row r merged in chunk order. Grid: x = H, y = row (loops past
+// 65535). A row of length 0 gives zeros.
+template <int D>
+struct DecodeMerge {
+  static constexpr const char* kName = "decode_merge";
+  static constexpr int kThreads = 128;
+  using Params = DecodeParams;
+
+  template <class X>
+  LOCKSTEP_HD static void run(X& x, const Params& p) {
+    using F = typename X::template Lanes<float>;
+    using I = typename X::template Lanes<lane_int>;
+    using B = typename X::template Lanes<bool>;
+    const int h = x.block_x();
+    for (int r = x.block_y(); r < p.rows; r += x.grid_y()) {
+      const int len = p.lengths != nullptr ? x.load_uniform(p.lengths + r) : p.length;
+      const int chunks = static_cast<int>(ceil_div(len, kDecodeChunk));
+      const std::int64_t base = std::int64_t{r} * p.H + h;
+      const float* ml = p.part_ml + base * p.max_chunks * 2;
+      const float* po = p.part_o + base * p.max_chunks * D;
+      float* out = p.out + base * D;
+      F M = -kInf;
+      for (int c = 0; c < chunks; ++c) M = x.max(M, x.load(ml, x.thread() * 0 + 2 * c));
+      const B none = M == -kInf;
+      for (int d0 = 0; d0 < D; d0 += kThreads) {
+        const I d = x.thread() + d0;
+        const B ok = d < D;
+        F L = 0.0f, O = 0.0f;
+        for (int c = 0; c < chunks; ++c) {
+          const F mc = x.load(ml, x.thread() * 0 + 2 * c);
+          const F w = x.select(mc == -kInf, 0.0f, x.exp(mc - M));
+          L = L + x.load(ml, x.thread() * 0 + 2 * c + 1) * w;
+          O = O + x.load(po, d + c * D, ok, 0.0f) * w;
+        }
+        x.store(out, d, x.select(none, 0.0f, O / L), ok);
+      }
+    }
+  }
+};
+
+// Appends one token's K and V for many rows in one launch: cache[slot, h, pos, :] = src[r, h, :].
+// Grid: x = kv head, y = row (loops past 65535), z = 0 for K, 1 for V.
+struct KvScatterParams {
+  const float* src_k;            // [rows, Hkv, D]
+  const float* src_v;
+  float* k;                      // cache bases
+  float* v;
+  const std::int32_t* positions; // [rows]; null: every row uses `position`
+  const std::int32_t* slots;     // [rows]; null: row r uses slot r
+  std::int64_t slot_stride, head_stride;
+  std::int32_t rows, Hkv, D, position;
+};
+
+struct KvScatter {
+  static constexpr const char* kName = "kv_scatter";
+  static constexpr int kThreads = 128;
+  using Params = KvScatterParams;
+
+  template <class X>
+  LOCKSTEP_HD static void run(X& x, const Params& p) {
+    using I = typename X::template Lanes<lane_int>;
+    using B = typename X::template Lanes<bool>;
+    const int h = x.block_x();
+    const bool is_v = x.block_z() == 1;
+    const float* src = is_v ? p.src_v : p.src_k;
+    float* cache = is_v ? p.v : p.k;
+    if (src == nullptr) return;
+    for (int r = x.block_y(); r < p.rows; r += x.grid_y()) {
+      const int pos = p.positions != nullptr ? x.load_uniform(p.positions + r) : p.position;
+      const int slot = p.slots != nullptr ? x.load_uniform(p.slots + r) : r;
+      const float* s = src + (std::int64_t{r} * p.Hkv + h) * p.D;
+      float* d = cache + slot * p.slot_stride + h * p.head_stride + std::int64_t{pos} * p.D;
+      for (int c = 0; c < p.D; c += kThreads) {
+        const I i = x.thread() + c;
+        const B ok = i < p.D;
+        x.store(d, i, x.load(s, i, ok, 0.0f), ok);
+      }
+    }
+  }
+};
+
+}  // namespace lockstep::kernels

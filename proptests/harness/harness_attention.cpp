@@ -1,0 +1,300 @@
+// Harness cases of the attention algorithms: multi-head attention (fp32 and tensor-core GEMMs,
+// per-head and batched), incremental decode attention, the KV-cache scatter.
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <sstream>
+
+#include "harness.hpp"
+#include "lockstep/attention/decode.hpp"
+#include "lockstep/attention/multihead.hpp"
+
+namespace lockstep::harness {
+
+namespace {
+constexpr double kU = 0x1p-24;   // fp32 unit roundoff
+constexpr double kUh = 0x1p-11;  // fp16 unit roundoff
+
+void note_violation(OracleReport& rep, std::size_t i, float got, double ref, double bound) {
+  if (rep.violations++ == 0) {
+    std::ostringstream os;
+    os.precision(9);
+    os << "element " << i << ": got " << got << ", float64 reference " << ref << ", bound " << bound;
+    rep.first_violation = os.str();
+  }
+}
+void account(OracleReport& rep, std::size_t i, float got, double ref, double bound) {
+  rep.max_ulp = std::max(rep.max_ulp, ulp_distance(got, ref));
+  if (std::fabs(ref) > 1e-6) rep.max_rel = std::max(rep.max_rel, std::fabs(got - ref) / std::fabs(ref));
+  if (bound > 0) rep.max_bound_ratio = std::max(rep.max_bound_ratio, std::fabs(double(got) - ref) / bound);
+  if (!(std::fabs(double(got) - ref) <= bound)) note_violation(rep, i, got, ref, bound);
+}
+}  // namespace
+
+AttentionRef attention_reference(const float* q, std::int64_t q_stride, const float* k,
+                                 const float* v, std::int64_t kv_stride, std::int64_t Sq,
+                                 std::int64_t Skv, std::int64_t D, bool causal) {
+  AttentionRef r;
+  r.out.assign(std::size_t(Sq * D), 0.0);
+  r.pv_mag.assign(std::size_t(Sq * D), 0.0);
+  r.qk_mag.assign(std::size_t(Sq), 0.0);
+  const double scale = 1.0 / std::sqrt(double(D));
+  std::vector<double> s(std::size_t(std::max<std::int64_t>(Skv, 1)));
+  for (std::int64_t i = 0; i < Sq; ++i) {
+    const std::int64_t visible = causal ? std::min(Skv, i + 1 + (Skv - Sq)) : Skv;
+    if (visible <= 0) continue;
+    double m = -INFINITY, mag = 0;
+    for (std::int64_t j = 0; j < visible; ++j) {
+      double dot = 0, a = 0;
+      for (std::int64_t d = 0; d < D; ++d) {
+        dot += double(q[i * q_stride + d]) * double(k[j * kv_stride + d]);
+        a += std::fabs(double(q[i * q_stride + d]) * double(k[j * kv_stride + d]));
+      }
+      s[std::size_t(j)] = dot * scale;
+      m = std::max(m, s[std::size_t(j)]);
+      mag = std::max(mag, a * scale);
+    }
+    r.qk_mag[std::size_t(i)] = mag;
+    double sum = 0;
+    for (std::int64_t j = 0; j < visible; ++j) sum += std::exp(s[std::size_t(j)] - m);
+    for (std::int64_t j = 0; j < visible; ++j) {
+      const double p = std::exp(s[std::size_t(j)] - m) / sum;
+      for (std::int64_t d = 0; d < D; ++d) {
+        r.out[std::size_t(i * D + d)] += p * double(v[j * kv_stride + d]);
+        r.pv_mag[std::size_t(i * D + d)] += p * std::fabs(double(v[j * kv_stride + d]));
+      }
+    }
+  }
+  return r;
+}
+
+// Note [attention bound]: a score carries at most (D + 4) u of the sum of |q_i k_i| (an fma
+// chain and a butterfly of at most D terms, the scale); a softmax weight then at most twice that,
+// relative, plus the softmax's own sums; the weighted sum of V at most (Skv + D + 30) u of
+// sum_j p_j |v_j|. The tensor-core path adds the fp16 rounding of Q, K, P and V.
+double attention_bound_fp32(double pv_mag, double qk_mag, std::int64_t Skv, std::int64_t D) {
+  return pv_mag * (2.0 * qk_mag * double(D + 4) * kU +
+                   (double(Skv) + std::ceil(double(Skv) / 32.0) + double(D) + 30.0) * kU) +
+         1e-30;
+}
+double attention_bound_tc(double pv_mag, double qk_mag, std::int64_t Skv, std::int64_t D) {
+  return pv_mag * (2.0 * qk_mag * (2.0 * kUh + double(D + 4) * kU) + 4.0 * kUh +
+                   4.0 * (double(Skv) + double(D) + 40.0) * kU) +
+         1e-30;
+}
+
+namespace {
+
+// --- multi-head attention -----------------------------------------------------------------------
+class MhaCase final : public Case {
+ public:
+  explicit MhaCase(const MhaCaseShape& s) : s_(s) {
+    const std::size_t n = std::size_t(s.seq * s.heads * s.dim);
+    q_ = uniform(s.seed, n, -1.0f, 1.0f);
+    k_ = uniform(s.seed + 1, n, -1.0f, 1.0f);
+    v_ = uniform(s.seed + 2, n, -1.0f, 1.0f);
+  }
+  std::string describe() const override {
+    return "multihead seq=" + std::to_string(s_.seq) + " heads=" + std::to_string(s_.heads) +
+           " dim=" + std::to_string(s_.dim) + (s_.causal ? " causal" : "") +
+           (s_.gemm ? " tensor-core" : " fp32") + (s_.impl ? " per-head" : " batched");
+  }
+  bool bitwise_across_backends() const override { return s_.gemm == 0; }
+  Run run(const std::shared_ptr<Device>& dev) const override {
+    auto& st = dev->default_stream();
+    Buffer<float> q(dev, q_.size()), k(dev, k_.size()), v(dev, v_.size()), o(dev, q_.size());
+    q.copy_from_host(st, q_);
+    k.copy_from_host(st, k_);
+    v.copy_from_host(st, v_);
+    poison(st, o);
+    MhaOptions opt;
+    opt.causal = s_.causal;
+    opt.gemm = s_.gemm ? GemmKind::kTensorCore : GemmKind::kFp32;
+    opt.impl = s_.impl ? MhaImpl::kPerHead : MhaImpl::kBatched;
+    multihead_attention(st, q, k, v, o, MhaShape{s_.seq, s_.heads, s_.dim}, opt);
+    return collect(st, o);
+  }
+  OracleReport check(const Run& r) const override {
+    OracleReport rep;
+    const std::int64_t S = s_.seq, H = s_.heads, D = s_.dim;
+    for (std::int64_t h = 0; h < H; ++h) {
+      const auto ref = attention_reference(q_.data() + h * D, H * D, k_.data() + h * D,
+                                           v_.data() + h * D, H * D, S, S, D, s_.causal);
+      for (std::int64_t i = 0; i < S; ++i)
+        for (std::int64_t d = 0; d < D; ++d) {
+          const std::size_t o = std::size_t((i * H + h) * D + d), e = std::size_t(i * D + d);
+          const std::int64_t visible = s_.causal ? i + 1 : S;
+          const double b = s_.gemm ? attention_bound_tc(ref.pv_mag[e], ref.qk_mag[std::size_t(i)], visible, D)
+                                   : attention_bound_fp32(ref.pv_mag[e], ref.qk_mag[std::size_t(i)], visible, D);
+          account(rep, o, r.out[o], ref.out[e], b);
+        }
+    }
+    return rep;
+  }
+
+ private:
+  MhaCaseShape s_;
+  std::vector<float> q_, k_, v_;
+};
+
+// --- incremental decode -------------------------------------------------------------------------
+class DecodeCase final : public Case {
+ public:
+  explicit DecodeCase(const DecodeCaseShape& s) : s_(s) {
+    const std::size_t cache = std::size_t(s.kv_heads * s.max_len * s.dim);
+    q_ = uniform(s.seed, std::size_t(s.heads * s.dim), -1.0f, 1.0f);
+    k_ = uniform(s.seed + 1, cache, -1.0f, 1.0f);
+    v_ = uniform(s.seed + 2, cache, -1.0f, 1.0f);
+    // Never read: everything at or beyond the length is NaN.
+    for (std::int64_t h = 0; h < s.kv_heads; ++h)
+      for (std::int64_t t = s.len; t < s.max_len; ++t)
+        for (std::int64_t d = 0; d < s.dim; ++d) {
+          k_[std::size_t((h * s.max_len + t) * s.dim + d)] = NAN;
+          v_[std::size_t((h * s.max_len + t) * s.dim + d)] = NAN;
+        }
+  }
+  std::string describe() const override {
+    return "incremental_attention len=" + std::to_string(s_.len) + " max_len=" +
+           std::to_string(s_.max_len) + " heads=" + std::to_string(s_.heads) + " kv_heads=" +
+           std::to_string(s_.kv_heads) + " dim=" + std::to_string(s_.dim);
+  }
+  Run run(const std::shared_ptr<Device>& dev) const override {
+    auto& st = dev->default_stream();
+    Buffer<float> q(dev, q_.size()), k(dev, k_.size()), v(dev, v_.size()), o(dev, q_.size());
+    q.copy_from_host(st, q_);
+    k.copy_from_host(st, k_);
+    v.copy_from_host(st, v_);
+    poison(st, o);
+    incremental_attention(st, q, k, v, s_.len, o, DecodeShape{s_.heads, s_.kv_heads, s_.dim, s_.max_len});
+    return collect(st, o);
+  }
+  OracleReport check(const Run& r) const override {
+    OracleReport rep;
+    const std::int64_t D = s_.dim, g = s_.heads / s_.kv_heads;
+    for (std::int64_t h = 0; h < s_.heads; ++h) {
+      const std::int64_t hk = h / g;
+      if (s_.len == 0) {
+        for (std::int64_t d = 0; d < D; ++d)
+          if (float_bits(r.out[std::size_t(h * D + d)]) != 0)
+            note_violation(rep, std::size_t(h * D + d), r.out[std::size_t(h * D + d)], 0.0, 0.0);
+        continue;
+      }
+      const auto ref = attention_reference(q_.data() + h * D, D, k_.data() + hk * s_.max_len * D,
+                                           v_.data() + hk * s_.max_len * D, D, 1, s_.len, D, false);
+      for (std::int64_t d = 0; d < D; ++d)
+        account(rep, std::size_t(h * D + d), r.out[std::size_t(h * D + d)], ref.out[std::size_t(d)],
+                attention_bound_fp32(ref.pv_mag[std::size_t(d)], ref.qk_mag[0], s_.len, D));
+    }
+    return rep;
+  }
+
+ private:
+  DecodeCaseShape s_;
+  std::vector<float> q_, k_, v_;
+};
+
+// --- KV-cache scatter ---------------------------------------------------------------------------
+class ScatterCase final : public Case {
+ public:
+  explicit ScatterCase(const ScatterCaseShape& s) : s_(s) {
+    cache_ = uniform(s.seed, std::size_t(s.kv_heads * s.max_len * s.dim), -1.0f, 1.0f);
+    src_ = uniform(s.seed + 1, std::size_t(s.kv_heads * s.dim), 2.0f, 3.0f);
+  }
+  std::string describe() const override {
+    return "kv_cache_scatter kv_heads=" + std::to_string(s_.kv_heads) + " dim=" +
+           std::to_string(s_.dim) + " max_len=" + std::to_string(s_.max_len) + " pos=" +
+           std::to_string(s_.pos);
+  }
+  Run run(const std::shared_ptr<Device>& dev) const override {
+    auto& st = dev->default_stream();
+    Buffer<float> cache(dev, cache_.size()), src(dev, src_.size());
+    cache.copy_from_host(st, cache_);
+    src.copy_from_host(st, src_);
+    kv_cache_scatter(st, src, cache, s_.pos, DecodeShape{s_.kv_heads, s_.kv_heads, s_.dim, s_.max_len});
+    return collect(st, cache);
+  }
+  OracleReport check(const Run& r) const override {
+    OracleReport rep;
+    for (std::int64_t h = 0; h < s_.kv_heads; ++h)
+      for (std::int64_t t = 0; t < s_.max_len; ++t)
+        for (std::int64_t d = 0; d < s_.dim; ++d) {
+          const std::size_t i = std::size_t((h * s_.max_len + t) * s_.dim + d);
+          const float e = t == s_.pos ? src_[std::size_t(h * s_.dim + d)] : cache_[i];
+          if (float_bits(r.out[i]) != float_bits(e)) note_violation(rep, i, r.out[i], e, 0);
+        }
+    return rep;
+  }
+
+ private:
+  ScatterCaseShape s_;
+  std::vector<float> cache_, src_;
+};
+
+}  // namespace
+
+std::unique_ptr<Case> mha_case(const MhaCaseShape& s) { return std::make_unique<MhaCase>(s); }
+std::unique_ptr<Case> decode_case(const DecodeCaseShape& s) { return std::make_unique<DecodeCase>(s); }
+std::unique_ptr<Case> scatter_case(const ScatterCaseShape& s) { return std::make_unique<ScatterCase>(s); }
+
+namespace {
+std::int64_t pick_dim(std::mt19937_64& g) {
+  static const std::int64_t dims[] = {32, 64, 96, 128, 256};
+  return dims[std::uniform_int_distribution<int>(0, 4)(g)];
+}
+std::int64_t pick_heads(std::mt19937_64& g, std::int64_t& kv) {
+  static const std::int64_t groups[] = {1, 2, 3, 4, 6, 8};
+  kv = std::uniform_int_distribution<std::int64_t>(1, 4)(g);
+  return kv * groups[std::uniform_int_distribution<int>(0, 5)(g)];
+}
+}  // namespace
+
+std::vector<KernelEntry> attention_entries() {
+  return {
+      {"multihead_fp32",
+       [](std::mt19937_64& g) {
+         MhaCaseShape s;
+         s.seq = draw_size(g, 150);
+         s.heads = std::uniform_int_distribution<std::int64_t>(1, 4)(g);
+         s.dim = std::uniform_int_distribution<int>(0, 1)(g) ? pick_dim(g) : draw_size(g, 80);
+         s.causal = std::uniform_int_distribution<int>(0, 1)(g);
+         s.impl = std::uniform_int_distribution<int>(0, 1)(g);
+         s.seed = g();
+         return mha_case(s);
+       }},
+      {"multihead_tensor_core",
+       [](std::mt19937_64& g) {
+         MhaCaseShape s;
+         s.seq = draw_size(g, 100);
+         s.heads = std::uniform_int_distribution<std::int64_t>(1, 3)(g);
+         s.dim = std::uniform_int_distribution<int>(0, 1)(g) ? 64 : draw_size(g, 70);
+         s.causal = std::uniform_int_distribution<int>(0, 1)(g);
+         s.gemm = 1;
+         s.seed = g();
+         return mha_case(s);
+       }},
+      {"incremental_attention",
+       [](std::mt19937_64& g) {
+         DecodeCaseShape s;
+         s.dim = pick_dim(g);
+         s.heads = pick_heads(g, s.kv_heads);
+         s.max_len = draw_size(g, 1100);
+         s.len = std::uniform_int_distribution<std::int64_t>(0, s.max_len)(g);
+         s.seed = g();
+         return decode_case(s);
+       }},
+      {"kv_cache_scatter",
+       [](std::mt19937_64& g) {
+         ScatterCaseShape s;
+         s.dim = pick_dim(g);
+         s.kv_heads = std::uniform_int_distribution<std::int64_t>(1, 8)(g);
+         s.max_len = draw_size(g, 300);
+         s.pos = std::uniform_int_distribution<std::int64_t>(0, s.max_len - 1)(g);
+         s.seed = g();
+         return scatter_case(s);
+       }},
+  };
+}
+
+}  // namespace lockstep::harness

@@ -1,0 +1,134 @@
+// Properties of the attention algorithms (RapidCheck): multi-head attention (fp32 GEMM: CPU within
+// the float64 oracle's bound, CUDA == CPU bitwise, PerHead == Batched bitwise; tensor-core GEMM:
+// both backends within the documented bound), incremental decode attention (oracle, bitwise,
+// poisoned positions past seq_len never read, agreement with the last row of causal attention)
+// and the KV-cache scatter.
+
+#include <gtest/gtest.h>
+#include <rapidcheck.h>
+#include <rapidcheck/gtest.h>
+
+#include <cmath>
+
+#include "harness/harness.hpp"
+#include "lockstep/attention/decode.hpp"
+#include "lockstep/attention/multihead.hpp"
+
+namespace lockstep::harness {
+namespace {
+
+rc::Gen<std::int64_t> size_gen(std::int64_t max) {
+  std::vector<std::int64_t> edges;
+  for (auto e : kEdgeSizes)
+    if (e <= max) edges.push_back(e);
+  return rc::gen::oneOf(rc::gen::elementOf(edges), rc::gen::inRange<std::int64_t>(1, max + 1));
+}
+rc::Gen<std::int64_t> head_dim_gen() { return rc::gen::element<std::int64_t>(32, 64, 96, 128, 256); }
+
+void check(const Case& c) {
+  RC_LOG() << c.describe() << "\n";
+  const Verdict v = verify(c, /*with_variant=*/true, /*with_cuda=*/true);
+  RC_LOG() << v.failure << "\n";
+  RC_ASSERT(v.failure.empty());
+}
+
+RC_GTEST_PROP(Attention, MultiheadFp32, ()) {
+  MhaCaseShape s;
+  s.seq = *size_gen(130);
+  s.heads = *rc::gen::inRange<std::int64_t>(1, 5);
+  s.dim = *rc::gen::oneOf(head_dim_gen(), size_gen(80));
+  s.causal = *rc::gen::arbitrary<bool>();
+  s.seed = *rc::gen::arbitrary<std::uint64_t>();
+  check(*mha_case(s));
+  // PerHead and Batched run the same kernels on the same values: the same bytes.
+  auto batched = mha_case(s);
+  s.impl = 1;
+  auto per_head = mha_case(s);
+  const auto a = batched->run(open("cpu")), b = per_head->run(open("cpu"));
+  const auto cmp = compare_bits(a, b);
+  RC_LOG() << "per-head vs batched: " << cmp.first << "\n";
+  RC_ASSERT(cmp.mismatches == 0u);
+}
+
+RC_GTEST_PROP(Attention, MultiheadTensorCore, ()) {
+  MhaCaseShape s;
+  s.seq = *size_gen(80);
+  s.heads = *rc::gen::inRange<std::int64_t>(1, 3);
+  s.dim = *rc::gen::oneOf(rc::gen::just<std::int64_t>(64), size_gen(70));
+  s.causal = *rc::gen::arbitrary<bool>();
+  s.gemm = 1;
+  s.impl = *rc::gen::inRange(0, 2);
+  s.seed = *rc::gen::arbitrary<std::uint64_t>();
+  check(*mha_case(s));
+}
+
+RC_GTEST_PROP(Attention, IncrementalDecode, ()) {
+  DecodeCaseShape s;
+  s.dim = *head_dim_gen();
+  s.kv_heads = *rc::gen::inRange<std::int64_t>(1, 5);
+  s.heads = s.kv_heads * *rc::gen::element<std::int64_t>(1, 2, 3, 4, 6, 8);
+  s.max_len = *rc::gen::weightedOneOf<std::int64_t>(
+      {{8, size_gen(1100)}, {1, rc::gen::inRange<std::int64_t>(2000, 5000)}});
+  s.len = *rc::gen::inRange<std::int64_t>(0, s.max_len + 1);
+  s.seed = *rc::gen::arbitrary<std::uint64_t>();
+  check(*decode_case(s));
+}
+
+// Decoding the last token equals the last row of causal multi-head attention over the same
+// tokens, within the bound (two different summation orders of the same math).
+RC_GTEST_PROP(Attention, DecodeMatchesLastRowOfCausalAttention, ()) {
+  const std::int64_t S = *size_gen(300), H = *rc::gen::inRange<std::int64_t>(1, 4);
+  const std::int64_t D = *head_dim_gen();
+  const auto seed = *rc::gen::arbitrary<std::uint64_t>();
+  const auto q = uniform(seed, std::size_t(S * H * D), -1.0f, 1.0f);
+  const auto k = uniform(seed + 1, std::size_t(S * H * D), -1.0f, 1.0f);
+  const auto v = uniform(seed + 2, std::size_t(S * H * D), -1.0f, 1.0f);
+  auto dev = open("cpu");
+  auto& st = dev->default_stream();
+  Buffer<float> bq(dev, q.size()), bk(dev, k.size()), bv(dev, v.size()), bo(dev, q.size());
+  bq.copy_from_host(st, q);
+  bk.copy_from_host(st, k);
+  bv.copy_from_host(st, v);
+  MhaOptions opt;
+  opt.causal = true;
+  opt.gemm = GemmKind::kFp32;
+  multihead_attention(st, bq, bk, bv, bo, MhaShape{S, H, D}, opt);
+  const auto mha = bo.to_vector(st);
+  // The same tokens as a head-first cache [H, S, D] and the last query row [H, D].
+  std::vector<float> kc(k.size()), vc(v.size()), ql(std::size_t(H * D));
+  for (std::int64_t t = 0; t < S; ++t)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t d = 0; d < D; ++d) {
+        kc[std::size_t((h * S + t) * D + d)] = k[std::size_t((t * H + h) * D + d)];
+        vc[std::size_t((h * S + t) * D + d)] = v[std::size_t((t * H + h) * D + d)];
+        if (t == S - 1) ql[std::size_t(h * D + d)] = q[std::size_t((t * H + h) * D + d)];
+      }
+  Buffer<float> dq(dev, ql.size()), dk(dev, kc.size()), dv(dev, vc.size()), dout(dev, ql.size());
+  dq.copy_from_host(st, ql);
+  dk.copy_from_host(st, kc);
+  dv.copy_from_host(st, vc);
+  incremental_attention(st, dq, dk, dv, S, dout, DecodeShape{H, H, D, S});
+  const auto dec = dout.to_vector(st);
+  for (std::int64_t h = 0; h < H; ++h) {
+    const auto ref = attention_reference(ql.data() + h * D, D, kc.data() + h * S * D,
+                                         vc.data() + h * S * D, D, 1, S, D, false);
+    for (std::int64_t d = 0; d < D; ++d) {
+      const double b = 2 * attention_bound_fp32(ref.pv_mag[std::size_t(d)], ref.qk_mag[0], S, D);
+      const float a = dec[std::size_t(h * D + d)], c = mha[std::size_t(((S - 1) * H + h) * D + d)];
+      RC_ASSERT(std::fabs(double(a) - double(c)) <= b);
+    }
+  }
+}
+
+RC_GTEST_PROP(Attention, KvCacheScatter, ()) {
+  ScatterCaseShape s;
+  s.dim = *head_dim_gen();
+  s.kv_heads = *rc::gen::inRange<std::int64_t>(1, 9);
+  s.max_len = *size_gen(300);
+  s.pos = *rc::gen::inRange<std::int64_t>(0, s.max_len);
+  s.seed = *rc::gen::arbitrary<std::uint64_t>();
+  check(*scatter_case(s));
+}
+
+}  // namespace
+}  // namespace lockstep::harness
