@@ -470,6 +470,7 @@ double math_ulp_bound(int fn) {
 }
 
 std::vector<KernelEntry> attention_entries();
+std::vector<KernelEntry> decode_entries();
 
 const std::vector<KernelEntry>& kernel_entries() {
   static const std::vector<KernelEntry> entries = [] {
@@ -550,6 +551,7 @@ const std::vector<KernelEntry>& kernel_entries() {
        }},
   };
   for (auto& a : attention_entries()) e.push_back(std::move(a));
+  for (auto& a : decode_entries()) e.push_back(std::move(a));
   return e;
   }();
   return entries;

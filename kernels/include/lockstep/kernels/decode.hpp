@@ -248,6 +248,7 @@ struct KvScatter {
     if (src == nullptr) return;
     for (int r = x.block_y(); r < p.rows; r += x.grid_y()) {
       const int pos = p.positions != nullptr ? x.load_uniform(p.positions + r) : p.position;
+      if (pos < 0) continue;  // a done slot: nothing to write
       const int slot = p.slots != nullptr ? x.load_uniform(p.slots + r) : r;
       const float* s = src + (std::int64_t{r} * p.Hkv + h) * p.D;
       float* d = cache + slot * p.slot_stride + h * p.head_stride + std::int64_t{pos} * p.D;

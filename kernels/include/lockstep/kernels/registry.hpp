@@ -10,6 +10,7 @@
 #include "lockstep/kernels/gemm.hpp"
 #include "lockstep/kernels/layout.hpp"
 #include "lockstep/kernels/math_eval.hpp"
+#include "lockstep/kernels/rope.hpp"
 #include "lockstep/kernels/softmax.hpp"
 
 #include <type_traits>
@@ -23,7 +24,7 @@ struct KernelList {
 
 using AllKernels = KernelList<
     Fill32, SoftmaxRows, Scale, Copy3D, Transpose, Gemm, MathEval, ReadSum, FmaPeak,
-    GemmTensorCore, ScaleMask, KvScatter,
+    GemmTensorCore, ScaleMask, KvScatter, Rope, Add,
     // decode: head_dim x query heads per block (G * D <= 512)
     DecodeChunk<32, 1>, DecodeChunk<32, 2>, DecodeChunk<32, 4>, DecodeChunk<32, 8>,
     DecodeChunk<64, 1>, DecodeChunk<64, 2>, DecodeChunk<64, 4>, DecodeChunk<64, 8>,

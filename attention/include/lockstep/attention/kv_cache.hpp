@@ -1,0 +1,122 @@
+#pragma once
+// A device-resident KV cache for batched decoding (docs/api.md, "KV cache").
+//
+// Per layer, K and V are [slots, n_kv_heads, max_len, head_dim] fp32. Every slot holds one
+// sequence with its own length (shared by all layers). Lengths, done flags and the slot count are
+// host state, updated when an operation is enqueued (the device work itself is ordered on the
+// stream). Every operation validates first: on any error nothing is enqueued and no state
+// changes.
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "lockstep/buffer.hpp"
+
+namespace lockstep {
+
+struct KvCacheConfig {
+  std::int64_t num_layers = 1;
+  std::int64_t num_heads = 1;     // query heads (for attention; the cache stores kv heads)
+  std::int64_t num_kv_heads = 1;  // must divide num_heads
+  std::int64_t head_dim = 128;    // 32, 64, 96, 128 or 256
+  std::int64_t max_len = 1;       // tokens per slot
+  std::int64_t slots = 1;         // sequences (any number >= 1 that fits in memory)
+};
+
+class KvCache;
+void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,
+                    const Buffer<float>& k_new, const Buffer<float>& v_new,
+                    std::span<const std::int64_t> positions, Buffer<float>& out);
+
+class KvCache {
+ public:
+  KvCache(std::shared_ptr<Device> device, const KvCacheConfig& config);
+  KvCache(KvCache&&) noexcept = default;
+  KvCache& operator=(KvCache&&) noexcept = default;
+
+  const KvCacheConfig& config() const noexcept { return cfg_; }
+  Device& device() const { return *device_; }
+  std::int64_t slots() const noexcept { return cfg_.slots; }
+  std::int64_t max_len() const noexcept { return cfg_.max_len; }
+  std::int64_t length(std::int64_t slot) const;
+  const std::vector<std::int64_t>& lengths() const noexcept { return len_; }
+  bool done(std::int64_t slot) const;
+
+  // Device memory held: exactly 2 * layers * slots * kv_heads * max_len * head_dim * 4 bytes.
+  std::uint64_t bytes() const noexcept;
+  // 2 * kv_heads * head_dim * 4: what one token costs in one layer.
+  std::uint64_t bytes_per_token_per_layer() const noexcept;
+
+  // Writes one token's K and V, [rows, kv_heads, head_dim] with rows == slots(), into `layer` at
+  // positions[s] of every slot s that is not done, in one launch. A position is either the slot's
+  // length (a new token; the length grows by one) or length - 1 (the token an earlier layer of
+  // this step appended). Past max_len, or out of order: InvalidArgument, nothing written.
+  void append(Stream& stream, std::int64_t layer, const Buffer<float>& k_new,
+              const Buffer<float>& v_new, std::span<const std::int64_t> positions);
+
+  // Copies slot `src_slot` of `src` (all layers, its tokens) into slot `slot` and sets the length
+  // (device to device; e.g. a prefill cache into a batch slot). Geometry must match except
+  // max_len and slots.
+  void copy_slot_from(Stream& stream, std::int64_t slot, const KvCache& src,
+                      std::int64_t src_slot = 0);
+
+  // Writes tokens [0, count) of `layer` in `slot` from host memory [kv_heads, count, head_dim]
+  // (k and v) and sets the slot's length to count (e.g. importing a prefill; the length is
+  // shared by all layers, so write every layer with the same count).
+  void write_from_host(Stream& stream, std::int64_t slot, std::int64_t layer,
+                       std::span<const float> k, std::span<const float> v, std::int64_t count);
+
+  // Forgets a slot's tokens (length 0, not done) / every slot's.
+  void reset(std::int64_t slot);
+  void reset_all();
+  // Speculative decoding: the slot's length becomes `position` (<= length). Entries past it are
+  // never read again and are overwritten by the next appends.
+  void rollback(std::int64_t slot, std::int64_t position);
+  // A done slot costs nothing in attention (its output is zeros) and appends skip it.
+  void mark_done(std::int64_t slot, bool done = true);
+
+  // More slots, keeping every existing slot's contents and length (device to device copies on
+  // `stream`). new_slots >= slots().
+  void grow(Stream& stream, std::int64_t new_slots);
+
+  // The layer's K and V buffers (for kernels and tests).
+  const Buffer<float>& k(std::int64_t layer) const;
+  const Buffer<float>& v(std::int64_t layer) const;
+
+ private:
+  friend void flash_decoding(Stream&, KvCache&, std::int64_t, const Buffer<float>&,
+                             const Buffer<float>&, const Buffer<float>&,
+                             std::span<const std::int64_t>, Buffer<float>&);
+  void check_slot(std::string_view where, std::int64_t slot) const;
+  void check_layer(std::string_view where, std::int64_t layer) const;
+
+  std::shared_ptr<Device> device_;
+  KvCacheConfig cfg_;
+  std::vector<Buffer<float>> k_, v_;
+  std::vector<std::int64_t> len_;
+  std::vector<bool> done_;
+};
+
+// Flash-Decoding over every slot of `cache` (docs/api.md): writes k_new / v_new into `layer` at
+// `positions` (as KvCache::append), then out = split-K attention of q over each slot's tokens.
+// q [slots, num_heads, head_dim], k_new / v_new [slots, num_kv_heads, head_dim], out [slots,
+// num_heads, head_dim]. Done slots and slots of length 0 give zeros. The split size is fixed
+// (Note [fixed split size]), so each slot's output is bitwise independent of the others.
+void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,
+                    const Buffer<float>& k_new, const Buffer<float>& v_new,
+                    std::span<const std::int64_t> positions, Buffer<float>& out);
+
+// Rotary position embedding in place on q [rows, n_heads, head_dim] and k [rows, n_kv_heads,
+// head_dim] (either may be empty), row r at positions[r], in one launch.
+enum class RopeStyle { kNorm, kNeox };
+struct RopeConfig {
+  std::int64_t n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  float theta = 10000.0f;
+  RopeStyle style = RopeStyle::kNorm;
+};
+void rope(Stream& stream, Buffer<float>* q, Buffer<float>* k, std::span<const std::int64_t> positions,
+          const RopeConfig& config);
+
+}  // namespace lockstep

@@ -1,0 +1,340 @@
+#include "lockstep/attention/kv_cache.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "checks.hpp"
+#include "decode_launch.hpp"
+#include "launchers.hpp"
+#include "lockstep/kernels/launch.hpp"
+#include "lockstep/kernels/math.hpp"
+#include "lockstep/kernels/rope.hpp"
+
+namespace lockstep {
+
+namespace {
+std::uint64_t layer_elems(const KvCacheConfig& c, std::string_view where) {
+  return checked_product({std::uint64_t(c.slots), std::uint64_t(c.num_kv_heads),
+                          std::uint64_t(c.max_len), std::uint64_t(c.head_dim)},
+                         where, "slots * num_kv_heads * max_len * head_dim");
+}
+
+// Copies host ints into the stream's scratch (ordered before the kernels that read them) and
+// returns the device address; the scratch also holds `extra_floats` floats after the ints.
+struct Staged {
+  std::int32_t* ints;
+  float* floats;
+};
+Staged stage(Stream& s, const std::vector<std::int32_t>& ints, std::size_t extra_floats) {
+  const std::size_t int_bytes = (ints.size() * 4 + 255) & ~std::size_t{255};
+  auto* base = static_cast<char*>(
+      detail::StreamAccess::scratch(s, int_bytes + extra_floats * sizeof(float)));
+  if (!ints.empty()) detail::StreamAccess::copy_h2d(s, base, ints.data(), ints.size() * 4);
+  return Staged{reinterpret_cast<std::int32_t*>(base), reinterpret_cast<float*>(base + int_bytes)};
+}
+}  // namespace
+
+KvCache::KvCache(std::shared_ptr<Device> device, const KvCacheConfig& c) : device_(std::move(device)), cfg_(c) {
+  constexpr std::string_view w = "KvCache";
+  check_arg(device_ != nullptr, w, "device", "null", "an open device");
+  detail::check_positive(w, "num_layers", c.num_layers);
+  detail::check_positive(w, "slots", c.slots);
+  detail::check_positive(w, "max_len", c.max_len);
+  detail::check_decode_shape(w, c.num_heads, c.num_kv_heads, c.head_dim, c.max_len);
+  check_arg(c.slots <= 0x7fffffff, w, "slots", c.slots, "<= 2147483647");
+  const auto per_layer = layer_elems(c, w);
+  checked_mul(checked_mul(per_layer, 8, w, "bytes"), std::uint64_t(c.num_layers), w, "bytes");
+  for (std::int64_t l = 0; l < c.num_layers; ++l) {
+    k_.emplace_back(device_, per_layer);
+    v_.emplace_back(device_, per_layer);
+  }
+  len_.assign(std::size_t(c.slots), 0);
+  done_.assign(std::size_t(c.slots), false);
+}
+
+void KvCache::check_slot(std::string_view where, std::int64_t slot) const {
+  check_arg(slot >= 0 && slot < cfg_.slots, where, "slot", slot,
+            "in [0, slots = " + std::to_string(cfg_.slots) + ")");
+}
+void KvCache::check_layer(std::string_view where, std::int64_t layer) const {
+  check_arg(layer >= 0 && layer < cfg_.num_layers, where, "layer", layer,
+            "in [0, num_layers = " + std::to_string(cfg_.num_layers) + ")");
+}
+
+std::int64_t KvCache::length(std::int64_t slot) const {
+  check_slot("KvCache::length", slot);
+  return len_[std::size_t(slot)];
+}
+bool KvCache::done(std::int64_t slot) const {
+  check_slot("KvCache::done", slot);
+  return done_[std::size_t(slot)];
+}
+std::uint64_t KvCache::bytes() const noexcept {
+  return 2ull * std::uint64_t(cfg_.num_layers) * layer_elems(cfg_, "KvCache") * 4;
+}
+std::uint64_t KvCache::bytes_per_token_per_layer() const noexcept {
+  return 2ull * std::uint64_t(cfg_.num_kv_heads) * std::uint64_t(cfg_.head_dim) * 4;
+}
+const Buffer<float>& KvCache::k(std::int64_t layer) const {
+  check_layer("KvCache::k", layer);
+  return k_[std::size_t(layer)];
+}
+const Buffer<float>& KvCache::v(std::int64_t layer) const {
+  check_layer("KvCache::v", layer);
+  return v_[std::size_t(layer)];
+}
+
+void KvCache::reset(std::int64_t slot) {
+  check_slot("KvCache::reset", slot);
+  len_[std::size_t(slot)] = 0;
+  done_[std::size_t(slot)] = false;
+}
+void KvCache::reset_all() {
+  std::fill(len_.begin(), len_.end(), 0);
+  std::fill(done_.begin(), done_.end(), false);
+}
+void KvCache::rollback(std::int64_t slot, std::int64_t position) {
+  check_slot("KvCache::rollback", slot);
+  check_arg(position >= 0 && position <= len_[std::size_t(slot)], "KvCache::rollback", "position",
+            position, "in [0, length = " + std::to_string(len_[std::size_t(slot)]) + "]");
+  len_[std::size_t(slot)] = position;
+}
+void KvCache::mark_done(std::int64_t slot, bool d) {
+  check_slot("KvCache::mark_done", slot);
+  done_[std::size_t(slot)] = d;
+}
+
+// Validates positions for an append into every slot; returns them as int32 (-1: done slot).
+static std::vector<std::int32_t> checked_positions(std::string_view where, const KvCache& c,
+                                                    std::span<const std::int64_t> positions) {
+  check_arg(std::int64_t(positions.size()) == c.slots(), where, "positions.size()",
+            positions.size(), "slots = " + std::to_string(c.slots()));
+  std::vector<std::int32_t> out(positions.size());
+  for (std::size_t s = 0; s < positions.size(); ++s) {
+    if (c.done(std::int64_t(s))) {
+      out[s] = -1;
+      continue;
+    }
+    const std::int64_t p = positions[s], len = c.length(std::int64_t(s));
+    const std::string name = "positions[" + std::to_string(s) + "]";
+    check_arg(p < c.max_len(), where, name, p,
+              "< max_len = " + std::to_string(c.max_len()) + " (the slot is full)");
+    check_arg(p == len || (len > 0 && p == len - 1), where, name, p,
+              "the slot's length " + std::to_string(len) +
+                  " (a new token) or length - 1 (the token of an earlier layer)");
+    out[s] = static_cast<std::int32_t>(p);
+  }
+  return out;
+}
+
+static void check_token_buffer(std::string_view where, std::string_view name, const Buffer<float>& b,
+                               Stream& s, const KvCacheConfig& c, std::int64_t heads) {
+  detail::check_on(where, name, b, s);
+  detail::check_size(where, name, b,
+                     checked_product({std::uint64_t(c.slots), std::uint64_t(heads), std::uint64_t(c.head_dim)},
+                                     where, "slots * heads * head_dim"),
+                     "slots * heads * head_dim");
+}
+
+static kernels::KvScatterParams scatter_params(const KvCache& c, std::int64_t layer,
+                                               const Buffer<float>& kn, const Buffer<float>& vn,
+                                               const std::int32_t* positions) {
+  const auto& cfg = c.config();
+  kernels::KvScatterParams p{};
+  p.src_k = kn.data().get();
+  p.src_v = vn.data().get();
+  p.k = const_cast<float*>(c.k(layer).data().get());
+  p.v = const_cast<float*>(c.v(layer).data().get());
+  p.positions = positions;
+  p.slots = nullptr;
+  p.head_stride = cfg.max_len * cfg.head_dim;
+  p.slot_stride = cfg.num_kv_heads * p.head_stride;
+  p.rows = static_cast<std::int32_t>(cfg.slots);
+  p.Hkv = static_cast<std::int32_t>(cfg.num_kv_heads);
+  p.D = static_cast<std::int32_t>(cfg.head_dim);
+  return p;
+}
+
+void KvCache::append(Stream& stream, std::int64_t layer, const Buffer<float>& k_new,
+                     const Buffer<float>& v_new, std::span<const std::int64_t> positions) {
+  constexpr std::string_view w = "KvCache::append";
+  check_layer(w, layer);
+  check_arg(&stream.device() == device_.get(), w, "stream.device", stream.device().id().str(),
+            "the cache's device " + device_->id().str());
+  check_token_buffer(w, "k_new", k_new, stream, cfg_, cfg_.num_kv_heads);
+  check_token_buffer(w, "v_new", v_new, stream, cfg_, cfg_.num_kv_heads);
+  const auto pos = checked_positions(w, *this, positions);
+  const Staged st = stage(stream, pos, 0);
+  detail::launch_kv_scatter(stream, scatter_params(*this, layer, k_new, v_new, st.ints));
+  for (std::size_t s = 0; s < pos.size(); ++s)
+    if (pos[s] >= 0) len_[s] = pos[s] + 1;
+}
+
+void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,
+                    const Buffer<float>& k_new, const Buffer<float>& v_new,
+                    std::span<const std::int64_t> positions, Buffer<float>& out) {
+  constexpr std::string_view w = "flash_decoding";
+  const auto& c = cache.config();
+  check_arg(layer >= 0 && layer < c.num_layers, w, "layer", layer,
+            "in [0, num_layers = " + std::to_string(c.num_layers) + ")");
+  check_arg(&stream.device() == &cache.device(), w, "stream.device", stream.device().id().str(),
+            "the cache's device " + cache.device().id().str());
+  check_token_buffer(w, "q", q, stream, c, c.num_heads);
+  check_token_buffer(w, "out", out, stream, c, c.num_heads);
+  check_token_buffer(w, "k_new", k_new, stream, c, c.num_kv_heads);
+  check_token_buffer(w, "v_new", v_new, stream, c, c.num_kv_heads);
+  const auto pos = checked_positions(w, cache, positions);
+  // One staging copy: positions, then attention lengths (0 for done slots).
+  std::vector<std::int32_t> ints(pos);
+  std::int64_t longest = 1;
+  for (std::size_t s = 0; s < pos.size(); ++s) {
+    ints.push_back(pos[s] >= 0 ? pos[s] + 1 : 0);
+    longest = std::max<std::int64_t>(longest, pos[s] + 1);
+  }
+  const std::size_t ws_floats = detail::decode_workspace_floats(c.slots, c.num_heads, c.head_dim, longest);
+  const Staged st = stage(stream, ints, ws_floats);
+  detail::launch_kv_scatter(stream, scatter_params(cache, layer, k_new, v_new, st.ints));
+  kernels::DecodeParams p{};
+  p.q = q.data().get();
+  p.k = cache.k(layer).data().get();
+  p.v = cache.v(layer).data().get();
+  p.lengths = st.ints + c.slots;
+  p.slots = nullptr;
+  p.out = out.data().get();
+  p.head_stride = c.max_len * c.head_dim;
+  p.slot_stride = c.num_kv_heads * p.head_stride;
+  p.rows = static_cast<std::int32_t>(c.slots);
+  p.H = static_cast<std::int32_t>(c.num_heads);
+  p.Hkv = static_cast<std::int32_t>(c.num_kv_heads);
+  p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  detail::launch_decode(stream, p, st.floats, c.head_dim, longest);
+  for (std::size_t s = 0; s < pos.size(); ++s)
+    if (pos[s] >= 0) cache.len_[s] = pos[s] + 1;
+}
+
+void KvCache::copy_slot_from(Stream& stream, std::int64_t slot, const KvCache& src,
+                             std::int64_t src_slot) {
+  constexpr std::string_view w = "KvCache::copy_slot_from";
+  check_slot(w, slot);
+  src.check_slot(w, src_slot);
+  const auto& sc = src.config();
+  check_arg(sc.num_layers == cfg_.num_layers && sc.num_kv_heads == cfg_.num_kv_heads &&
+                sc.head_dim == cfg_.head_dim,
+            w, "src geometry",
+            "layers " + std::to_string(sc.num_layers) + ", kv heads " + std::to_string(sc.num_kv_heads) +
+                ", head_dim " + std::to_string(sc.head_dim),
+            "equal to this cache's (layers " + std::to_string(cfg_.num_layers) + ", kv heads " +
+                std::to_string(cfg_.num_kv_heads) + ", head_dim " + std::to_string(cfg_.head_dim) + ")");
+  check_arg(&src.device() == device_.get() && &stream.device() == device_.get(), w, "src.device",
+            src.device().id().str(), "this cache's device " + device_->id().str());
+  const std::int64_t n = src.length(src_slot);
+  check_arg(n <= cfg_.max_len, w, "src length", n, "<= max_len = " + std::to_string(cfg_.max_len));
+  const std::int64_t D = cfg_.head_dim, Hk = cfg_.num_kv_heads;
+  for (std::int64_t l = 0; l < cfg_.num_layers; ++l) {
+    const std::int64_t so = src_slot * Hk * sc.max_len * D, dso = slot * Hk * cfg_.max_len * D;
+    detail::launch_copy3d(stream, src.k(l).data().get() + so, k_[std::size_t(l)].data().get() + dso,
+                          Hk, n, D, sc.max_len * D, D, cfg_.max_len * D, D);
+    detail::launch_copy3d(stream, src.v(l).data().get() + so, v_[std::size_t(l)].data().get() + dso,
+                          Hk, n, D, sc.max_len * D, D, cfg_.max_len * D, D);
+  }
+  len_[std::size_t(slot)] = n;
+  done_[std::size_t(slot)] = false;
+}
+
+void KvCache::write_from_host(Stream& stream, std::int64_t slot, std::int64_t layer,
+                              std::span<const float> k, std::span<const float> v, std::int64_t count) {
+  constexpr std::string_view w = "KvCache::write_from_host";
+  check_slot(w, slot);
+  check_layer(w, layer);
+  check_arg(&stream.device() == device_.get(), w, "stream.device", stream.device().id().str(),
+            "the cache's device " + device_->id().str());
+  check_arg(count >= 0 && count <= cfg_.max_len, w, "count", count,
+            "in [0, max_len = " + std::to_string(cfg_.max_len) + "]");
+  const std::size_t n = std::size_t(cfg_.num_kv_heads * count * cfg_.head_dim);
+  check_arg(k.size() == n, w, "k.size()", k.size(), std::to_string(n) + " (kv_heads * count * head_dim)");
+  check_arg(v.size() == n, w, "v.size()", v.size(), std::to_string(n) + " (kv_heads * count * head_dim)");
+  const std::size_t row = std::size_t(count * cfg_.head_dim);
+  for (std::int64_t h = 0; h < cfg_.num_kv_heads; ++h) {
+    const std::size_t off = std::size_t(((slot * cfg_.num_kv_heads) + h) * cfg_.max_len * cfg_.head_dim);
+    k_[std::size_t(layer)].copy_from_host(stream, k.subspan(std::size_t(h) * row, row), off);
+    v_[std::size_t(layer)].copy_from_host(stream, v.subspan(std::size_t(h) * row, row), off);
+  }
+  len_[std::size_t(slot)] = count;
+}
+
+void KvCache::grow(Stream& stream, std::int64_t new_slots) {
+  constexpr std::string_view w = "KvCache::grow";
+  check_arg(new_slots >= cfg_.slots && new_slots <= 0x7fffffff, w, "new_slots", new_slots,
+            "in [slots = " + std::to_string(cfg_.slots) + ", 2147483647]");
+  check_arg(&stream.device() == device_.get(), w, "stream.device", stream.device().id().str(),
+            "the cache's device " + device_->id().str());
+  if (new_slots == cfg_.slots) return;
+  KvCacheConfig nc = cfg_;
+  nc.slots = new_slots;
+  const auto per_layer = layer_elems(nc, w);
+  std::vector<Buffer<float>> nk, nv;  // allocate everything first: an OOM changes nothing
+  for (std::int64_t l = 0; l < cfg_.num_layers; ++l) {
+    nk.emplace_back(device_, per_layer);
+    nv.emplace_back(device_, per_layer);
+  }
+  // Slots are the outermost dimension: the old contents are a prefix of the new layout.
+  for (std::int64_t l = 0; l < cfg_.num_layers; ++l) {
+    detail::StreamAccess::copy_d2d(stream, nk[std::size_t(l)].data().get(), k_[std::size_t(l)].data().get(),
+                                   k_[std::size_t(l)].size_bytes());
+    detail::StreamAccess::copy_d2d(stream, nv[std::size_t(l)].data().get(), v_[std::size_t(l)].data().get(),
+                                   v_[std::size_t(l)].size_bytes());
+  }
+  k_ = std::move(nk);  // the old buffers' release waits for the copies (Note [buffer release])
+  v_ = std::move(nv);
+  cfg_ = nc;
+  len_.resize(std::size_t(new_slots), 0);
+  done_.resize(std::size_t(new_slots), false);
+}
+
+void rope(Stream& stream, Buffer<float>* q, Buffer<float>* k, std::span<const std::int64_t> positions,
+          const RopeConfig& c) {
+  constexpr std::string_view w = "rope";
+  detail::check_positive(w, "head_dim", c.head_dim);
+  check_arg(c.head_dim % 2 == 0, w, "head_dim", c.head_dim, "even");
+  check_arg(c.theta > 1.0f && std::isfinite(c.theta), w, "theta", double(c.theta), "finite and > 1");
+  const std::int64_t rows = std::int64_t(positions.size());
+  check_arg(rows <= 0x7fffffff, w, "positions.size()", rows, "<= 2147483647");
+  std::vector<std::int32_t> pos(positions.size());
+  for (std::size_t i = 0; i < positions.size(); ++i) {
+    check_arg(positions[i] >= 0 && positions[i] <= 0x7fffffff, w,
+              "positions[" + std::to_string(i) + "]", positions[i], "in [0, 2147483647]");
+    pos[i] = static_cast<std::int32_t>(positions[i]);
+  }
+  if (q != nullptr) {
+    detail::check_positive(w, "n_heads", c.n_heads);
+    detail::check_on(w, "q", *q, stream);
+    detail::check_size(w, "q", *q, checked_product({std::uint64_t(rows), std::uint64_t(c.n_heads), std::uint64_t(c.head_dim)}, w, "rows * n_heads * head_dim"), "positions.size() * n_heads * head_dim");
+  }
+  if (k != nullptr) {
+    detail::check_positive(w, "n_kv_heads", c.n_kv_heads);
+    detail::check_on(w, "k", *k, stream);
+    detail::check_size(w, "k", *k, checked_product({std::uint64_t(rows), std::uint64_t(c.n_kv_heads), std::uint64_t(c.head_dim)}, w, "rows * n_kv_heads * head_dim"), "positions.size() * n_kv_heads * head_dim");
+  }
+  check_arg(c.n_heads <= 65535 && c.n_kv_heads <= 65535, w, "n_heads", c.n_heads, "<= 65535");
+  check_fits(std::uint64_t(std::max(c.n_heads, c.n_kv_heads)) * std::uint64_t(c.head_dim), kMaxLaneOffset, w, "heads * head_dim");
+  if (rows == 0 || (q == nullptr && k == nullptr)) return;
+  const Staged st = stage(stream, pos, 0);
+  kernels::RopeParams p{};
+  p.q = q ? q->data().get() : nullptr;
+  p.k = k ? k->data().get() : nullptr;
+  p.positions = st.ints;
+  p.rows = static_cast<std::int32_t>(rows);
+  p.Hq = static_cast<std::int32_t>(q ? c.n_heads : 0);
+  p.Hk = static_cast<std::int32_t>(k ? c.n_kv_heads : 0);
+  p.D = static_cast<std::int32_t>(c.head_dim);
+  p.neox = c.style == RopeStyle::kNeox ? 1 : 0;
+  p.log2_theta = math::log2(c.theta);
+  p.inv_d = 1.0f / static_cast<float>(c.head_dim);
+  const Dim3 grid{static_cast<std::uint32_t>(std::max(p.Hq, p.Hk)),
+                  static_cast<std::uint32_t>(std::min<std::int64_t>(rows, 65535)), 2};
+  launch<kernels::Rope>(stream, grid, 0, p);
+}
+
+}  // namespace lockstep

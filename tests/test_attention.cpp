@@ -1,0 +1,248 @@
+// Attention calls and the KV cache on every backend: shapes, bad input (typed errors, outputs and
+// caches untouched), memory accounting, cache operations.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "lockstep/attention/decode.hpp"
+#include "lockstep/attention/kv_cache.hpp"
+#include "lockstep/attention/multihead.hpp"
+#include "support/backends.hpp"
+
+namespace lockstep::testing {
+namespace {
+
+class Attention : public BackendTest {
+ protected:
+  Stream& s() { return dev->default_stream(); }
+  Buffer<float> filled(std::size_t n, float v) {
+    Buffer<float> b(dev, n);
+    b.fill(s(), v);
+    return b;
+  }
+  template <class F>
+  void expect_invalid(F&& call, const std::string& param) {
+    try {
+      call();
+      ADD_FAILURE() << "accepted bad " << param;
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(e.parameter(), param) << e.what();
+      EXPECT_FALSE(e.value().empty()) << e.what();
+      EXPECT_FALSE(e.limit().empty()) << e.what();
+    }
+  }
+  static bool same(const std::vector<float>& a, const std::vector<float>& b) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i)
+      if (bits(a[i]) != bits(b[i])) return false;
+    return true;
+  }
+  void expect_all(const Buffer<float>& b, float v) {
+    for (float x : b.to_vector(s())) ASSERT_EQ(bits(x), bits(v)) << "a rejected call wrote";
+  }
+};
+
+TEST_P(Attention, IncrementalBadInputIsTypedAndWritesNothing) {
+  const DecodeShape sh{8, 2, 64, 100};
+  auto q = filled(8 * 64, 1.0f), kc = filled(2 * 100 * 64, 0.5f), vc = filled(2 * 100 * 64, 0.5f);
+  auto out = filled(8 * 64, 42.0f);
+  expect_invalid([&] { incremental_attention(s(), q, kc, vc, 101, out, sh); }, "seq_len");
+  expect_invalid([&] { incremental_attention(s(), q, kc, vc, -1, out, sh); }, "seq_len");
+  expect_invalid([&] { incremental_attention(s(), q, kc, vc, 5, out, DecodeShape{8, 3, 64, 100}); }, "n_kv_heads");
+  expect_invalid([&] { incremental_attention(s(), q, kc, q, 5, out, sh); }, "v_cache.size()");
+  expect_invalid([&] { incremental_attention(s(), q, kc, vc, 5, out, DecodeShape{8, 2, 64, 99}); }, "k_cache.size()");
+  EXPECT_THROW(incremental_attention(s(), q, kc, vc, 5, out, DecodeShape{8, 2, 48, 100}), Unsupported);
+  try {
+    incremental_attention(s(), q, kc, vc, 5, out, DecodeShape{8, 2, 48, 100});
+  } catch (const Unsupported& e) {
+    EXPECT_NE(std::string(e.what()).find("48"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("128"), std::string::npos);
+  }
+  // Products that overflow 32 bits (and 64) are refused without allocating anything.
+  expect_invalid([&] { incremental_attention(s(), q, kc, vc, 5, out, DecodeShape{8, 2, 128, std::int64_t(1) << 31}); },
+                 "max_seq_len * head_dim");
+  expect_invalid([&] { incremental_attention(s(), q, kc, vc, 5, out, DecodeShape{8, 2, 256, std::int64_t(1) << 56}); },
+                 "max_seq_len * head_dim");
+  auto other = dev->id().kind == DeviceKind::kCpu ? open("cpu:3") : open("cpu");
+  Buffer<float> foreign(other, 8 * 64);
+  expect_invalid([&] { incremental_attention(s(), foreign, kc, vc, 5, out, sh); }, "q.device");
+  expect_all(out, 42.0f);
+}
+
+TEST_P(Attention, IncrementalOfLengthZeroGivesZeros) {
+  const DecodeShape sh{4, 4, 32, 10};
+  auto q = filled(4 * 32, 1.0f), kc = filled(4 * 10 * 32, NAN), vc = filled(4 * 10 * 32, NAN);
+  auto out = filled(4 * 32, 42.0f);
+  incremental_attention(s(), q, kc, vc, 0, out, sh);
+  expect_all(out, 0.0f);
+}
+
+TEST_P(Attention, KvScatterBadPositionWritesNothing) {
+  const DecodeShape sh{2, 2, 32, 16};
+  auto src = filled(2 * 32, 3.0f), cache = filled(2 * 16 * 32, 7.0f);
+  expect_invalid([&] { kv_cache_scatter(s(), src, cache, 16, sh); }, "pos");
+  expect_invalid([&] { kv_cache_scatter(s(), src, cache, -1, sh); }, "pos");
+  expect_all(cache, 7.0f);
+  kv_cache_scatter(s(), src, cache, 15, sh);
+  const auto c = cache.to_vector(s());
+  EXPECT_EQ(c[15 * 32], 3.0f);
+  EXPECT_EQ(c[16 * 32 + 15 * 32 + 31], 3.0f);
+  EXPECT_EQ(c[14 * 32], 7.0f);
+}
+
+TEST_P(Attention, MultiheadReportsLaunchesAndRejectsBadShapes) {
+  const std::int64_t S = 20, H = 3, D = 32;
+  auto q = filled(S * H * D, 0.1f), k = filled(S * H * D, 0.2f), v = filled(S * H * D, 0.3f);
+  auto out = filled(S * H * D, 42.0f);
+  MhaOptions o;
+  o.gemm = GemmKind::kFp32;
+  o.impl = MhaImpl::kPerHead;
+  EXPECT_EQ(multihead_attention(s(), q, k, v, out, MhaShape{S, H, D}, o).launches, 9 * H);
+  o.impl = MhaImpl::kBatched;
+  EXPECT_EQ(multihead_attention(s(), q, k, v, out, MhaShape{S, H, D}, o).launches, 9);
+  // Every value row is 0.3: attention returns 0.3 exactly (convex combination of equal values).
+  for (float x : out.to_vector(s())) ASSERT_NEAR(x, 0.3f, 1e-6f);
+  auto out2 = filled(S * H * D, 42.0f);
+  expect_invalid([&] { multihead_attention(s(), q, k, v, out2, MhaShape{S + 1, H, D}, o); }, "q.size()");
+  expect_invalid([&] { multihead_attention(s(), q, k, v, out2, MhaShape{S, 0, D}, o); }, "n_heads");
+  expect_invalid([&] { multihead_attention(s(), q, k, v, out2, MhaShape{std::int64_t(1) << 40, 1 << 20, 1 << 20}, o); },
+                 "seq_len * n_heads * head_dim");
+  expect_all(out2, 42.0f);
+}
+
+TEST_P(Attention, MultiheadAutoFollowsTheSeedRule) {
+  auto run = [&](std::int64_t S, std::int64_t D) {
+    auto q = filled(S * D, 0.1f), k = filled(S * D, 0.1f), v = filled(S * D, 0.1f), o = filled(S * D, 0.0f);
+    return multihead_attention(s(), q, k, v, o, MhaShape{S, 1, D}, {});
+  };
+  auto r = run(64, 64);
+  EXPECT_EQ(r.score_gemm, GemmKind::kTensorCore);  // m = n = 64 >= 16, k = 64
+  EXPECT_EQ(r.value_gemm, GemmKind::kTensorCore);
+  r = run(64, 32);
+  EXPECT_EQ(r.score_gemm, GemmKind::kFp32);        // k = head_dim = 32 < 64
+  EXPECT_EQ(r.value_gemm, GemmKind::kTensorCore);  // k = seq_len = 64
+  ::setenv("LOCKSTEP_FORCE_FP32_GEMM", "1", 1);
+  r = run(64, 64);
+  ::unsetenv("LOCKSTEP_FORCE_FP32_GEMM");
+  EXPECT_EQ(r.score_gemm, GemmKind::kFp32);
+  EXPECT_EQ(r.value_gemm, GemmKind::kFp32);
+}
+
+KvCacheConfig small_config() {
+  KvCacheConfig c;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 32;
+  c.max_len = 8;
+  c.slots = 3;
+  return c;
+}
+
+TEST_P(Attention, KvCacheMemoryIsExactlyTheLayout) {
+  const auto before = dev->memory_stats().in_use;
+  KvCache cache(dev, small_config());
+  EXPECT_EQ(cache.bytes(), 2ull * 2 * 3 * 2 * 8 * 32 * 4);
+  EXPECT_EQ(cache.bytes_per_token_per_layer(), 2ull * 2 * 32 * 4);
+  EXPECT_EQ(dev->memory_stats().in_use - before, cache.bytes());
+}
+
+TEST_P(Attention, KvCacheRejectsBadConfigurations) {
+  auto c = small_config();
+  c.num_kv_heads = 3;
+  EXPECT_THROW(KvCache(dev, c), InvalidArgument);
+  c = small_config();
+  c.slots = 0;
+  EXPECT_THROW(KvCache(dev, c), InvalidArgument);
+  c = small_config();
+  c.head_dim = 80;
+  EXPECT_THROW(KvCache(dev, c), Unsupported);
+  c = small_config();
+  c.max_len = std::int64_t(1) << 40;
+  EXPECT_THROW(KvCache(dev, c), InvalidArgument);
+}
+
+TEST_P(Attention, KvCacheAppendValidatesAndWritesNothingOnError) {
+  KvCache cache(dev, small_config());
+  const auto c = cache.config();
+  auto kn = filled(3 * 2 * 32, 1.0f), vn = filled(3 * 2 * 32, 2.0f);
+  std::vector<std::int64_t> pos = {0, 0, 0};
+  cache.append(s(), 0, kn, vn, pos);
+  EXPECT_EQ(cache.lengths(), (std::vector<std::int64_t>{1, 1, 1}));
+  cache.append(s(), 1, kn, vn, pos);  // the same token in the next layer
+  EXPECT_EQ(cache.lengths(), (std::vector<std::int64_t>{1, 1, 1}));
+  const auto snapshot = cache.k(0).to_vector(s());
+  auto kn2 = filled(3 * 2 * 32, 9.0f);
+  expect_invalid([&] { cache.append(s(), 0, kn2, vn, std::vector<std::int64_t>{1, 3, 1}); }, "positions[1]");
+  expect_invalid([&] { cache.append(s(), 0, kn2, vn, std::vector<std::int64_t>{1, 1}); }, "positions.size()");
+  expect_invalid([&] { cache.append(s(), 2, kn2, vn, std::vector<std::int64_t>{1, 1, 1}); }, "layer");
+  Buffer<float> wrong(dev, 5);
+  expect_invalid([&] { cache.append(s(), 0, wrong, vn, std::vector<std::int64_t>{1, 1, 1}); }, "k_new.size()");
+  EXPECT_TRUE(same(cache.k(0).to_vector(s()), snapshot));
+  EXPECT_EQ(cache.lengths(), (std::vector<std::int64_t>{1, 1, 1}));
+  // Fill slot 0 to max_len, then one more is refused.
+  for (std::int64_t t = 1; t < c.max_len; ++t) cache.append(s(), 0, kn, vn, std::vector<std::int64_t>{t, 1, 1});
+  EXPECT_EQ(cache.length(0), c.max_len);
+  expect_invalid([&] { cache.append(s(), 0, kn, vn, std::vector<std::int64_t>{c.max_len, 1, 1}); }, "positions[0]");
+  expect_invalid([&] { cache.rollback(1, cache.length(1) + 1); }, "position");
+  expect_invalid([&] { cache.reset(3); }, "slot");
+}
+
+TEST_P(Attention, KvCacheDoneSlotsCostNothingAndGiveZeros) {
+  KvCache cache(dev, small_config());
+  auto q = filled(3 * 4 * 32, 0.5f), kn = filled(3 * 2 * 32, 1.0f), vn = filled(3 * 2 * 32, 2.0f);
+  auto out = filled(3 * 4 * 32, 42.0f);
+  cache.mark_done(1);
+  flash_decoding(s(), cache, 0, q, kn, vn, std::vector<std::int64_t>{0, 123, 0}, out);
+  EXPECT_EQ(cache.lengths(), (std::vector<std::int64_t>{1, 0, 1}));
+  const auto o = out.to_vector(s());
+  for (int i = 0; i < 128; ++i) {
+    ASSERT_EQ(o[i], 2.0f);            // one token: its value
+    ASSERT_EQ(bits(o[128 + i]), 0u);  // done slot
+  }
+  cache.reset(1);
+  EXPECT_FALSE(cache.done(1));
+}
+
+TEST_P(Attention, KvCacheGrowKeepsContentsAndCopySlotWorks) {
+  KvCache cache(dev, small_config());
+  auto kn = filled(3 * 2 * 32, 1.5f), vn = filled(3 * 2 * 32, 2.5f);
+  for (std::int64_t t = 0; t < 3; ++t) {
+    cache.append(s(), 0, kn, vn, std::vector<std::int64_t>{t, t, t});
+    cache.append(s(), 1, kn, vn, std::vector<std::int64_t>{t, t, t});
+  }
+  cache.rollback(2, 1);
+  const auto k0 = cache.k(0).to_vector(s());
+  cache.grow(s(), 5);
+  EXPECT_EQ(cache.slots(), 5);
+  EXPECT_EQ(cache.lengths(), (std::vector<std::int64_t>{3, 3, 1, 0, 0}));
+  const auto k1 = cache.k(0).to_vector(s());
+  ASSERT_EQ(k1.size(), k0.size() / 3 * 5);
+  EXPECT_TRUE(same(k0, std::vector<float>(k1.begin(), k1.begin() + std::ptrdiff_t(k0.size()))));
+  expect_invalid([&] { cache.grow(s(), 2); }, "new_slots");
+  // A single-slot prefill cache copied into slot 4.
+  auto pc = small_config();
+  pc.slots = 1;
+  pc.max_len = 4;
+  KvCache prefill(dev, pc);
+  std::vector<float> hk(2 * 2 * 32), hv(2 * 2 * 32);
+  std::iota(hk.begin(), hk.end(), 0.0f);
+  std::iota(hv.begin(), hv.end(), 1000.0f);
+  prefill.write_from_host(s(), 0, 0, hk, hv, 2);
+  prefill.write_from_host(s(), 0, 1, hk, hv, 2);
+  cache.copy_slot_from(s(), 4, prefill);
+  EXPECT_EQ(cache.length(4), 2);
+  const auto k2 = cache.k(0).to_vector(s());
+  const std::size_t slot4 = 4 * 2 * 8 * 32;
+  EXPECT_EQ(k2[slot4 + 0], 0.0f);
+  EXPECT_EQ(k2[slot4 + 32 + 5], 37.0f);          // head 0, token 1
+  EXPECT_EQ(k2[slot4 + 8 * 32 + 5], 64.0f + 5);  // head 1, token 0
+}
+
+LOCKSTEP_INSTANTIATE_BACKENDS(Attention);
+
+}  // namespace
+}  // namespace lockstep::testing
