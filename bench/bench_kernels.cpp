@@ -57,8 +57,11 @@ Ceilings measure_ceilings(Context& ctx) {
   return c;
 }
 
+std::vector<Bench> attention_benches();
+
 const std::vector<Bench>& registry() {
-  static const std::vector<Bench> benches = {
+  static const std::vector<Bench> benches = [] {
+  std::vector<Bench> b = {
       {"softmax_rows",
        [](Context& ctx) {
          std::vector<Result> rs;
@@ -145,6 +148,9 @@ const std::vector<Bench>& registry() {
          return std::vector<Result>{r};
        }},
   };
+  for (auto& a : attention_benches()) b.push_back(std::move(a));
+  return b;
+  }();
   return benches;
 }
 

@@ -5,9 +5,14 @@
 
 #include <cstdint>
 
+#include <string_view>
+
 #include "lockstep/device.hpp"
 
 namespace lockstep::detail {
+
+// A grid dimension for v blocks, or InvalidArgument when v exceeds `limit`.
+std::uint32_t grid_dim(std::int64_t v, std::string_view where, std::string_view what, std::int64_t limit);
 
 void launch_softmax(Stream& s, const float* in, float* out, std::int64_t rows, std::int64_t n);
 void launch_scale(Stream& s, const float* in, float* out, std::int64_t n, float scale);

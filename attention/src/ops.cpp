@@ -9,13 +9,11 @@
 namespace lockstep {
 namespace detail {
 
-namespace {
 std::uint32_t grid_dim(std::int64_t v, std::string_view where, std::string_view what,
                        std::int64_t limit) {
   check_arg(v <= limit, where, what, v, "<= " + std::to_string(limit) + " (launch grid limit)");
   return static_cast<std::uint32_t>(std::max<std::int64_t>(v, 1));
 }
-}  // namespace
 
 void launch_softmax(Stream& s, const float* in, float* out, std::int64_t rows, std::int64_t n) {
   using K = kernels::SoftmaxRows;
@@ -132,6 +130,17 @@ void scale(Stream& stream, const Buffer<float>& in, Buffer<float>& out, float s)
   detail::check_size(w, "out", out, in.size(), "in.size()");
   detail::launch_scale(stream, in.data().get(), out.data().get(),
                        static_cast<std::int64_t>(in.size()), s);
+}
+
+void add(Stream& stream, const Buffer<float>& x, Buffer<float>& y) {
+  constexpr std::string_view w = "add";
+  detail::check_on(w, "x", x, stream);
+  detail::check_on(w, "y", y, stream);
+  detail::check_size(w, "y", y, x.size(), "x.size()");
+  using K = kernels::Add;
+  if (x.empty()) return;
+  const auto gx = detail::grid_dim(kernels::ceil_div(std::int64_t(x.size()), K::kPerBlock), w, "ceil(n / 1024)", 0x7fffffff);
+  launch<K>(stream, Dim3{gx, 1, 1}, 0, K::Params{x.data().get(), y.data().get(), std::int64_t(x.size())});
 }
 
 namespace {

@@ -16,6 +16,9 @@ void softmax_rows(Stream& stream, const Buffer<float>& in, Buffer<float>& out, s
 // out[i] = in[i] * scale for every element (same size; in == out allowed).
 void scale(Stream& stream, const Buffer<float>& in, Buffer<float>& out, float scale);
 
+// y[i] += x[i] for every element (same size).
+void add(Stream& stream, const Buffer<float>& x, Buffer<float>& y);
+
 // [seq, heads * dim] (interleaved) -> [heads, seq, dim] (batched).
 void interleaved_to_batched(Stream& stream, const Buffer<float>& in, Buffer<float>& out,
                             std::int64_t seq, std::int64_t heads, std::int64_t dim);

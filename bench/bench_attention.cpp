@@ -1,0 +1,177 @@
+// Benchmarks of the attention algorithms: decode (incremental_attention, flash_decoding over
+// batched slots) against the read ceiling, multi-head attention per-head vs batched and fp32 vs
+// tensor-core GEMM, and the host time per call.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <string>
+
+#include "bench_common.hpp"
+#include "lockstep/attention/decode.hpp"
+#include "lockstep/attention/kv_cache.hpp"
+#include "lockstep/attention/multihead.hpp"
+
+namespace lockstep::bench {
+
+namespace {
+
+std::string dshape(std::int64_t B, std::int64_t H, std::int64_t Hkv, std::int64_t D, std::int64_t L) {
+  return "B=" + std::to_string(B) + " H=" + std::to_string(H) + " Hkv=" + std::to_string(Hkv) +
+         " D=" + std::to_string(D) + " L=" + std::to_string(L);
+}
+
+// Median host time of enqueueing `fn` (no synchronization inside), microseconds.
+template <class F>
+double host_us(Stream& s, F&& fn, int reps) {
+  std::vector<double> us;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    s.synchronize();
+  }
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
+Result decode_single(Context& ctx, std::int64_t H, std::int64_t Hkv, std::int64_t D, std::int64_t L) {
+  const std::size_t cache = std::size_t(Hkv * L * D);
+  auto q = random_buffer(ctx.dev, std::size_t(H * D), 11, -1.0f, 1.0f);
+  auto k = random_buffer(ctx.dev, cache, 12, -1.0f, 1.0f);
+  auto v = random_buffer(ctx.dev, cache, 13, -1.0f, 1.0f);
+  Buffer<float> out(ctx.dev, std::size_t(H * D));
+  const DecodeShape sh{H, Hkv, D, L};
+  auto call = [&] { incremental_attention(ctx.stream(), q, k, v, L, out, sh); };
+  Result r;
+  r.name = "incremental_attention";
+  r.shape = dshape(1, H, Hkv, D, L);
+  r.median_ms = median_ms(*ctx.dev, ctx.stream(), call, ctx.warmup + 3, ctx.reps);
+  r.bytes = double(2 * cache + 2 * std::size_t(H * D)) * 4;
+  r.flops = 4.0 * double(H) * double(L) * double(D);
+  r.launches = 2;
+  r.extra["host_us_per_call"] = host_us(ctx.stream(), call, std::max(5, ctx.reps));
+  r.note = "bytes = K + V + q + out";
+  return r;
+}
+
+Result flash(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t Hkv, std::int64_t D, std::int64_t L) {
+  KvCacheConfig c;
+  c.num_layers = 1;
+  c.num_heads = H;
+  c.num_kv_heads = Hkv;
+  c.head_dim = D;
+  c.max_len = L;
+  c.slots = B;
+  KvCache cache(ctx.dev, c);
+  // Fill the cache device-side: append is per token, so write random data through the layer's
+  // buffer with one host copy per slot (lengths L - 1), then decode the last token.
+  const std::size_t per_slot = std::size_t(Hkv * L * D);
+  const auto host = random_host(per_slot, 14, -1.0f, 1.0f);
+  for (std::int64_t s = 0; s < B; ++s) {
+    cache.write_from_host(ctx.stream(), s, 0, host, host, L);
+    cache.rollback(s, L - 1);
+  }
+  auto q = random_buffer(ctx.dev, std::size_t(B * H * D), 15, -1.0f, 1.0f);
+  auto kn = random_buffer(ctx.dev, std::size_t(B * Hkv * D), 16, -1.0f, 1.0f);
+  auto vn = random_buffer(ctx.dev, std::size_t(B * Hkv * D), 17, -1.0f, 1.0f);
+  Buffer<float> out(ctx.dev, std::size_t(B * H * D));
+  std::vector<std::int64_t> pos(static_cast<std::size_t>(B), L - 1);
+  auto call = [&] {
+    for (std::int64_t s = 0; s < B; ++s) cache.rollback(s, L - 1);
+    flash_decoding(ctx.stream(), cache, 0, q, kn, vn, pos, out);
+  };
+  Result r;
+  r.name = "flash_decoding";
+  r.shape = dshape(B, H, Hkv, D, L);
+  r.median_ms = median_ms(*ctx.dev, ctx.stream(), call, ctx.warmup + 3, ctx.reps);
+  r.bytes = double(B) * double(2 * per_slot + 2 * std::size_t(H * D) + 2 * std::size_t(Hkv * D)) * 4;
+  r.flops = 4.0 * double(B) * double(H) * double(L) * double(D);
+  r.launches = 3;
+  r.extra["host_us_per_call"] = host_us(ctx.stream(), call, std::max(5, ctx.reps));
+  r.extra["bytes_per_token_per_layer"] = cache.bytes_per_token_per_layer();
+  r.extra["cache_bytes"] = cache.bytes();
+  r.note = "bytes = K + V (each slot's L tokens) + q + out + new K/V; 1 H2D copy + 3 launches";
+  return r;
+}
+
+std::vector<Result> mha(Context& ctx, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D) {
+  std::vector<Result> rs;
+  const std::size_t n = std::size_t(S * H * D);
+  auto q = random_buffer(ctx.dev, n, 21, -1.0f, 1.0f), k = random_buffer(ctx.dev, n, 22, -1.0f, 1.0f),
+       v = random_buffer(ctx.dev, n, 23, -1.0f, 1.0f);
+  Buffer<float> out(ctx.dev, n);
+  for (auto impl : {MhaImpl::kPerHead, MhaImpl::kBatched})
+    for (auto gemm : {GemmKind::kFp32, GemmKind::kTensorCore}) {
+      if (!ctx.cuda && gemm == GemmKind::kTensorCore && S > 256) continue;  // emulated: too slow here
+      MhaOptions o;
+      o.impl = impl;
+      o.gemm = gemm;
+      int launches = 0;
+      auto call = [&] {
+        launches = 0;
+        for (std::int64_t b = 0; b < B; ++b)
+          launches += multihead_attention(ctx.stream(), q, k, v, out, MhaShape{S, H, D}, o).launches;
+      };
+      Result r;
+      r.name = std::string("multihead_") + (impl == MhaImpl::kPerHead ? "per_head" : "batched") +
+               (gemm == GemmKind::kFp32 ? "_fp32" : "_tensor_core");
+      r.shape = "B=" + std::to_string(B) + " S=" + std::to_string(S) + " H=" + std::to_string(H) +
+                " D=" + std::to_string(D);
+      r.median_ms = median_ms(*ctx.dev, ctx.stream(), call, ctx.quick ? 0 : 1, std::max(1, ctx.reps / 4));
+      r.flops = 4.0 * double(B) * double(H) * double(S) * double(S) * double(D);
+      r.bytes = 4.0 * double(B) * double(n) * 4;
+      r.launches = launches;
+      r.note = "launches per call " + std::to_string(launches) + (B > 1 ? " (B calls)" : "");
+      rs.push_back(r);
+    }
+  return rs;
+}
+
+}  // namespace
+
+std::vector<Bench> attention_benches() {
+  return {
+      {"decode",
+       [](Context& ctx) {
+         std::vector<Result> rs;
+         if (ctx.quick) {
+           rs.push_back(decode_single(ctx, 8, 2, 64, 300));
+           return rs;
+         }
+         rs.push_back(decode_single(ctx, 6, 6, 64, 448));
+         rs.push_back(decode_single(ctx, 32, 8, 128, ctx.cuda ? 32768 : 4096));
+         if (!ctx.cuda) rs.push_back(decode_single(ctx, 32, 8, 128, 16384));
+         if (!ctx.cuda) rs.push_back(decode_single(ctx, 8, 8, 128, 4096));
+         return rs;
+       }},
+      {"flash_decoding",
+       [](Context& ctx) {
+         std::vector<Result> rs;
+         if (ctx.quick) {
+           rs.push_back(flash(ctx, 3, 8, 2, 64, 200));
+           return rs;
+         }
+         if (ctx.cuda) {
+           rs.push_back(flash(ctx, 32, 32, 8, 128, 4096));
+           rs.push_back(flash(ctx, 1, 32, 8, 128, 32768));
+           rs.push_back(flash(ctx, 128, 32, 8, 128, 2048));
+           rs.push_back(flash(ctx, 32, 32, 32, 128, 2048));
+         } else {
+           rs.push_back(flash(ctx, 4, 32, 8, 128, 4096));
+         }
+         return rs;
+       }},
+      {"multihead",
+       [](Context& ctx) {
+         std::vector<Result> rs;
+         if (ctx.quick) return mha(ctx, 1, 64, 2, 32);
+         for (auto& r : mha(ctx, 1, 1500, 6, 64)) rs.push_back(r);
+         if (ctx.cuda)
+           for (auto& r : mha(ctx, 4, 1024, 32, 128)) rs.push_back(r);
+         return rs;
+       }},
+  };
+}
+
+}  // namespace lockstep::bench
