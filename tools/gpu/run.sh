@@ -47,6 +47,13 @@ for stage in "$@"; do
     peers)
       PYTHONUNBUFFERED=1 python3 $G/torch_peers.py --json "$OUT/peers.json" > "$OUT/peers.log" 2>&1; rc=$?
       echo "peers rc=$rc" | tee -a "$summary"; tail -40 "$OUT/peers.log" | tee -a "$summary" ;;
+    sass)
+      cuobjdump --dump-resource-usage $G/liblockstep.so.0 > "$OUT/sass.txt" 2>&1
+      cuobjdump --dump-sass $G/liblockstep.so.0 > /tmp/sass_full.txt 2>&1
+      echo "tensor-core instructions (HMMA) in GemmTensorCore: $(awk '/Function : .*GemmTensorCore/{f=1} /Function : /&&!/GemmTensorCore/{f=0} f' /tmp/sass_full.txt | grep -c HMMA)" | tee -a "$summary"
+      echo "FFMA in DecodeChunk<128,4>: $(awk '/Function : .*DecodeChunkILi128ELi4/{f=1;next} /Function : /{f=0} f' /tmp/sass_full.txt | grep -c FFMA)" | tee -a "$summary"
+      echo "kernels with local memory (LDL/STL): $(awk '/Function : /{fn=$3} /LDL|STL/{print fn}' /tmp/sass_full.txt | sort -u | wc -l)" | tee -a "$summary"
+      awk '/Function : /{fn=$3} /LDL|STL/{print fn}' /tmp/sass_full.txt | sort | uniq -c | head -20 | tee -a "$summary" ;;
   esac
   echo "[stage $stage: $(( $(date +%s) - t0 )) s]" | tee -a "$summary"
 done

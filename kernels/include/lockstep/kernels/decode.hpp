@@ -82,8 +82,10 @@ struct DecodeChunk {
       // q of the G heads, in the lane layout of the K rows: lane l8 holds floats
       // (qd * 8 + l8) * 4 .. +3 of each row.
       typename X::template Lanes<float> qv[G][kQuads][4];
+      LOCKSTEP_UNROLL
       for (int g = 0; g < G; ++g) {
         const float* qrow = p.q + (std::int64_t{r} * p.H + h0 + g) * D;
+        LOCKSTEP_UNROLL
         for (int qd = 0; qd < kQuads; ++qd) {
           auto t = x.load4(qrow, (l8 + qd * 8) * 4);
           qv[g][qd][0] = t.x;
@@ -98,9 +100,12 @@ struct DecodeChunk {
         const I tl = row_in_iter + it;
         const B ok = tl < live;
         F dot[G];
+        LOCKSTEP_UNROLL
         for (int g = 0; g < G; ++g) dot[g] = 0.0f;
+        LOCKSTEP_UNROLL
         for (int qd = 0; qd < kQuads; ++qd) {
           const auto kq = x.load4(kb, tl * D + (l8 + qd * 8) * 4, ok);
+          LOCKSTEP_UNROLL
           for (int g = 0; g < G; ++g) {
             dot[g] = x.fma(qv[g][qd][0], kq.x, dot[g]);
             dot[g] = x.fma(qv[g][qd][1], kq.y, dot[g]);
@@ -108,6 +113,7 @@ struct DecodeChunk {
             dot[g] = x.fma(qv[g][qd][3], kq.w, dot[g]);
           }
         }
+        LOCKSTEP_UNROLL
         for (int g = 0; g < G; ++g) {
           const F s = x.template warp_sum<8>(dot[g]) * p.scale;
           x.store(S, tl + g * kDecodeChunk, x.select(ok, s, -kInf), l8 == 0);
@@ -116,6 +122,7 @@ struct DecodeChunk {
       x.sync();
 
       // Phase 2: chunk max and sum per head (every warp computes them; warp 0 writes).
+      LOCKSTEP_UNROLL
       for (int g = 0; g < G; ++g) {
         const float* sg = S + g * kDecodeChunk;
         F m = -kInf;
@@ -136,16 +143,22 @@ struct DecodeChunk {
 
       // Phase 3: P x V. Lane layout as in phase 1; each lane accumulates its 16 rows.
       F acc[G][kQuads][4];
+      LOCKSTEP_UNROLL
       for (int g = 0; g < G; ++g)
+        LOCKSTEP_UNROLL
         for (int qd = 0; qd < kQuads; ++qd)
+          LOCKSTEP_UNROLL
           for (int j = 0; j < 4; ++j) acc[g][qd][j] = 0.0f;
       for (int it = 0; it < kDecodeChunk; it += 16) {
         const I tl = row_in_iter + it;
         const B ok = tl < live;
         F pg[G];
+        LOCKSTEP_UNROLL
         for (int g = 0; g < G; ++g) pg[g] = x.load(P, tl + g * kDecodeChunk);
+        LOCKSTEP_UNROLL
         for (int qd = 0; qd < kQuads; ++qd) {
           const auto vq = x.load4(vb, tl * D + (l8 + qd * 8) * 4, ok);
+          LOCKSTEP_UNROLL
           for (int g = 0; g < G; ++g) {
             acc[g][qd][0] = x.fma(pg[g], vq.x, acc[g][qd][0]);
             acc[g][qd][1] = x.fma(pg[g], vq.y, acc[g][qd][1]);
@@ -155,8 +168,11 @@ struct DecodeChunk {
         }
       }
       // The 4 row groups of a warp (lanes l8, l8 + 8, l8 + 16, l8 + 24), then the 4 warps.
+      LOCKSTEP_UNROLL
       for (int g = 0; g < G; ++g)
+        LOCKSTEP_UNROLL
         for (int qd = 0; qd < kQuads; ++qd)
+          LOCKSTEP_UNROLL
           for (int j = 0; j < 4; ++j) {
             F a = acc[g][qd][j];
             a = a + x.shfl_xor(a, 8);
@@ -164,12 +180,14 @@ struct DecodeChunk {
             x.store(O, (x.warp() * G + g) * D + (l8 + qd * 8) * 4 + j, a, lane < 8);
           }
       x.sync();
+      LOCKSTEP_UNROLL
       for (int g = 0; g < G; ++g) {
         float* po = p.part_o + ((std::int64_t{r} * p.H + h0 + g) * p.max_chunks + chunk) * D;
         for (int d0 = 0; d0 < D; d0 += kThreads) {
           const I d = x.thread() + d0;
           const B ok = d < D;
           F o = x.load(O, g * D + d, ok, 0.0f);
+          LOCKSTEP_UNROLL
           for (int w = 1; w < kWarps; ++w) o = o + x.load(O, (w * G + g) * D + d, ok, 0.0f);
           x.store(po, d, o, ok);
         }

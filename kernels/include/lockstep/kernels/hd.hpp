@@ -14,6 +14,13 @@
 #define LOCKSTEP_DEVICE_FN inline __attribute__((always_inline))
 #endif
 
+// Unroll a loop with a compile-time trip count (register arrays must not be indexed at run time).
+#if defined(__CUDACC__)
+#define LOCKSTEP_UNROLL _Pragma("unroll")
+#else
+#define LOCKSTEP_UNROLL  // the CPU's lanes live in memory: unrolling only costs compile time
+#endif
+
 #if defined(__CUDA_ARCH__)
 #define LOCKSTEP_ON_DEVICE 1
 #else
