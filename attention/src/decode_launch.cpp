@@ -1,6 +1,7 @@
 #include "decode_launch.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "checks.hpp"
@@ -56,9 +57,15 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
   if (p.rows == 0) return 0;
   const int D = static_cast<int>(head_dim);
   const int group = p.H / p.Hkv;
+  // Query heads per block: more reuse of each K/V byte against more registers per thread. Each
+  // head's arithmetic does not depend on this choice (same bits), so it is a pure tuning knob.
+  static const int limit = [] {
+    const char* v = std::getenv("LOCKSTEP_DECODE_HEAD_DIM_PRODUCT");  // G * head_dim cap
+    return v != nullptr ? std::max(32, std::atoi(v)) : 512;
+  }();
   int g = 1;
   for (int cand : {8, 4, 2}) {
-    if (group % cand == 0 && cand * D <= 512) {
+    if (group % cand == 0 && cand * D <= std::min(limit, 512)) {
       g = cand;
       break;
     }

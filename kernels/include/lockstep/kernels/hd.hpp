@@ -17,7 +17,9 @@
 // Unroll a loop with a compile-time trip count (register arrays must not be indexed at run time).
 #if defined(__CUDACC__)
 #define LOCKSTEP_UNROLL _Pragma("unroll")
+#define LOCKSTEP_UNROLL_4 _Pragma("unroll 4")
 #else
+#define LOCKSTEP_UNROLL_4
 #define LOCKSTEP_UNROLL  // the CPU's lanes live in memory: unrolling only costs compile time
 #endif
 

@@ -27,6 +27,7 @@ struct SoftmaxRows {
   static constexpr const char* kName = "softmax_rows";
   static constexpr int kThreads = 256;
   static constexpr int kRowsPerBlock = kThreads / kWarpSize;
+  static constexpr int kCachedMax = 1024;  // rows up to this length are held in registers
   using Params = SoftmaxRowsParams;
 
   template <class X>
@@ -43,6 +44,35 @@ struct SoftmaxRows {
     const I lane = x.lane();
     const I base = x.warp() * n + lane;
     const B row_ok = x.warp() < live;
+
+    if (n <= kCachedMax) {
+      // Rows of up to 1024: the row stays in registers (32 values per lane), read once from
+      // memory. The same operations in the same order as the general path below: same bits.
+      F vals[kCachedMax / kWarpSize];
+      F m = -kInf;
+      LOCKSTEP_UNROLL
+      for (int k = 0; k < kCachedMax / kWarpSize; ++k) {
+        if (k * kWarpSize < n) {
+          vals[k] = x.load(in, base + k * kWarpSize, row_ok & (lane < n - k * kWarpSize), -kInf);
+          m = x.max(m, vals[k]);
+        }
+      }
+      m = x.warp_max(m);
+      const B empty = m == -kInf;
+      F s = 0.0f;
+      LOCKSTEP_UNROLL
+      for (int k = 0; k < kCachedMax / kWarpSize; ++k)
+        if (k * kWarpSize < n) s = s + x.exp(vals[k] - m);
+      s = x.warp_sum(s);
+      LOCKSTEP_UNROLL
+      for (int k = 0; k < kCachedMax / kWarpSize; ++k)
+        if (k * kWarpSize < n) {
+          const F e = x.exp(vals[k] - m);
+          x.store(out, base + k * kWarpSize, x.select(empty, 0.0f, e / s),
+                  row_ok & (lane < n - k * kWarpSize));
+        }
+      return;
+    }
 
     F m = -kInf;
     for (int j = 0; j < n; j += kWarpSize) m = x.max(m, x.load(in, base + j, row_ok & (lane < n - j), -kInf));

@@ -1,0 +1,125 @@
+// `lockstep mathacc`: the strict math library's accuracy over float bit patterns (all of them by
+// default), evaluated on a device by the MathEval kernel and compared with float64 references
+// (glibc's exp/exp2/log/sin/cos, correctly rounded in practice at float precision).
+#include "mathacc.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "lockstep/kernels/launch.hpp"
+#include "lockstep/kernels/math_eval.hpp"
+#include "lockstep/lockstep.hpp"
+
+namespace lockstep::mathacc {
+
+namespace {
+using kernels::MathFn;
+
+double reference(MathFn fn, double x) {
+  switch (fn) {
+    case MathFn::kExp: return std::exp(x);
+    case MathFn::kExp2: return std::exp2(x);
+    case MathFn::kLog: return std::log(x);
+    case MathFn::kSin: return std::sin(x);
+    default: return std::cos(x);
+  }
+}
+double ulps(float got, double ref) {
+  if (std::isnan(ref)) return std::isnan(got) ? 0 : INFINITY;
+  if (std::isinf(static_cast<float>(ref))) return got == static_cast<float>(ref) ? 0 : INFINITY;
+  const double a = std::fabs(ref);
+  const double ulp = a < 0x1p-126 ? 0x1p-149 : std::ldexp(1.0, std::min(std::ilogb(a), 127) - 23);
+  return std::fabs(double(got) - ref) / ulp;
+}
+const char* names[] = {"exp", "exp2", "log", "sin", "cos"};
+
+struct Range {
+  const char* label;
+  double lo, hi;
+};
+}  // namespace
+
+int run(const std::string& device, std::uint64_t stride) {
+  auto dev = open(device);
+  auto& s = dev->default_stream();
+  const std::int64_t chunk = std::int64_t(1) << 24;
+  Buffer<float> out(dev, std::size_t(chunk));
+  std::vector<float> host(static_cast<std::size_t>(chunk));
+  std::printf("strict math accuracy on %s, every %llu-th float bit pattern (%s), vs float64 references\n",
+              dev->id().str().c_str(), (unsigned long long)stride, stride == 1 ? "all floats" : "dense sample");
+  std::printf("| function | domain | max ulp | at x | specials |\n| --- | --- | --- | --- | --- |\n");
+  for (int f = 0; f < 5; ++f) {
+    const auto fn = static_cast<MathFn>(f);
+    std::vector<Range> ranges;
+    if (f == 3 || f == 4)
+      ranges = {{"|x| <= 2^17", 0, 131072}, {"|x| <= 2^20", 131072, 1048576}, {"|x| <= 2^24", 1048576, 16777216}, {"all finite", 16777216, 3.5e38}};
+    else
+      ranges = {{"all", 0, 3.5e38}};
+    std::vector<double> worst(ranges.size(), 0);
+    std::vector<float> worst_x(ranges.size(), 0);
+    std::uint64_t special_fail = 0;
+    const unsigned T = std::max(1u, std::thread::hardware_concurrency());
+    for (std::uint64_t start = 0; start < (1ull << 32); start += std::uint64_t(chunk) * stride) {
+      const std::int64_t n = std::min<std::int64_t>(chunk, std::int64_t(((1ull << 32) - start + stride - 1) / stride));
+      if (stride == 1) {
+        using K = kernels::MathEval;
+        launch<K>(s, Dim3{std::uint32_t((n + K::kPerBlock - 1) / K::kPerBlock), 1, 1}, 0,
+                  K::Params{nullptr, out.data().get(), n, std::uint32_t(start), fn});
+        out.copy_to_host(s, std::span<float>(host.data(), std::size_t(n)));
+        s.synchronize();
+      } else {
+        std::vector<float> in(static_cast<std::size_t>(n));
+        for (std::int64_t i = 0; i < n; ++i) {
+          const std::uint32_t b = std::uint32_t(start + std::uint64_t(i) * stride);
+          std::memcpy(&in[std::size_t(i)], &b, 4);
+        }
+        Buffer<float> bin(dev, in.size());
+        bin.copy_from_host(s, in);
+        using K = kernels::MathEval;
+        launch<K>(s, Dim3{std::uint32_t((n + K::kPerBlock - 1) / K::kPerBlock), 1, 1}, 0,
+                  K::Params{bin.data().get(), out.data().get(), n, 0, fn});
+        out.copy_to_host(s, std::span<float>(host.data(), std::size_t(n)));
+        s.synchronize();
+      }
+      std::vector<std::vector<double>> tw(T, std::vector<double>(ranges.size(), 0));
+      std::vector<std::vector<float>> tx(T, std::vector<float>(ranges.size(), 0));
+      std::vector<std::uint64_t> tsf(T, 0);
+      std::vector<std::thread> pool;
+      for (unsigned t = 0; t < T; ++t)
+        pool.emplace_back([&, t] {
+          for (std::int64_t i = t; i < n; i += T) {
+            const std::uint32_t b = std::uint32_t(start + std::uint64_t(i) * stride);
+            float x;
+            std::memcpy(&x, &b, 4);
+            const float got = host[std::size_t(i)];
+            const double ref = reference(fn, x);
+            if (!std::isfinite(x)) {
+              if (!(std::isnan(ref) ? std::isnan(got) : double(got) == ref)) ++tsf[t];
+              continue;
+            }
+            const double ax = std::fabs(double(x));
+            for (std::size_t r = 0; r < ranges.size(); ++r)
+              if (ax >= ranges[r].lo && ax < ranges[r].hi) {
+                const double u = ulps(got, ref);
+                if (u > tw[t][r]) tw[t][r] = u, tx[t][r] = x;
+              }
+          }
+        });
+      for (auto& th : pool) th.join();
+      for (unsigned t = 0; t < T; ++t) {
+        special_fail += tsf[t];
+        for (std::size_t r = 0; r < ranges.size(); ++r)
+          if (tw[t][r] > worst[r]) worst[r] = tw[t][r], worst_x[r] = tx[t][r];
+      }
+    }
+    for (std::size_t r = 0; r < ranges.size(); ++r)
+      std::printf("| %s | %s | %.3f | %.9g | %s |\n", names[f], ranges[r].label, worst[r], double(worst_x[r]),
+                  r == 0 ? (special_fail ? "MISMATCH at inf/NaN" : "inf/NaN exact") : "");
+  }
+  return 0;
+}
+
+}  // namespace lockstep::mathacc
