@@ -107,12 +107,10 @@ struct DecodeChunk {
         for (int qd = 0; qd < kQuads; ++qd) {
           const auto kq = x.load4(kb, tl * D + (l8 + qd * 8) * 4, ok);
           LOCKSTEP_UNROLL
-          for (int g = 0; g < G; ++g) {
-            dot[g] = x.fma(qv[g][qd][0], kq.x, dot[g]);
-            dot[g] = x.fma(qv[g][qd][1], kq.y, dot[g]);
-            dot[g] = x.fma(qv[g][qd][2], kq.z, dot[g]);
-            dot[g] = x.fma(qv[g][qd][3], kq.w, dot[g]);
-          }
+          for (int g = 0; g < G; ++g)  // one expression: one pass over the lanes on the CPU
+            dot[g] = x.fma(qv[g][qd][3], kq.w,
+                           x.fma(qv[g][qd][2], kq.z,
+                                 x.fma(qv[g][qd][1], kq.y, x.fma(qv[g][qd][0], kq.x, dot[g]))));
         }
         LOCKSTEP_UNROLL
         for (int g = 0; g < G; ++g) {
