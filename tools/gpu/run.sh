@@ -44,8 +44,14 @@ for stage in "$@"; do
     bench)
       $G/lockstep-bench --device cuda:0 --json "$OUT/bench_cuda.json" ${BENCH_FILTER:+--filter "$BENCH_FILTER"} > "$OUT/bench.log" 2>&1; rc=$?
       echo "bench rc=$rc" | tee -a "$summary"; grep -E "ceilings|^\|" "$OUT/bench.log" | tee -a "$summary" ;;
+    bench_g2)  # decode with at most 2 query heads per block (same bits, different schedule)
+      LOCKSTEP_DECODE_HEAD_DIM_PRODUCT=256 $G/lockstep-bench --device cuda:0 --filter 'decode' --json "$OUT/bench_g2.json" > "$OUT/bench_g2.log" 2>&1; rc=$?
+      echo "bench (heads per block * head_dim <= 256) rc=$rc" | tee -a "$summary"; grep -E "^\| cuda" "$OUT/bench_g2.log" | tee -a "$summary" ;;
+    mathacc)
+      $G/lockstep mathacc --device cuda:0 --stride ${MATH_STRIDE:-1} > "$OUT/mathacc.log" 2>&1; rc=$?
+      echo "mathacc rc=$rc" | tee -a "$summary"; cat "$OUT/mathacc.log" | tee -a "$summary" ;;
     peers)
-      PYTHONUNBUFFERED=1 python3 $G/torch_peers.py --json "$OUT/peers.json" > "$OUT/peers.log" 2>&1; rc=$?
+      PYTHONUNBUFFERED=1 python3 $G/torch_peers.py --prefill --json "$OUT/peers.json" > "$OUT/peers.log" 2>&1; rc=$?
       echo "peers rc=$rc" | tee -a "$summary"; tail -40 "$OUT/peers.log" | tee -a "$summary" ;;
     sass)
       cuobjdump --dump-resource-usage $G/liblockstep.so.0 > "$OUT/sass.txt" 2>&1
