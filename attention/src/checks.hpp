@@ -12,17 +12,17 @@
 namespace lockstep::detail {
 
 inline void check_positive(std::string_view where, std::string_view name, std::int64_t v) {
-  check_arg(v >= 1, where, name, v, ">= 1");
+  LOCKSTEP_CHECK_ARG(v >= 1, where, name, v, ">= 1");
 }
 inline void check_nonneg(std::string_view where, std::string_view name, std::int64_t v) {
-  check_arg(v >= 0, where, name, v, ">= 0");
+  LOCKSTEP_CHECK_ARG(v >= 0, where, name, v, ">= 0");
 }
 
 template <class T>
 void check_on(std::string_view where, std::string_view name, const Buffer<T>& b, Stream& s) {
-  check_arg(!b.empty() || b.shared_device() != nullptr, where, name, "an empty Buffer",
+  LOCKSTEP_CHECK_ARG(!b.empty() || b.shared_device() != nullptr, where, name, "an empty Buffer",
             "an allocated buffer");
-  check_arg(&b.device() == &s.device(), where, std::string(name) + ".device", b.device().id().str(),
+  LOCKSTEP_CHECK_ARG(&b.device() == &s.device(), where, std::string(name) + ".device", b.device().id().str(),
             "the stream's device " + s.device().id().str());
 }
 
@@ -30,7 +30,7 @@ void check_on(std::string_view where, std::string_view name, const Buffer<T>& b,
 template <class T>
 void check_size(std::string_view where, std::string_view name, const Buffer<T>& b,
                 std::uint64_t expected, std::string_view shape) {
-  check_arg(b.size() == expected, where, std::string(name) + ".size()", b.size(),
+  LOCKSTEP_CHECK_ARG(b.size() == expected, where, std::string(name) + ".size()", b.size(),
             std::to_string(expected) + " (" + std::string(shape) + ")");
 }
 

@@ -22,12 +22,12 @@ void check_decode_shape(std::string_view where, std::int64_t n_heads, std::int64
                         std::int64_t head_dim, std::int64_t max_len) {
   check_positive(where, "n_heads", n_heads);
   check_positive(where, "n_kv_heads", n_kv_heads);
-  check_arg(n_heads % n_kv_heads == 0, where, "n_kv_heads", n_kv_heads,
+  LOCKSTEP_CHECK_ARG(n_heads % n_kv_heads == 0, where, "n_kv_heads", n_kv_heads,
             "a divisor of n_heads = " + std::to_string(n_heads));
   if (head_dim != 32 && head_dim != 64 && head_dim != 96 && head_dim != 128 && head_dim != 256)
     throw Unsupported(where, "head_dim", std::to_string(head_dim), "32, 64, 96, 128, 256");
   check_nonneg(where, "max_seq_len", max_len);
-  check_arg(n_heads <= 65535 && n_kv_heads <= 65535, where, "n_heads", n_heads, "<= 65535");
+  LOCKSTEP_CHECK_ARG(n_heads <= 65535 && n_kv_heads <= 65535, where, "n_heads", n_heads, "<= 65535");
   check_fits(checked_mul(std::uint64_t(max_len), std::uint64_t(head_dim), where,
                          "max_seq_len * head_dim"),
              kMaxLaneOffset, where, "max_seq_len * head_dim");

@@ -11,7 +11,7 @@ void incremental_attention(Stream& stream, const Buffer<float>& q, const Buffer<
                            Buffer<float>& out, const DecodeShape& shape) {
   constexpr std::string_view w = "incremental_attention";
   detail::check_decode_shape(w, shape.n_heads, shape.n_kv_heads, shape.head_dim, shape.max_seq_len);
-  check_arg(seq_len >= 0 && seq_len <= shape.max_seq_len, w, "seq_len", seq_len,
+  LOCKSTEP_CHECK_ARG(seq_len >= 0 && seq_len <= shape.max_seq_len, w, "seq_len", seq_len,
             "in [0, max_seq_len = " + std::to_string(shape.max_seq_len) + "]");
   detail::check_on(w, "q", q, stream);
   detail::check_on(w, "k_cache", k_cache, stream);
@@ -51,7 +51,7 @@ void kv_cache_scatter(Stream& stream, const Buffer<float>& src, Buffer<float>& c
   detail::check_positive(w, "n_kv_heads", shape.n_kv_heads);
   detail::check_positive(w, "head_dim", shape.head_dim);
   detail::check_positive(w, "max_seq_len", shape.max_seq_len);
-  check_arg(pos >= 0 && pos < shape.max_seq_len, w, "pos", pos,
+  LOCKSTEP_CHECK_ARG(pos >= 0 && pos < shape.max_seq_len, w, "pos", pos,
             "in [0, max_seq_len = " + std::to_string(shape.max_seq_len) + ")");
   detail::check_on(w, "src", src, stream);
   detail::check_on(w, "cache", cache, stream);

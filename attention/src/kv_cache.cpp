@@ -38,12 +38,12 @@ Staged stage(Stream& s, const std::vector<std::int32_t>& ints, std::size_t extra
 
 KvCache::KvCache(std::shared_ptr<Device> device, const KvCacheConfig& c) : device_(std::move(device)), cfg_(c) {
   constexpr std::string_view w = "KvCache";
-  check_arg(device_ != nullptr, w, "device", "null", "an open device");
+  LOCKSTEP_CHECK_ARG(device_ != nullptr, w, "device", "null", "an open device");
   detail::check_positive(w, "num_layers", c.num_layers);
   detail::check_positive(w, "slots", c.slots);
   detail::check_positive(w, "max_len", c.max_len);
   detail::check_decode_shape(w, c.num_heads, c.num_kv_heads, c.head_dim, c.max_len);
-  check_arg(c.slots <= 0x7fffffff, w, "slots", c.slots, "<= 2147483647");
+  LOCKSTEP_CHECK_ARG(c.slots <= 0x7fffffff, w, "slots", c.slots, "<= 2147483647");
   const auto per_layer = layer_elems(c, w);
   checked_mul(checked_mul(per_layer, 8, w, "bytes"), std::uint64_t(c.num_layers), w, "bytes");
   for (std::int64_t l = 0; l < c.num_layers; ++l) {
@@ -55,11 +55,11 @@ KvCache::KvCache(std::shared_ptr<Device> device, const KvCacheConfig& c) : devic
 }
 
 void KvCache::check_slot(std::string_view where, std::int64_t slot) const {
-  check_arg(slot >= 0 && slot < cfg_.slots, where, "slot", slot,
+  LOCKSTEP_CHECK_ARG(slot >= 0 && slot < cfg_.slots, where, "slot", slot,
             "in [0, slots = " + std::to_string(cfg_.slots) + ")");
 }
 void KvCache::check_layer(std::string_view where, std::int64_t layer) const {
-  check_arg(layer >= 0 && layer < cfg_.num_layers, where, "layer", layer,
+  LOCKSTEP_CHECK_ARG(layer >= 0 && layer < cfg_.num_layers, where, "layer", layer,
             "in [0, num_layers = " + std::to_string(cfg_.num_layers) + ")");
 }
 
@@ -97,7 +97,7 @@ void KvCache::reset_all() {
 }
 void KvCache::rollback(std::int64_t slot, std::int64_t position) {
   check_slot("KvCache::rollback", slot);
-  check_arg(position >= 0 && position <= len_[std::size_t(slot)], "KvCache::rollback", "position",
+  LOCKSTEP_CHECK_ARG(position >= 0 && position <= len_[std::size_t(slot)], "KvCache::rollback", "position",
             position, "in [0, length = " + std::to_string(len_[std::size_t(slot)]) + "]");
   len_[std::size_t(slot)] = position;
 }
@@ -109,7 +109,7 @@ void KvCache::mark_done(std::int64_t slot, bool d) {
 // Validates positions for an append into every slot; returns them as int32 (-1: done slot).
 static std::vector<std::int32_t> checked_positions(std::string_view where, const KvCache& c,
                                                     std::span<const std::int64_t> positions) {
-  check_arg(std::int64_t(positions.size()) == c.slots(), where, "positions.size()",
+  LOCKSTEP_CHECK_ARG(std::int64_t(positions.size()) == c.slots(), where, "positions.size()",
             positions.size(), "slots = " + std::to_string(c.slots()));
   std::vector<std::int32_t> out(positions.size());
   for (std::size_t s = 0; s < positions.size(); ++s) {
@@ -118,10 +118,9 @@ static std::vector<std::int32_t> checked_positions(std::string_view where, const
       continue;
     }
     const std::int64_t p = positions[s], len = c.length(std::int64_t(s));
-    const std::string name = "positions[" + std::to_string(s) + "]";
-    check_arg(p < c.max_len(), where, name, p,
+    LOCKSTEP_CHECK_ARG(p < c.max_len(), where, "positions[" + std::to_string(s) + "]", p,
               "< max_len = " + std::to_string(c.max_len()) + " (the slot is full)");
-    check_arg(p == len || (len > 0 && p == len - 1), where, name, p,
+    LOCKSTEP_CHECK_ARG(p == len || (len > 0 && p == len - 1), where, "positions[" + std::to_string(s) + "]", p,
               "the slot's length " + std::to_string(len) +
                   " (a new token) or length - 1 (the token of an earlier layer)");
     out[s] = static_cast<std::int32_t>(p);
@@ -161,7 +160,7 @@ void KvCache::append(Stream& stream, std::int64_t layer, const Buffer<float>& k_
                      const Buffer<float>& v_new, std::span<const std::int64_t> positions) {
   constexpr std::string_view w = "KvCache::append";
   check_layer(w, layer);
-  check_arg(&stream.device() == device_.get(), w, "stream.device", stream.device().id().str(),
+  LOCKSTEP_CHECK_ARG(&stream.device() == device_.get(), w, "stream.device", stream.device().id().str(),
             "the cache's device " + device_->id().str());
   check_token_buffer(w, "k_new", k_new, stream, cfg_, cfg_.num_kv_heads);
   check_token_buffer(w, "v_new", v_new, stream, cfg_, cfg_.num_kv_heads);
@@ -177,9 +176,9 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
                     std::span<const std::int64_t> positions, Buffer<float>& out) {
   constexpr std::string_view w = "flash_decoding";
   const auto& c = cache.config();
-  check_arg(layer >= 0 && layer < c.num_layers, w, "layer", layer,
+  LOCKSTEP_CHECK_ARG(layer >= 0 && layer < c.num_layers, w, "layer", layer,
             "in [0, num_layers = " + std::to_string(c.num_layers) + ")");
-  check_arg(&stream.device() == &cache.device(), w, "stream.device", stream.device().id().str(),
+  LOCKSTEP_CHECK_ARG(&stream.device() == &cache.device(), w, "stream.device", stream.device().id().str(),
             "the cache's device " + cache.device().id().str());
   check_token_buffer(w, "q", q, stream, c, c.num_heads);
   check_token_buffer(w, "out", out, stream, c, c.num_heads);
@@ -220,17 +219,17 @@ void KvCache::copy_slot_from(Stream& stream, std::int64_t slot, const KvCache& s
   check_slot(w, slot);
   src.check_slot(w, src_slot);
   const auto& sc = src.config();
-  check_arg(sc.num_layers == cfg_.num_layers && sc.num_kv_heads == cfg_.num_kv_heads &&
+  LOCKSTEP_CHECK_ARG(sc.num_layers == cfg_.num_layers && sc.num_kv_heads == cfg_.num_kv_heads &&
                 sc.head_dim == cfg_.head_dim,
             w, "src geometry",
             "layers " + std::to_string(sc.num_layers) + ", kv heads " + std::to_string(sc.num_kv_heads) +
                 ", head_dim " + std::to_string(sc.head_dim),
             "equal to this cache's (layers " + std::to_string(cfg_.num_layers) + ", kv heads " +
                 std::to_string(cfg_.num_kv_heads) + ", head_dim " + std::to_string(cfg_.head_dim) + ")");
-  check_arg(&src.device() == device_.get() && &stream.device() == device_.get(), w, "src.device",
+  LOCKSTEP_CHECK_ARG(&src.device() == device_.get() && &stream.device() == device_.get(), w, "src.device",
             src.device().id().str(), "this cache's device " + device_->id().str());
   const std::int64_t n = src.length(src_slot);
-  check_arg(n <= cfg_.max_len, w, "src length", n, "<= max_len = " + std::to_string(cfg_.max_len));
+  LOCKSTEP_CHECK_ARG(n <= cfg_.max_len, w, "src length", n, "<= max_len = " + std::to_string(cfg_.max_len));
   const std::int64_t D = cfg_.head_dim, Hk = cfg_.num_kv_heads;
   for (std::int64_t l = 0; l < cfg_.num_layers; ++l) {
     const std::int64_t so = src_slot * Hk * sc.max_len * D, dso = slot * Hk * cfg_.max_len * D;
@@ -248,13 +247,13 @@ void KvCache::write_from_host(Stream& stream, std::int64_t slot, std::int64_t la
   constexpr std::string_view w = "KvCache::write_from_host";
   check_slot(w, slot);
   check_layer(w, layer);
-  check_arg(&stream.device() == device_.get(), w, "stream.device", stream.device().id().str(),
+  LOCKSTEP_CHECK_ARG(&stream.device() == device_.get(), w, "stream.device", stream.device().id().str(),
             "the cache's device " + device_->id().str());
-  check_arg(count >= 0 && count <= cfg_.max_len, w, "count", count,
+  LOCKSTEP_CHECK_ARG(count >= 0 && count <= cfg_.max_len, w, "count", count,
             "in [0, max_len = " + std::to_string(cfg_.max_len) + "]");
   const std::size_t n = std::size_t(cfg_.num_kv_heads * count * cfg_.head_dim);
-  check_arg(k.size() == n, w, "k.size()", k.size(), std::to_string(n) + " (kv_heads * count * head_dim)");
-  check_arg(v.size() == n, w, "v.size()", v.size(), std::to_string(n) + " (kv_heads * count * head_dim)");
+  LOCKSTEP_CHECK_ARG(k.size() == n, w, "k.size()", k.size(), std::to_string(n) + " (kv_heads * count * head_dim)");
+  LOCKSTEP_CHECK_ARG(v.size() == n, w, "v.size()", v.size(), std::to_string(n) + " (kv_heads * count * head_dim)");
   const std::size_t row = std::size_t(count * cfg_.head_dim);
   for (std::int64_t h = 0; h < cfg_.num_kv_heads; ++h) {
     const std::size_t off = std::size_t(((slot * cfg_.num_kv_heads) + h) * cfg_.max_len * cfg_.head_dim);
@@ -266,9 +265,9 @@ void KvCache::write_from_host(Stream& stream, std::int64_t slot, std::int64_t la
 
 void KvCache::grow(Stream& stream, std::int64_t new_slots) {
   constexpr std::string_view w = "KvCache::grow";
-  check_arg(new_slots >= cfg_.slots && new_slots <= 0x7fffffff, w, "new_slots", new_slots,
+  LOCKSTEP_CHECK_ARG(new_slots >= cfg_.slots && new_slots <= 0x7fffffff, w, "new_slots", new_slots,
             "in [slots = " + std::to_string(cfg_.slots) + ", 2147483647]");
-  check_arg(&stream.device() == device_.get(), w, "stream.device", stream.device().id().str(),
+  LOCKSTEP_CHECK_ARG(&stream.device() == device_.get(), w, "stream.device", stream.device().id().str(),
             "the cache's device " + device_->id().str());
   if (new_slots == cfg_.slots) return;
   KvCacheConfig nc = cfg_;
@@ -297,13 +296,13 @@ void rope(Stream& stream, Buffer<float>* q, Buffer<float>* k, std::span<const st
           const RopeConfig& c) {
   constexpr std::string_view w = "rope";
   detail::check_positive(w, "head_dim", c.head_dim);
-  check_arg(c.head_dim % 2 == 0, w, "head_dim", c.head_dim, "even");
-  check_arg(c.theta > 1.0f && std::isfinite(c.theta), w, "theta", double(c.theta), "finite and > 1");
+  LOCKSTEP_CHECK_ARG(c.head_dim % 2 == 0, w, "head_dim", c.head_dim, "even");
+  LOCKSTEP_CHECK_ARG(c.theta > 1.0f && std::isfinite(c.theta), w, "theta", double(c.theta), "finite and > 1");
   const std::int64_t rows = std::int64_t(positions.size());
-  check_arg(rows <= 0x7fffffff, w, "positions.size()", rows, "<= 2147483647");
+  LOCKSTEP_CHECK_ARG(rows <= 0x7fffffff, w, "positions.size()", rows, "<= 2147483647");
   std::vector<std::int32_t> pos(positions.size());
   for (std::size_t i = 0; i < positions.size(); ++i) {
-    check_arg(positions[i] >= 0 && positions[i] <= 0x7fffffff, w,
+    LOCKSTEP_CHECK_ARG(positions[i] >= 0 && positions[i] <= 0x7fffffff, w,
               "positions[" + std::to_string(i) + "]", positions[i], "in [0, 2147483647]");
     pos[i] = static_cast<std::int32_t>(positions[i]);
   }
@@ -317,7 +316,7 @@ void rope(Stream& stream, Buffer<float>* q, Buffer<float>* k, std::span<const st
     detail::check_on(w, "k", *k, stream);
     detail::check_size(w, "k", *k, checked_product({std::uint64_t(rows), std::uint64_t(c.n_kv_heads), std::uint64_t(c.head_dim)}, w, "rows * n_kv_heads * head_dim"), "positions.size() * n_kv_heads * head_dim");
   }
-  check_arg(c.n_heads <= 65535 && c.n_kv_heads <= 65535, w, "n_heads", c.n_heads, "<= 65535");
+  LOCKSTEP_CHECK_ARG(c.n_heads <= 65535 && c.n_kv_heads <= 65535, w, "n_heads", c.n_heads, "<= 65535");
   check_fits(std::uint64_t(std::max(c.n_heads, c.n_kv_heads)) * std::uint64_t(c.head_dim), kMaxLaneOffset, w, "heads * head_dim");
   if (rows == 0 || (q == nullptr && k == nullptr)) return;
   const Staged st = stage(stream, pos, 0);

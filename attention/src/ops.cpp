@@ -11,7 +11,7 @@ namespace detail {
 
 std::uint32_t grid_dim(std::int64_t v, std::string_view where, std::string_view what,
                        std::int64_t limit) {
-  check_arg(v <= limit, where, what, v, "<= " + std::to_string(limit) + " (launch grid limit)");
+  LOCKSTEP_CHECK_ARG(v <= limit, where, what, v, "<= " + std::to_string(limit) + " (launch grid limit)");
   return static_cast<std::uint32_t>(std::max<std::int64_t>(v, 1));
 }
 
@@ -189,7 +189,7 @@ void extract_head(Stream& stream, const Buffer<float>& in, Buffer<float>& out, s
                                   std::uint64_t(std::max<std::int64_t>(dim, 0))},
                                  w, "seq * heads * dim");
   check_layout(w, stream, in, out, seq, heads, dim, n, n / std::uint64_t(std::max<std::int64_t>(heads, 1)));
-  check_arg(head >= 0 && head < heads, w, "head", head, "in [0, heads) = [0, " + std::to_string(heads) + ")");
+  LOCKSTEP_CHECK_ARG(head >= 0 && head < heads, w, "head", head, "in [0, heads) = [0, " + std::to_string(heads) + ")");
   detail::launch_copy3d(stream, in.data().get() + head * dim, out.data().get(), 1, seq, dim, 0,
                         heads * dim, 0, dim);
 }
@@ -202,7 +202,7 @@ void copy_head_back(Stream& stream, const Buffer<float>& in, Buffer<float>& out,
                                   std::uint64_t(std::max<std::int64_t>(dim, 0))},
                                  w, "seq * heads * dim");
   check_layout(w, stream, in, out, seq, heads, dim, n / std::uint64_t(std::max<std::int64_t>(heads, 1)), n);
-  check_arg(head >= 0 && head < heads, w, "head", head, "in [0, heads) = [0, " + std::to_string(heads) + ")");
+  LOCKSTEP_CHECK_ARG(head >= 0 && head < heads, w, "head", head, "in [0, heads) = [0, " + std::to_string(heads) + ")");
   detail::launch_copy3d(stream, in.data().get(), out.data().get() + head * dim, 1, seq, dim, 0,
                         dim, 0, heads * dim);
 }
@@ -236,7 +236,7 @@ void gemm(Stream& stream, const Buffer<float>& a, const Buffer<float>& b, Buffer
   detail::check_size(w, "a", a, checked_product({ub, std::uint64_t(m), std::uint64_t(k)}, w, "batch * m * k"), "batch * m * k");
   detail::check_size(w, "b", b, checked_product({ub, std::uint64_t(k), std::uint64_t(n)}, w, "batch * k * n"), "batch * k * n");
   detail::check_size(w, "c", c, checked_product({ub, std::uint64_t(m), std::uint64_t(n)}, w, "batch * m * n"), "batch * m * n");
-  check_arg(&c != &a && &c != &b, w, "c", "the same buffer as a or b", "a distinct output buffer");
+  LOCKSTEP_CHECK_ARG(&c != &a && &c != &b, w, "c", "the same buffer as a or b", "a distinct output buffer");
   detail::launch_gemm(stream, a.data().get(), b.data().get(), c.data().get(), batch, m, n, k, k, n,
                       n, m * k, k * n, m * n, alpha);
 }

@@ -246,7 +246,7 @@ class CpuEvent final : public Event {
   CpuEvent(Device& dev, bool timing) : dev_(dev), timing_(timing) {}
   void record(Stream& stream) override {
     auto* s = dynamic_cast<CpuStream*>(&stream);
-    check_arg(s != nullptr, "Event::record", "stream", stream.device().id().str(),
+    LOCKSTEP_CHECK_ARG(s != nullptr, "Event::record", "stream", stream.device().id().str(),
               "a stream of a CPU device");
     std::uint64_t g;
     {
@@ -267,13 +267,13 @@ class CpuEvent final : public Event {
   }
   double elapsed_ms(const Event& start) const override {
     auto* s = dynamic_cast<const CpuEvent*>(&start);
-    check_arg(s != nullptr && &s->dev_ == &dev_, "Event::elapsed_ms", "start", "an event",
+    LOCKSTEP_CHECK_ARG(s != nullptr && &s->dev_ == &dev_, "Event::elapsed_ms", "start", "an event",
               "an event of the same device");
-    check_arg(timing_ && s->timing_, "Event::elapsed_ms", "timing", "false",
+    LOCKSTEP_CHECK_ARG(timing_ && s->timing_, "Event::elapsed_ms", "timing", "false",
               "true for both events (create_event(true))");
     std::lock_guard<std::mutex> a(st_->mu);
     std::lock_guard<std::mutex> b(s->st_->mu);
-    check_arg(st_->recorded > 0 && st_->completed >= st_->recorded && s->st_->recorded > 0 &&
+    LOCKSTEP_CHECK_ARG(st_->recorded > 0 && st_->completed >= st_->recorded && s->st_->recorded > 0 &&
                   s->st_->completed >= s->st_->recorded,
               "Event::elapsed_ms", "events", "not completed", "recorded and completed");
     return std::chrono::duration<double, std::milli>(st_->when - s->st_->when).count();
@@ -413,7 +413,7 @@ Device& CpuStream::device() const { return dev_; }
 
 void CpuStream::wait(const Event& event) {
   auto* e = dynamic_cast<const CpuEvent*>(&event);
-  check_arg(e != nullptr, "Stream::wait", "event", "an event of another backend",
+  LOCKSTEP_CHECK_ARG(e != nullptr, "Stream::wait", "event", "an event of another backend",
             "an event of a CPU device");
   std::uint64_t g;
   {

@@ -209,7 +209,7 @@ bool CudaStream::query() {
 }
 void CudaStream::wait(const Event& event) {
   auto* e = dynamic_cast<const CudaEvent*>(&event);
-  check_arg(e != nullptr, "Stream::wait", "event", "an event of another backend",
+  LOCKSTEP_CHECK_ARG(e != nullptr, "Stream::wait", "event", "an event of another backend",
             "an event of a CUDA device");
   dev_.activate();
   check(cudaStreamWaitEvent(s_, e->handle(), 0), "cudaStreamWaitEvent");
@@ -264,7 +264,7 @@ CudaEvent::~CudaEvent() {
 }
 void CudaEvent::record(Stream& stream) {
   auto* s = dynamic_cast<CudaStream*>(&stream);
-  check_arg(s != nullptr && &s->device() == &dev_, "Event::record", "stream",
+  LOCKSTEP_CHECK_ARG(s != nullptr && &s->device() == &dev_, "Event::record", "stream",
             stream.device().id().str(), "a stream of the event's device " + dev_.id().str());
   dev_.activate();
   check(cudaEventRecord(e_, s->handle()), "cudaEventRecord");
@@ -278,9 +278,9 @@ bool CudaEvent::query() {
 void CudaEvent::synchronize() { check(cudaEventSynchronize(e_), "cudaEventSynchronize"); }
 double CudaEvent::elapsed_ms(const Event& start) const {
   auto* s = dynamic_cast<const CudaEvent*>(&start);
-  check_arg(s != nullptr && &s->dev_ == &dev_, "Event::elapsed_ms", "start", "an event",
+  LOCKSTEP_CHECK_ARG(s != nullptr && &s->dev_ == &dev_, "Event::elapsed_ms", "start", "an event",
             "an event of the same device");
-  check_arg(timing_ && s->timing_, "Event::elapsed_ms", "timing", "false",
+  LOCKSTEP_CHECK_ARG(timing_ && s->timing_, "Event::elapsed_ms", "timing", "false",
             "true for both events (create_event(true))");
   float ms = 0;
   check(cudaEventElapsedTime(&ms, s->e_, e_), "cudaEventElapsedTime");
@@ -349,7 +349,7 @@ Backend* cuda_backend() {
 }
 std::unique_ptr<Stream> cuda_wrap_stream(Device& device, void* cuda_stream) {
   auto* d = dynamic_cast<cuda::CudaDevice*>(&device);
-  check_arg(d != nullptr, "cuda_wrap_stream", "device", device.id().str(), "a CUDA device");
+  LOCKSTEP_CHECK_ARG(d != nullptr, "cuda_wrap_stream", "device", device.id().str(), "a CUDA device");
   return std::make_unique<cuda::CudaStream>(*d, static_cast<cudaStream_t>(cuda_stream), false);
 }
 }  // namespace lockstep::detail

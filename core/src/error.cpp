@@ -47,6 +47,10 @@ Unsupported::Unsupported(std::string_view where, std::string_view parameter,
                                          std::string(supported) + ")") {}
 
 namespace detail {
+void throw_invalid(std::string_view where, std::string_view param, const std::string& value,
+                   std::string_view limit) {
+  throw InvalidArgument(where, param, value, limit);
+}
 void assertion_failed(const char* expr, const char* file, int line, const char* msg) {
   std::fprintf(stderr, "lockstep bug: internal assertion failed: %s (%s) at %s:%d\n", msg, expr,
                file, line);

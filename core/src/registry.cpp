@@ -68,10 +68,10 @@ std::shared_ptr<Device> make_cpu_device(const CpuDeviceOptions& options) {
 
 std::unique_ptr<Stream> cuda_wrap_stream(const std::shared_ptr<Device>& device,
                                          void* cuda_stream) {
-  check_arg(device != nullptr, "cuda_wrap_stream", "device", "null", "an open CUDA device");
-  check_arg(device->id().kind == DeviceKind::kCuda, "cuda_wrap_stream", "device",
+  LOCKSTEP_CHECK_ARG(device != nullptr, "cuda_wrap_stream", "device", "null", "an open CUDA device");
+  LOCKSTEP_CHECK_ARG(device->id().kind == DeviceKind::kCuda, "cuda_wrap_stream", "device",
             device->id().str(), "a CUDA device");
-  check_arg(cuda_stream != nullptr, "cuda_wrap_stream", "cuda_stream", "null",
+  LOCKSTEP_CHECK_ARG(cuda_stream != nullptr, "cuda_wrap_stream", "cuda_stream", "null",
             "a cudaStream_t created by the caller (the legacy default stream is not accepted)");
   return detail::cuda_wrap_stream(*device, cuda_stream);
 }
@@ -82,17 +82,17 @@ void launch_checked(Stream& stream, const KernelLaunch& l) {
   const DeviceCaps& caps = stream.device().caps();
   const std::string where = std::string("launch ") + l.kernel_name;
   const auto& c = l.config;
-  check_arg(c.block_threads >= 1, where, "block_threads", c.block_threads, ">= 1");
-  check_arg(c.block_threads <= static_cast<std::uint32_t>(caps.max_threads_per_block), where,
+  LOCKSTEP_CHECK_ARG(c.block_threads >= 1, where, "block_threads", c.block_threads, ">= 1");
+  LOCKSTEP_CHECK_ARG(c.block_threads <= static_cast<std::uint32_t>(caps.max_threads_per_block), where,
             "block_threads", c.block_threads,
             "<= " + std::to_string(caps.max_threads_per_block) + " (the device limit)");
-  check_arg(c.block_threads == l.compiled_threads, where, "block_threads", c.block_threads,
+  LOCKSTEP_CHECK_ARG(c.block_threads == l.compiled_threads, where, "block_threads", c.block_threads,
             "the kernel's compiled block size " + std::to_string(l.compiled_threads));
-  check_arg(c.grid.x >= 1 && c.grid.x <= 0x7fffffffu, where, "grid.x", c.grid.x,
+  LOCKSTEP_CHECK_ARG(c.grid.x >= 1 && c.grid.x <= 0x7fffffffu, where, "grid.x", c.grid.x,
             "in [1, 2147483647]");
-  check_arg(c.grid.y >= 1 && c.grid.y <= 65535u, where, "grid.y", c.grid.y, "in [1, 65535]");
-  check_arg(c.grid.z >= 1 && c.grid.z <= 65535u, where, "grid.z", c.grid.z, "in [1, 65535]");
-  check_arg(c.shared_bytes <= caps.max_shared_bytes_per_block, where, "shared_bytes",
+  LOCKSTEP_CHECK_ARG(c.grid.y >= 1 && c.grid.y <= 65535u, where, "grid.y", c.grid.y, "in [1, 65535]");
+  LOCKSTEP_CHECK_ARG(c.grid.z >= 1 && c.grid.z <= 65535u, where, "grid.z", c.grid.z, "in [1, 65535]");
+  LOCKSTEP_CHECK_ARG(c.shared_bytes <= caps.max_shared_bytes_per_block, where, "shared_bytes",
             static_cast<std::uint64_t>(c.shared_bytes),
             "<= " + std::to_string(caps.max_shared_bytes_per_block) +
                 " (the per-block shared memory limit)");

@@ -41,7 +41,7 @@ class Buffer {
   Buffer() = default;
   // Allocates `count` elements on `device` (poisoned on a CPU device with poison on).
   Buffer(std::shared_ptr<Device> device, std::size_t count) : device_(std::move(device)) {
-    check_arg(device_ != nullptr, "Buffer", "device", "null", "an open device");
+    LOCKSTEP_CHECK_ARG(device_ != nullptr, "Buffer", "device", "null", "an open device");
     bytes_ = checked_mul(count, sizeof(T), "Buffer", "count * sizeof(T)");
     count_ = count;
     if (bytes_ > 0) data_ = static_cast<T*>(detail::DeviceAccess::allocate(*device_, bytes_));
@@ -50,8 +50,8 @@ class Buffer {
   // Wraps memory owned elsewhere (e.g. a CUDA pointer from another library) without taking
   // ownership: destroying the Buffer frees nothing. The caller keeps the memory alive.
   static Buffer wrap(std::shared_ptr<Device> device, T* device_pointer, std::size_t count) {
-    check_arg(device != nullptr, "Buffer::wrap", "device", "null", "an open device");
-    check_arg(device_pointer != nullptr || count == 0, "Buffer::wrap", "device_pointer", "null",
+    LOCKSTEP_CHECK_ARG(device != nullptr, "Buffer::wrap", "device", "null", "an open device");
+    LOCKSTEP_CHECK_ARG(device_pointer != nullptr || count == 0, "Buffer::wrap", "device_pointer", "null",
               "non-null when count > 0");
     Buffer b;
     b.device_ = std::move(device);
@@ -101,10 +101,10 @@ class Buffer {
   }
   // Enqueues a device-to-device copy of all of `src` (same device, same size).
   void copy_from(Stream& stream, const Buffer& src) {
-    check_arg(src.device_ == device_, "Buffer::copy_from", "src.device", src.device().id().str(),
+    LOCKSTEP_CHECK_ARG(src.device_ == device_, "Buffer::copy_from", "src.device", src.device().id().str(),
               "the destination's device " + device().id().str() +
                   " (use lockstep::copy_across for another device)");
-    check_arg(src.count_ == count_, "Buffer::copy_from", "src.size()", src.count_,
+    LOCKSTEP_CHECK_ARG(src.count_ == count_, "Buffer::copy_from", "src.size()", src.count_,
               "equal to the destination's size " + std::to_string(count_));
     check_stream("Buffer::copy_from", stream);
     if (bytes_ > 0) detail::StreamAccess::copy_d2d(stream, data_, src.data_, bytes_);
@@ -127,13 +127,13 @@ class Buffer {
 
  private:
   void check_stream(std::string_view where, Stream& stream) const {
-    check_arg(&stream.device() == device_.get(), where, "stream.device",
+    LOCKSTEP_CHECK_ARG(&stream.device() == device_.get(), where, "stream.device",
               stream.device().id().str(), "the buffer's device " + device().id().str());
   }
   void check_range(std::string_view where, Stream& stream, std::size_t offset,
                    std::size_t n) const {
     check_stream(where, stream);
-    check_arg(offset <= count_ && n <= count_ - offset, where, "offset + count",
+    LOCKSTEP_CHECK_ARG(offset <= count_ && n <= count_ - offset, where, "offset + count",
               std::to_string(offset) + " + " + std::to_string(n),
               "<= buffer size " + std::to_string(count_));
   }
@@ -167,11 +167,11 @@ void copy_across_bytes(Stream& dst_stream, void* dst, Stream& src_stream, const 
 }
 template <class T>
 void copy_across(Stream& dst_stream, Buffer<T>& dst, Stream& src_stream, const Buffer<T>& src) {
-  check_arg(&dst_stream.device() == &dst.device(), "copy_across", "dst_stream.device",
+  LOCKSTEP_CHECK_ARG(&dst_stream.device() == &dst.device(), "copy_across", "dst_stream.device",
             dst_stream.device().id().str(), "dst's device " + dst.device().id().str());
-  check_arg(&src_stream.device() == &src.device(), "copy_across", "src_stream.device",
+  LOCKSTEP_CHECK_ARG(&src_stream.device() == &src.device(), "copy_across", "src_stream.device",
             src_stream.device().id().str(), "src's device " + src.device().id().str());
-  check_arg(dst.size() == src.size(), "copy_across", "src.size()", src.size(),
+  LOCKSTEP_CHECK_ARG(dst.size() == src.size(), "copy_across", "src.size()", src.size(),
             "equal to dst.size() " + std::to_string(dst.size()));
   detail::copy_across_bytes(dst_stream, dst.data().get(), src_stream, src.data().get(),
                             src.size_bytes());

@@ -94,7 +94,13 @@ inline std::string to_text(const char* v) { return std::string(v); }
 inline std::string to_text(bool v) { return v ? "true" : "false"; }
 }  // namespace detail
 
+namespace detail {
+[[noreturn]] void throw_invalid(std::string_view where, std::string_view param,
+                                const std::string& value, std::string_view limit);
+}  // namespace detail
+
 // Throws InvalidArgument naming `param`, its `value` and the `limit` text when `cond` is false.
+// (LOCKSTEP_CHECK_ARG does the same but builds the texts only when the check fails: hot paths.)
 template <class V>
 inline void check_arg(bool cond, std::string_view where, std::string_view param, const V& value,
                       std::string_view limit) {
@@ -102,6 +108,13 @@ inline void check_arg(bool cond, std::string_view where, std::string_view param,
 }
 
 }  // namespace lockstep
+
+#define LOCKSTEP_CHECK_ARG(cond, where, param, value, limit)                                 \
+  do {                                                                                      \
+    if (!(cond))                                                                            \
+      ::lockstep::detail::throw_invalid((where), (param), ::lockstep::detail::to_text(value), \
+                                        (limit));                                           \
+  } while (0)
 
 // Internal invariant: failing means a bug in lockstep, not bad input.
 #define LOCKSTEP_ASSERT(cond, msg)                                                   \

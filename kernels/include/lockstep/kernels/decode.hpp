@@ -96,7 +96,6 @@ struct DecodeChunk {
       }
 
       // Phase 1: scores. Each group of 8 lanes takes one row; a warp 4 rows; the block 16.
-      LOCKSTEP_UNROLL_4
       for (int it = 0; it < kDecodeChunk; it += 16) {
         const I tl = row_in_iter + it;
         const B ok = tl < live;
@@ -148,7 +147,6 @@ struct DecodeChunk {
         for (int qd = 0; qd < kQuads; ++qd)
           LOCKSTEP_UNROLL
           for (int j = 0; j < 4; ++j) acc[g][qd][j] = 0.0f;
-      LOCKSTEP_UNROLL_4
       for (int it = 0; it < kDecodeChunk; it += 16) {
         const I tl = row_in_iter + it;
         const B ok = tl < live;

@@ -48,15 +48,15 @@ struct SoftmaxRows {
     if (n <= kCachedMax) {
       // Rows of up to 1024: the row stays in registers (32 values per lane), read once from
       // memory. The same operations in the same order as the general path below: same bits.
+      // Every load is issued first (masked, so lanes past the row read nothing and hold -inf,
+      // which changes neither the max nor, as exp(-inf) = +0, the sum).
       F vals[kCachedMax / kWarpSize];
+      LOCKSTEP_UNROLL
+      for (int k = 0; k < kCachedMax / kWarpSize; ++k)
+        vals[k] = x.load(in, base + k * kWarpSize, row_ok & (lane < n - k * kWarpSize), -kInf);
       F m = -kInf;
       LOCKSTEP_UNROLL
-      for (int k = 0; k < kCachedMax / kWarpSize; ++k) {
-        if (k * kWarpSize < n) {
-          vals[k] = x.load(in, base + k * kWarpSize, row_ok & (lane < n - k * kWarpSize), -kInf);
-          m = x.max(m, vals[k]);
-        }
-      }
+      for (int k = 0; k < kCachedMax / kWarpSize; ++k) m = x.max(m, vals[k]);
       m = x.warp_max(m);
       const B empty = m == -kInf;
       F s = 0.0f;
