@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "harness/harness.hpp"
 #include "lockstep/kernels/launch.hpp"
 #include "lockstep/kernels/math_eval.hpp"
 #include "lockstep/lockstep.hpp"
@@ -18,22 +19,6 @@ namespace lockstep::mathacc {
 namespace {
 using kernels::MathFn;
 
-double reference(MathFn fn, double x) {
-  switch (fn) {
-    case MathFn::kExp: return std::exp(x);
-    case MathFn::kExp2: return std::exp2(x);
-    case MathFn::kLog: return std::log(x);
-    case MathFn::kSin: return std::sin(x);
-    default: return std::cos(x);
-  }
-}
-double ulps(float got, double ref) {
-  if (std::isnan(ref)) return std::isnan(got) ? 0 : INFINITY;
-  if (std::isinf(static_cast<float>(ref))) return got == static_cast<float>(ref) ? 0 : INFINITY;
-  const double a = std::fabs(ref);
-  const double ulp = a < 0x1p-126 ? 0x1p-149 : std::ldexp(1.0, std::min(std::ilogb(a), 127) - 23);
-  return std::fabs(double(got) - ref) / ulp;
-}
 const char* names[] = {"exp", "exp2", "log", "sin", "cos"};
 
 struct Range {
@@ -95,7 +80,7 @@ int run(const std::string& device, std::uint64_t stride) {
             float x;
             std::memcpy(&x, &b, 4);
             const float got = host[std::size_t(i)];
-            const double ref = reference(fn, x);
+            const double ref = harness::math_reference(f, x);
             if (!std::isfinite(x)) {
               if (!(std::isnan(ref) ? std::isnan(got) : double(got) == ref)) ++tsf[t];
               continue;
@@ -103,7 +88,7 @@ int run(const std::string& device, std::uint64_t stride) {
             const double ax = std::fabs(double(x));
             for (std::size_t r = 0; r < ranges.size(); ++r)
               if (ax >= ranges[r].lo && ax < ranges[r].hi) {
-                const double u = ulps(got, ref);
+                const double u = harness::ulp_distance(got, ref);
                 if (u > tw[t][r]) tw[t][r] = u, tx[t][r] = x;
               }
           }

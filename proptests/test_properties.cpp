@@ -11,24 +11,13 @@
 
 #include <cstdlib>
 
+#include "generators.hpp"
 #include "harness/harness.hpp"
 
 namespace lockstep::harness {
 namespace {
 
-rc::Gen<std::int64_t> size_gen(std::int64_t max) {
-  std::vector<std::int64_t> edges;
-  for (auto e : kEdgeSizes)
-    if (e <= max) edges.push_back(e);
-  return rc::gen::oneOf(rc::gen::elementOf(edges), rc::gen::inRange<std::int64_t>(1, max + 1));
-}
 
-void check(const Case& c) {
-  RC_LOG() << c.describe() << "\n";
-  const Verdict v = verify(c, /*with_variant=*/true, /*with_cuda=*/true);
-  RC_LOG() << v.failure << "\n";
-  RC_ASSERT(v.failure.empty());
-}
 
 RC_GTEST_PROP(Kernels, SoftmaxRows, ()) {
   SoftmaxShape s;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "harness/harness.hpp"
 #include "lockstep/kernels/launch.hpp"
 #include "lockstep/kernels/math.hpp"
 #include "lockstep/kernels/math_eval.hpp"
@@ -27,23 +28,8 @@ float host_eval(MathFn fn, float x) {
     default: return math::round_to_half(x);
   }
 }
-double reference(MathFn fn, double x) {
-  switch (fn) {
-    case MathFn::kExp: return std::exp(x);
-    case MathFn::kExp2: return std::exp2(x);
-    case MathFn::kLog: return std::log(x);
-    case MathFn::kSin: return std::sin(x);
-    default: return std::cos(x);
-  }
-}
-double ulps(float got, double ref) {
-  if (std::isnan(ref)) return std::isnan(got) ? 0 : INFINITY;
-  if (std::isinf(static_cast<float>(ref)))  // the correctly rounded float overflows
-    return got == static_cast<float>(ref) ? 0 : INFINITY;
-  const double a = std::fabs(ref);
-  const double ulp = a < 0x1p-126 ? 0x1p-149 : std::ldexp(1.0, std::min(std::ilogb(a), 127) - 23);
-  return std::fabs(got - ref) / ulp;
-}
+double reference(MathFn fn, double x) { return harness::math_reference(int(fn), float(x)); }
+double ulps(float got, double ref) { return harness::ulp_distance(got, ref); }
 
 // Every 4099th float bit pattern (about a million), both signs.
 double max_ulp_over_sweep(MathFn fn, float lo, float hi) {

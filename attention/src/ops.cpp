@@ -63,36 +63,39 @@ void launch_transpose(Stream& s, const float* in, float* out, std::int64_t batch
   launch<K>(s, Dim3{gx, gy, gz}, K::kSharedBytes, K::Params{in, out, batch, R, C});
 }
 
+namespace {
+// Both GEMM kernels take the same parameters and tile the output in 64 x 64 blocks.
+template <class K>
+void launch_gemm_kernel(Stream& s, std::string_view name, const float* a, const float* b, float* c,
+                        std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k,
+                        std::int64_t lda, std::int64_t ldb, std::int64_t ldc, std::int64_t stride_a,
+                        std::int64_t stride_b, std::int64_t stride_c, float alpha) {
+  if (batch == 0 || m == 0 || n == 0) return;
+  check_fits(std::uint64_t(lda) * K::kTile + K::kK, kMaxLaneOffset, name, "64 * lda");
+  check_fits(std::uint64_t(ldb) * K::kK + K::kTile, kMaxLaneOffset, name, "k-tile * ldb");
+  check_fits(std::uint64_t(ldc) * K::kTile + K::kTile, kMaxLaneOffset, name, "64 * ldc");
+  const auto gx = grid_dim(kernels::ceil_div(n, K::kTile), name, "ceil(n / 64)", 0x7fffffff);
+  const auto gy = grid_dim(kernels::ceil_div(m, K::kTile), name, "ceil(m / 64)", 65535);
+  const auto gz = grid_dim(batch, name, "batch", 65535);
+  launch<K>(s, Dim3{gx, gy, gz}, K::kSharedBytes,
+            typename K::Params{a, b, c, m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, alpha});
+}
+}  // namespace
+
 void launch_gemm(Stream& s, const float* a, const float* b, float* c, std::int64_t batch,
                  std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t lda,
                  std::int64_t ldb, std::int64_t ldc, std::int64_t stride_a,
                  std::int64_t stride_b, std::int64_t stride_c, float alpha) {
-  using K = kernels::Gemm;
-  if (batch == 0 || m == 0 || n == 0) return;
-  check_fits(std::uint64_t(lda) * K::kTile + K::kK, kMaxLaneOffset, "gemm", "64 * lda");
-  check_fits(std::uint64_t(ldb) * K::kK + K::kTile, kMaxLaneOffset, "gemm", "16 * ldb");
-  check_fits(std::uint64_t(ldc) * K::kTile + K::kTile, kMaxLaneOffset, "gemm", "64 * ldc");
-  const auto gx = grid_dim(kernels::ceil_div(n, K::kTile), "gemm", "ceil(n / 64)", 0x7fffffff);
-  const auto gy = grid_dim(kernels::ceil_div(m, K::kTile), "gemm", "ceil(m / 64)", 65535);
-  const auto gz = grid_dim(batch, "gemm", "batch", 65535);
-  launch<K>(s, Dim3{gx, gy, gz}, K::kSharedBytes,
-            K::Params{a, b, c, m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, alpha});
+  launch_gemm_kernel<kernels::Gemm>(s, "gemm", a, b, c, batch, m, n, k, lda, ldb, ldc, stride_a,
+                                    stride_b, stride_c, alpha);
 }
 
 void launch_gemm_tc(Stream& s, const float* a, const float* b, float* c, std::int64_t batch,
                     std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t lda,
                     std::int64_t ldb, std::int64_t ldc, std::int64_t stride_a,
                     std::int64_t stride_b, std::int64_t stride_c, float alpha) {
-  using K = kernels::GemmTensorCore;
-  if (batch == 0 || m == 0 || n == 0) return;
-  check_fits(std::uint64_t(lda) * K::kTile + K::kK, kMaxLaneOffset, "gemm_tensor_core", "64 * lda");
-  check_fits(std::uint64_t(ldb) * K::kK + K::kTile, kMaxLaneOffset, "gemm_tensor_core", "32 * ldb");
-  check_fits(std::uint64_t(ldc) * K::kTile + K::kTile, kMaxLaneOffset, "gemm_tensor_core", "64 * ldc");
-  const auto gx = grid_dim(kernels::ceil_div(n, K::kTile), "gemm_tensor_core", "ceil(n / 64)", 0x7fffffff);
-  const auto gy = grid_dim(kernels::ceil_div(m, K::kTile), "gemm_tensor_core", "ceil(m / 64)", 65535);
-  const auto gz = grid_dim(batch, "gemm_tensor_core", "batch", 65535);
-  launch<K>(s, Dim3{gx, gy, gz}, K::kSharedBytes,
-            K::Params{a, b, c, m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, alpha});
+  launch_gemm_kernel<kernels::GemmTensorCore>(s, "gemm_tensor_core", a, b, c, batch, m, n, k, lda,
+                                              ldb, ldc, stride_a, stride_b, stride_c, alpha);
 }
 
 void launch_scale_mask(Stream& s, const float* in, float* out, std::int64_t batch,

@@ -524,6 +524,12 @@ LS_INLINE void store_chunk(T* base, const VI& o, const chunk_t<T>& v, const VM& 
     if (act[i]) base[off[i]] = val[i];
 }
 
+// True when every lane is active and lane i's quad starts at o0 + 4 i (one dense run).
+LS_INLINE bool quads_contiguous(const VI& o, const VM& m, std::int32_t o0) {
+  return hn::AllTrue(DI(), m.m) &&
+         hn::AllTrue(DI(), hn::Eq(o.v, hn::Add(hn::Set(DI(), o0), hn::ShiftLeft<2>(LS_IOTA()))));
+}
+
 template <class T, class O, class M>
 struct LoadNode {
   static constexpr bool kLaneExpr = true;
@@ -629,9 +635,7 @@ class CpuExec {
       const VI oc = o.eval(c);
       const VM mc = m.eval(c);
       const std::int32_t o0 = hn::GetLane(oc.v);
-      if (hn::AllTrue(DI(), mc.m) &&
-          hn::AllTrue(DI(), hn::Eq(oc.v, hn::Add(hn::Set(DI(), o0),
-                                                  hn::ShiftLeft<2>(LS_IOTA()))))) {
+      if (quads_contiguous(oc, mc, o0)) {
         hn::Vec<mem_tag_t<T>> a, b, e, f;
         hn::LoadInterleaved4(d, base + o0, a, b, e, f);
         hn::Store(a, d, q.x.data() + c * kL);
@@ -667,9 +671,7 @@ class CpuExec {
       const VI oc = o.eval(c);
       const VM mc = m.eval(c);
       const std::int32_t o0 = hn::GetLane(oc.v);
-      if (hn::AllTrue(DI(), mc.m) &&
-          hn::AllTrue(DI(), hn::Eq(oc.v, hn::Add(hn::Set(DI(), o0),
-                                                  hn::ShiftLeft<2>(LS_IOTA()))))) {
+      if (quads_contiguous(oc, mc, o0)) {
         hn::StoreInterleaved4(hn::Load(d, q.x.data() + c * kL), hn::Load(d, q.y.data() + c * kL),
                               hn::Load(d, q.z.data() + c * kL), hn::Load(d, q.w.data() + c * kL),
                               d, base + o0);

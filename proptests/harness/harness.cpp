@@ -378,7 +378,9 @@ double reference_half(double x) {
   return std::copysign(r, x);
 }
 
-double reference(int fn, float x) {
+}  // namespace
+
+double math_reference(int fn, float x) {
   const double d = x;
   switch (static_cast<kernels::MathFn>(fn)) {
     case kernels::MathFn::kExp: return std::exp(d);
@@ -389,6 +391,8 @@ double reference(int fn, float x) {
     default: return reference_half(d);
   }
 }
+
+namespace {
 
 class MathCase final : public Case {
  public:
@@ -429,7 +433,7 @@ class MathCase final : public Case {
     OracleReport rep;
     const double bound = math_ulp_bound(s_.fn);
     for (std::size_t i = 0; i < in_.size(); ++i) {
-      const double ref = reference(s_.fn, in_[i]);
+      const double ref = math_reference(s_.fn, in_[i]);
       const double u = ulp_distance(r.out[i], ref);
       if (std::isfinite(u)) rep.max_ulp = std::max(rep.max_ulp, u);
       if (!(u <= bound)) note(rep, i, r.out[i], ref, bound);

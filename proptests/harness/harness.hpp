@@ -167,6 +167,9 @@ struct MathShape {
 std::unique_ptr<Case> math_case(const MathShape& s);
 // The documented max ulp of each strict-math function over the ranges math_case draws.
 double math_ulp_bound(int fn);
+// The float64 reference of strict-math function `fn` (glibc's double functions; round_to_half
+// computed exactly).
+double math_reference(int fn, float x);
 const char* math_name(int fn);
 
 }  // namespace lockstep::harness

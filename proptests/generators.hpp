@@ -1,0 +1,28 @@
+#pragma once
+// RapidCheck generators shared by the property files.
+#include <rapidcheck.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "harness/harness.hpp"
+
+namespace lockstep::harness {
+
+// 1..max, drawing the edge sizes (1, 31, 32, 33, 97, 1025 that fit) half of the time.
+inline rc::Gen<std::int64_t> size_gen(std::int64_t max) {
+  std::vector<std::int64_t> edges;
+  for (auto e : kEdgeSizes)
+    if (e <= max) edges.push_back(e);
+  return rc::gen::oneOf(rc::gen::elementOf(edges), rc::gen::inRange<std::int64_t>(1, max + 1));
+}
+
+// Checks a case on every backend (oracle, unwritten outputs, SIMD variants, CUDA).
+inline void check(const Case& c) {
+  RC_LOG() << c.describe() << "\n";
+  const Verdict v = verify(c, /*with_variant=*/true, /*with_cuda=*/true);
+  RC_LOG() << v.failure << "\n";
+  RC_ASSERT(v.failure.empty());
+}
+
+}  // namespace lockstep::harness
