@@ -9,6 +9,7 @@
 
 #include "bench_common.hpp"
 #include "lockstep/attention/decode.hpp"
+#include "lockstep/attention/fused.hpp"
 #include "lockstep/attention/kv_cache.hpp"
 #include "lockstep/attention/multihead.hpp"
 
@@ -128,6 +129,27 @@ std::vector<Result> mha(Context& ctx, std::int64_t B, std::int64_t S, std::int64
   return rs;
 }
 
+Result fused(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t S, std::int64_t D, bool causal) {
+  const std::size_t n = std::size_t(B * H * S * D);
+  auto q = random_buffer(ctx.dev, n, 31, -1.0f, 1.0f), k = random_buffer(ctx.dev, n, 32, -1.0f, 1.0f),
+       v = random_buffer(ctx.dev, n, 33, -1.0f, 1.0f);
+  Buffer<float> out(ctx.dev, n);
+  AttentionOptions o;
+  o.causal = causal;
+  o.precision = AttentionPrecision::kExact;
+  Result r;
+  r.name = "attention_fused_exact";
+  r.shape = "B=" + std::to_string(B) + " H=" + std::to_string(H) + " L=" + std::to_string(S) +
+            " D=" + std::to_string(D) + (causal ? " causal" : "");
+  r.median_ms = median_ms(
+      *ctx.dev, ctx.stream(), [&] { attention(ctx.stream(), q, k, v, out, AttentionShape{B, H, H, S, S, D}, o); },
+      ctx.quick ? 0 : 1, std::max(1, ctx.reps / 4));
+  r.flops = 4.0 * double(B) * double(H) * double(S) * double(S) * double(D) / (causal ? 2.0 : 1.0);
+  r.bytes = 4.0 * double(n) * 4;
+  r.note = "strict fp32 SIMT, FlashAttention-2 schedule; FLOPs halved when causal";
+  return r;
+}
+
 }  // namespace
 
 std::vector<Bench> attention_benches() {
@@ -159,6 +181,23 @@ std::vector<Bench> attention_benches() {
            rs.push_back(flash(ctx, 32, 32, 32, 128, 2048));
          } else {
            rs.push_back(flash(ctx, 4, 32, 8, 128, 4096));
+         }
+         return rs;
+       }},
+      {"attention_fused",
+       [](Context& ctx) {
+         std::vector<Result> rs;
+         if (ctx.quick) {
+           rs.push_back(fused(ctx, 1, 2, 64, 64, true));
+           return rs;
+         }
+         if (ctx.cuda) {
+           rs.push_back(fused(ctx, 1, 6, 1500, 64, false));
+           rs.push_back(fused(ctx, 4, 32, 4096, 128, false));
+           rs.push_back(fused(ctx, 4, 32, 4096, 128, true));
+           rs.push_back(fused(ctx, 16, 16, 1024, 64, true));
+         } else {
+           rs.push_back(fused(ctx, 1, 4, 256, 64, false));
          }
          return rs;
        }},

@@ -121,3 +121,79 @@ RC_GTEST_PROP(Attention, KvCacheScatter, ()) {
 
 }  // namespace
 }  // namespace lockstep::harness
+
+#include "lockstep/attention/fused.hpp"
+
+namespace lockstep::harness {
+namespace {
+
+RC_GTEST_PROP(Attention, FusedExact, ()) {
+  FusedCaseShape s;
+  s.dim = *rc::gen::element<std::int64_t>(32, 64, 96, 128, 256);
+  s.batch = *rc::gen::inRange<std::int64_t>(1, 3);
+  s.kv_heads = *rc::gen::inRange<std::int64_t>(1, 3);
+  s.heads = s.kv_heads * *rc::gen::inRange<std::int64_t>(1, 4);
+  s.seq_q = *size_gen(130);
+  s.seq_kv = *rc::gen::oneOf(rc::gen::just(s.seq_q), size_gen(130));
+  s.causal = *rc::gen::arbitrary<bool>();
+  s.interleaved = *rc::gen::arbitrary<bool>();
+  s.seed = *rc::gen::arbitrary<std::uint64_t>();
+  check(*fused_case(s));
+}
+
+// The fused kernel and the unfused multi-head attention (fp32 GEMM) compute the same function:
+// within the bound of each other (two summation orders).
+RC_GTEST_PROP(Attention, FusedMatchesMultiheadAndCausalRowsMatchPrefixes, ()) {
+  const std::int64_t S = *size_gen(120), H = *rc::gen::inRange<std::int64_t>(1, 3);
+  const std::int64_t D = *rc::gen::element<std::int64_t>(32, 64, 128);
+  const bool causal = *rc::gen::arbitrary<bool>();
+  const auto seed = *rc::gen::arbitrary<std::uint64_t>();
+  const auto q = uniform(seed, std::size_t(S * H * D), -1.0f, 1.0f), k = uniform(seed + 1, q.size(), -1.0f, 1.0f),
+             v = uniform(seed + 2, q.size(), -1.0f, 1.0f);
+  auto dev = open("cpu");
+  auto& st = dev->default_stream();
+  Buffer<float> bq(dev, q.size()), bk(dev, k.size()), bv(dev, v.size()), o1(dev, q.size()), o2(dev, q.size());
+  bq.copy_from_host(st, q);
+  bk.copy_from_host(st, k);
+  bv.copy_from_host(st, v);
+  AttentionOptions fo;
+  fo.causal = causal;
+  fo.layout = AttentionLayout::kInterleaved;
+  attention(st, bq, bk, bv, o1, AttentionShape{1, H, H, S, S, D}, fo);
+  MhaOptions mo;
+  mo.causal = causal;
+  mo.gemm = GemmKind::kFp32;
+  multihead_attention(st, bq, bk, bv, o2, MhaShape{S, H, D}, mo);
+  const auto a = o1.to_vector(st), b = o2.to_vector(st);
+  for (std::int64_t h = 0; h < H; ++h) {
+    const auto ref = attention_reference(q.data() + h * D, H * D, k.data() + h * D, v.data() + h * D, H * D, S, S, D, causal);
+    for (std::int64_t i = 0; i < S; ++i)
+      for (std::int64_t d = 0; d < D; ++d) {
+        const std::size_t o = std::size_t((i * H + h) * D + d), e = std::size_t(i * D + d);
+        const double bound = 2 * attention_bound_fp32(ref.pv_mag[e], ref.qk_mag[std::size_t(i)], causal ? i + 1 : S, D);
+        RC_ASSERT(std::fabs(double(a[o]) - double(b[o])) <= bound);
+      }
+  }
+  if (!causal) return;
+  // Causal row t equals non-causal attention of that row over the first t + 1 keys.
+  const std::int64_t t = *rc::gen::inRange<std::int64_t>(0, S);
+  Buffer<float> q1(dev, std::size_t(H * D)), k1(dev, std::size_t((t + 1) * H * D)), v1(dev, std::size_t((t + 1) * H * D)),
+      out1(dev, std::size_t(H * D));
+  q1.copy_from_host(st, std::span<const float>(q).subspan(std::size_t(t * H * D), std::size_t(H * D)));
+  k1.copy_from_host(st, std::span<const float>(k).subspan(0, std::size_t((t + 1) * H * D)));
+  v1.copy_from_host(st, std::span<const float>(v).subspan(0, std::size_t((t + 1) * H * D)));
+  AttentionOptions no;
+  no.layout = AttentionLayout::kInterleaved;
+  attention(st, q1, k1, v1, out1, AttentionShape{1, H, H, 1, t + 1, D}, no);
+  const auto c = out1.to_vector(st);
+  for (std::int64_t h = 0; h < H; ++h) {
+    const auto ref = attention_reference(q.data() + t * H * D + h * D, H * D, k.data() + h * D, v.data() + h * D, H * D, 1, t + 1, D, false);
+    for (std::int64_t d = 0; d < D; ++d) {
+      const double bound = 2 * attention_bound_fp32(ref.pv_mag[std::size_t(d)], ref.qk_mag[0], t + 1, D);
+      RC_ASSERT(std::fabs(double(c[std::size_t(h * D + d)]) - double(a[std::size_t((t * H + h) * D + d)])) <= bound);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lockstep::harness

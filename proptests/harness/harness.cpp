@@ -475,6 +475,7 @@ double math_ulp_bound(int fn) {
 
 std::vector<KernelEntry> attention_entries();
 std::vector<KernelEntry> decode_entries();
+std::vector<KernelEntry> fused_entries();
 
 const std::vector<KernelEntry>& kernel_entries() {
   static const std::vector<KernelEntry> entries = [] {
@@ -556,6 +557,7 @@ const std::vector<KernelEntry>& kernel_entries() {
   };
   for (auto& a : attention_entries()) e.push_back(std::move(a));
   for (auto& a : decode_entries()) e.push_back(std::move(a));
+  for (auto& a : fused_entries()) e.push_back(std::move(a));
   return e;
   }();
   return entries;

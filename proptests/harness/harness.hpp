@@ -158,6 +158,14 @@ AttentionRef attention_reference(const float* q, std::int64_t q_stride, const fl
 double attention_bound_fp32(double pv_mag, double qk_mag, std::int64_t Skv, std::int64_t D);
 double attention_bound_tc(double pv_mag, double qk_mag, std::int64_t Skv, std::int64_t D);
 
+struct FusedCaseShape {
+  std::int64_t batch = 1, heads = 1, kv_heads = 1, seq_q = 1, seq_kv = 1, dim = 32;
+  bool causal = false, interleaved = false;
+  std::uint64_t seed = 0;
+};
+// attention() with precision Exact (and the log-sum-exp appended to the output).
+std::unique_ptr<Case> fused_case(const FusedCaseShape& s);
+
 struct MathShape {
   int fn = 0;  // kernels::MathFn
   std::int64_t n = 1;

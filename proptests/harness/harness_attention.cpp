@@ -298,3 +298,107 @@ std::vector<KernelEntry> attention_entries() {
 }
 
 }  // namespace lockstep::harness
+
+// --- fused attention (prefill) ------------------------------------------------------------------
+#include "lockstep/attention/fused.hpp"
+
+namespace lockstep::harness {
+namespace {
+
+class FusedCase final : public Case {
+ public:
+  explicit FusedCase(const FusedCaseShape& s) : s_(s) {
+    q_ = uniform(s.seed, std::size_t(s.batch * s.heads * s.seq_q * s.dim), -1.0f, 1.0f);
+    k_ = uniform(s.seed + 1, std::size_t(s.batch * s.kv_heads * s.seq_kv * s.dim), -1.0f, 1.0f);
+    v_ = uniform(s.seed + 2, k_.size(), -1.0f, 1.0f);
+  }
+  std::string describe() const override {
+    return "attention (fused, exact) B=" + std::to_string(s_.batch) + " H=" + std::to_string(s_.heads) +
+           " Hkv=" + std::to_string(s_.kv_heads) + " Sq=" + std::to_string(s_.seq_q) + " Skv=" +
+           std::to_string(s_.seq_kv) + " D=" + std::to_string(s_.dim) + (s_.causal ? " causal" : "") +
+           (s_.interleaved ? " interleaved" : " heads-first");
+  }
+  Run run(const std::shared_ptr<Device>& dev) const override {
+    auto& st = dev->default_stream();
+    Buffer<float> q(dev, q_.size()), k(dev, k_.size()), v(dev, v_.size()), o(dev, q_.size()),
+        lse(dev, std::size_t(s_.batch * s_.heads * s_.seq_q));
+    q.copy_from_host(st, q_);
+    k.copy_from_host(st, k_);
+    v.copy_from_host(st, v_);
+    poison(st, o);
+    poison(st, lse);
+    AttentionOptions opt;
+    opt.causal = s_.causal;
+    opt.precision = AttentionPrecision::kExact;
+    opt.layout = s_.interleaved ? AttentionLayout::kInterleaved : AttentionLayout::kHeadsFirst;
+    opt.lse = &lse;
+    attention(st, q, k, v, o, AttentionShape{s_.batch, s_.heads, s_.kv_heads, s_.seq_q, s_.seq_kv, s_.dim}, opt);
+    Run r = collect(st, o);
+    const Run rl = collect(st, lse);
+    r.out.insert(r.out.end(), rl.out.begin(), rl.out.end());
+    r.unwritten += rl.unwritten;
+    return r;
+  }
+  // Element (b, h, i, d) of a [B, heads, S, D] or [B, S, heads * D] tensor.
+  std::size_t at(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t heads, std::int64_t S) const {
+    const std::int64_t D = s_.dim;
+    return std::size_t(s_.interleaved ? ((b * S + i) * heads + h) * D : ((b * heads + h) * S + i) * D);
+  }
+  OracleReport check(const Run& r) const override {
+    OracleReport rep;
+    const std::int64_t D = s_.dim, g = s_.heads / s_.kv_heads;
+    const std::int64_t qstride = s_.interleaved ? s_.heads * D : D, kstride = s_.interleaved ? s_.kv_heads * D : D;
+    const std::size_t lse0 = q_.size();
+    for (std::int64_t b = 0; b < s_.batch; ++b)
+      for (std::int64_t h = 0; h < s_.heads; ++h) {
+        const std::int64_t hk = h / g;
+        const auto ref = attention_reference(q_.data() + at(b, h, 0, s_.heads, s_.seq_q), qstride,
+                                             k_.data() + at(b, hk, 0, s_.kv_heads, s_.seq_kv),
+                                             v_.data() + at(b, hk, 0, s_.kv_heads, s_.seq_kv), kstride,
+                                             s_.seq_q, s_.seq_kv, D, s_.causal);
+        for (std::int64_t i = 0; i < s_.seq_q; ++i) {
+          const std::int64_t visible =
+              s_.causal ? std::clamp<std::int64_t>(i + 1 + s_.seq_kv - s_.seq_q, 0, s_.seq_kv) : s_.seq_kv;
+          for (std::int64_t d = 0; d < D; ++d) {
+            const std::size_t o = at(b, h, i, s_.heads, s_.seq_q) + std::size_t(d), e = std::size_t(i * D + d);
+            account(rep, o, r.out[o], ref.out[e],
+                    visible == 0 ? 0.0 : attention_bound_fp32(ref.pv_mag[e], ref.qk_mag[std::size_t(i)], visible, D));
+          }
+          const float got = r.out[lse0 + std::size_t((b * s_.heads + h) * s_.seq_q + i)];
+          if (visible == 0) {
+            if (!(std::isinf(got) && got < 0)) note_violation(rep, lse0, got, -INFINITY, 0);
+          } else if (!std::isfinite(got)) {
+            note_violation(rep, lse0, got, 0.0, 0);
+          }
+        }
+      }
+    return rep;
+  }
+
+ private:
+  FusedCaseShape s_;
+  std::vector<float> q_, k_, v_;
+};
+
+}  // namespace
+
+std::unique_ptr<Case> fused_case(const FusedCaseShape& s) { return std::make_unique<FusedCase>(s); }
+
+std::vector<KernelEntry> fused_entries() {
+  return {{"attention_fused_exact", [](std::mt19937_64& g) {
+             FusedCaseShape s;
+             static const std::int64_t dims[] = {32, 64, 96, 128, 256};
+             s.dim = dims[std::uniform_int_distribution<int>(0, 4)(g)];
+             s.batch = std::uniform_int_distribution<std::int64_t>(1, 2)(g);
+             s.kv_heads = std::uniform_int_distribution<std::int64_t>(1, 2)(g);
+             s.heads = s.kv_heads * std::uniform_int_distribution<std::int64_t>(1, 3)(g);
+             s.seq_q = draw_size(g, 150);
+             s.seq_kv = std::uniform_int_distribution<int>(0, 1)(g) ? s.seq_q : draw_size(g, 150);
+             s.causal = std::uniform_int_distribution<int>(0, 1)(g);
+             s.interleaved = std::uniform_int_distribution<int>(0, 1)(g);
+             s.seed = g();
+             return fused_case(s);
+           }}};
+}
+
+}  // namespace lockstep::harness

@@ -6,6 +6,7 @@
 #include "lockstep/kernels/ceilings.hpp"
 #include "lockstep/kernels/decode.hpp"
 #include "lockstep/kernels/elementwise.hpp"
+#include "lockstep/kernels/fused_attention.hpp"
 #include "lockstep/kernels/gemm_tc.hpp"
 #include "lockstep/kernels/gemm.hpp"
 #include "lockstep/kernels/layout.hpp"
@@ -31,7 +32,9 @@ using AllKernels = KernelList<
     DecodeChunk<96, 1>, DecodeChunk<96, 2>, DecodeChunk<96, 4>,
     DecodeChunk<128, 1>, DecodeChunk<128, 2>, DecodeChunk<128, 4>,
     DecodeChunk<256, 1>, DecodeChunk<256, 2>,
-    DecodeMerge<32>, DecodeMerge<64>, DecodeMerge<96>, DecodeMerge<128>, DecodeMerge<256>>;
+    DecodeMerge<32>, DecodeMerge<64>, DecodeMerge<96>, DecodeMerge<128>, DecodeMerge<256>,
+    FusedAttentionExact<32>, FusedAttentionExact<64>, FusedAttentionExact<96>,
+    FusedAttentionExact<128>, FusedAttentionExact<256>>;
 
 template <class K, class List>
 struct kernel_index;

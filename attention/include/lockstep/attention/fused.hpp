@@ -1,0 +1,36 @@
+#pragma once
+// Fused attention for prefill (docs/api.md, "Fused attention"): one kernel in the
+// FlashAttention-2 schedule, out = softmax(Q K^T / sqrt(d) [+ causal mask]) V.
+
+#include <cstdint>
+
+#include "lockstep/buffer.hpp"
+
+namespace lockstep {
+
+// Exact: strict fp32 (SIMT), byte-identical on both backends. TensorCore: fp16 tensor-core
+// inputs with fp32 accumulation (not implemented yet: Unsupported). Auto: Exact.
+enum class AttentionPrecision { kAuto, kExact, kTensorCore };
+// kHeadsFirst: [batch, heads, seq, head_dim]; kInterleaved: [batch, seq, heads * head_dim].
+enum class AttentionLayout { kHeadsFirst, kInterleaved };
+
+struct AttentionShape {
+  std::int64_t batch = 1, heads = 1, kv_heads = 1;  // kv_heads divides heads (GQA)
+  std::int64_t seq_q = 0, seq_kv = 0;
+  std::int64_t head_dim = 64;  // 32, 64, 96, 128 or 256
+};
+
+struct AttentionOptions {
+  bool causal = false;  // bottom-right aligned when seq_q < seq_kv
+  AttentionPrecision precision = AttentionPrecision::kAuto;
+  AttentionLayout layout = AttentionLayout::kHeadsFirst;
+  Buffer<float>* lse = nullptr;  // optional [batch, heads, seq_q] log-sum-exp
+};
+
+// q [.., seq_q, ..], k and v [.., seq_kv, ..] with kv_heads heads, out like q. A fully masked row
+// gives zeros (and log-sum-exp -inf); seq_q == 0 writes nothing.
+void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
+               const Buffer<float>& v, Buffer<float>& out, const AttentionShape& shape,
+               const AttentionOptions& options = {});
+
+}  // namespace lockstep

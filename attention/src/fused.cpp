@@ -1,0 +1,93 @@
+#include "lockstep/attention/fused.hpp"
+
+#include <cmath>
+#include <string>
+
+#include "checks.hpp"
+#include "lockstep/kernels/launch.hpp"
+
+namespace lockstep {
+
+namespace {
+template <int D>
+void launch_exact(Stream& s, const kernels::FusedAttentionParams& p, Dim3 grid) {
+  using K = kernels::FusedAttentionExact<D>;
+  launch<K>(s, grid, K::kSharedBytes, p);
+}
+}  // namespace
+
+void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
+               const Buffer<float>& v, Buffer<float>& out, const AttentionShape& sh,
+               const AttentionOptions& o) {
+  constexpr std::string_view w = "attention";
+  detail::check_positive(w, "batch", sh.batch);
+  detail::check_positive(w, "heads", sh.heads);
+  detail::check_positive(w, "kv_heads", sh.kv_heads);
+  LOCKSTEP_CHECK_ARG(sh.heads % sh.kv_heads == 0, w, "kv_heads", sh.kv_heads,
+                     "a divisor of heads = " + std::to_string(sh.heads));
+  detail::check_nonneg(w, "seq_q", sh.seq_q);
+  detail::check_nonneg(w, "seq_kv", sh.seq_kv);
+  const std::int64_t D = sh.head_dim;
+  if (D != 32 && D != 64 && D != 96 && D != 128 && D != 256)
+    throw Unsupported(w, "head_dim", std::to_string(D), "32, 64, 96, 128, 256");
+  if (o.precision == AttentionPrecision::kTensorCore)
+    throw Unsupported(w, "precision", "TensorCore",
+                      "Exact (the fused tensor-core kernel is not written yet; multihead_attention "
+                      "has a tensor-core path)");
+  LOCKSTEP_CHECK_ARG(sh.batch <= 65535 && sh.heads <= 65535, w, "batch", sh.batch, "<= 65535 (and heads <= 65535)");
+  LOCKSTEP_CHECK_ARG(sh.seq_q <= 0x7fffffff && sh.seq_kv <= 0x7fffffff, w, "seq_kv", sh.seq_kv, "<= 2147483647");
+  detail::check_on(w, "q", q, stream);
+  detail::check_on(w, "k", k, stream);
+  detail::check_on(w, "v", v, stream);
+  detail::check_on(w, "out", out, stream);
+  const auto B = std::uint64_t(sh.batch), H = std::uint64_t(sh.heads), Hk = std::uint64_t(sh.kv_heads),
+             Sq = std::uint64_t(sh.seq_q), Sk = std::uint64_t(sh.seq_kv), UD = std::uint64_t(D);
+  const auto nq = checked_product({B, H, Sq, UD}, w, "batch * heads * seq_q * head_dim");
+  const auto nk = checked_product({B, Hk, Sk, UD}, w, "batch * kv_heads * seq_kv * head_dim");
+  detail::check_size(w, "q", q, nq, "batch * heads * seq_q * head_dim");
+  detail::check_size(w, "out", out, nq, "batch * heads * seq_q * head_dim");
+  detail::check_size(w, "k", k, nk, "batch * kv_heads * seq_kv * head_dim");
+  detail::check_size(w, "v", v, nk, "batch * kv_heads * seq_kv * head_dim");
+  if (o.lse != nullptr) {
+    detail::check_on(w, "lse", *o.lse, stream);
+    detail::check_size(w, "lse", *o.lse, B * H * Sq, "batch * heads * seq_q");
+  }
+  kernels::FusedAttentionParams p{};
+  const bool heads_first = o.layout == AttentionLayout::kHeadsFirst;
+  auto strides = [&](std::int64_t heads, std::int64_t seq, std::int64_t& sb, std::int64_t& ss,
+                     std::int64_t& shd) {
+    sb = heads * seq * D;
+    ss = heads_first ? D : heads * D;
+    shd = heads_first ? seq * D : D;
+  };
+  strides(sh.heads, sh.seq_q, p.q_sb, p.q_ss, p.q_sh);
+  strides(sh.kv_heads, sh.seq_kv, p.k_sb, p.k_ss, p.k_sh);
+  strides(sh.kv_heads, sh.seq_kv, p.v_sb, p.v_ss, p.v_sh);
+  strides(sh.heads, sh.seq_q, p.o_sb, p.o_ss, p.o_sh);
+  // Lane offsets inside a block: 32 rows of a tile.
+  check_fits(std::uint64_t(std::max(p.q_ss, p.k_ss)) * 32 + UD, kMaxLaneOffset, w, "32 * row stride");
+  if (sh.seq_q == 0) return;
+  p.q = q.data().get();
+  p.k = k.data().get();
+  p.v = v.data().get();
+  p.out = out.data().get();
+  p.lse = o.lse ? o.lse->data().get() : nullptr;
+  p.B = static_cast<std::int32_t>(sh.batch);
+  p.H = static_cast<std::int32_t>(sh.heads);
+  p.Hkv = static_cast<std::int32_t>(sh.kv_heads);
+  p.Sq = static_cast<std::int32_t>(sh.seq_q);
+  p.Skv = static_cast<std::int32_t>(sh.seq_kv);
+  p.causal = o.causal ? 1 : 0;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const Dim3 grid{static_cast<std::uint32_t>(kernels::ceil_div(sh.seq_q, 32)),
+                  static_cast<std::uint32_t>(sh.heads), static_cast<std::uint32_t>(sh.batch)};
+  switch (D) {
+    case 32: launch_exact<32>(stream, p, grid); break;
+    case 64: launch_exact<64>(stream, p, grid); break;
+    case 96: launch_exact<96>(stream, p, grid); break;
+    case 128: launch_exact<128>(stream, p, grid); break;
+    default: launch_exact<256>(stream, p, grid); break;
+  }
+}
+
+}  // namespace lockstep
