@@ -128,6 +128,7 @@ struct FusedAttentionExact {
         LOCKSTEP_UNROLL
         for (int c = 0; c < kCols; ++c) acc[r][c] = acc[r][c] * alpha;
       }
+      x.sync();  // P is read by every lane of its warp (racecheck: a warp barrier is required)
       // P x V: lane owns columns lane + 32 c; every key of the tile in order.
       for (int j = 0; j < kTile; ++j) {
         F vv[kCols];
