@@ -47,6 +47,11 @@ struct DecodeChunk {
   static constexpr int kThreads = 128;
   static constexpr int kWarps = kThreads / kWarpSize;
   static constexpr int kQuads = D / 32;  // 16-byte vectors per lane per row (8 lanes per row)
+  // Note [row batches]: 16-row groups whose K (or V) loads are in flight together, about 32
+  // floats per lane. A loop that uses each load before issuing the next waits one memory round
+  // trip per 16 rows and leaves the DRAM idle at low occupancy (B = 1, GQA). Each row's
+  // arithmetic and the order of every sum are those of the one-group loop: the same bits.
+  static constexpr int kRowBatch = kQuads >= 8 ? 1 : kQuads >= 3 ? 2 : kQuads == 2 ? 4 : 8;
   static constexpr std::size_t kSharedBytes =
       (2 * G * kDecodeChunk + kWarps * G * D) * sizeof(float) + 64;
   using Params = DecodeParams;
@@ -56,6 +61,7 @@ struct DecodeChunk {
     using F = typename X::template Lanes<float>;
     using I = typename X::template Lanes<lane_int>;
     using B = typename X::template Lanes<bool>;
+    using Q4 = decltype(x.load4(p.k, x.lane(), x.lane() < 0));
     float* S = x.template shared<float>(G * kDecodeChunk);   // scores
     float* P = x.template shared<float>(G * kDecodeChunk);   // exp(score - chunk max)
     float* O = x.template shared<float>(kWarps * G * D);     // per-warp partial outputs
@@ -95,26 +101,38 @@ struct DecodeChunk {
         }
       }
 
-      // Phase 1: scores. Each group of 8 lanes takes one row; a warp 4 rows; the block 16.
-      for (int it = 0; it < kDecodeChunk; it += 16) {
-        const I tl = row_in_iter + it;
-        const B ok = tl < live;
-        F dot[G];
+      // Phase 1: scores. Each group of 8 lanes takes one row; a warp 4 rows; the block 16. The
+      // loads of kRowBatch such 16-row groups are issued before any is used (Note [row batches]).
+      for (int it = 0; it < kDecodeChunk; it += 16 * kRowBatch) {
+        Q4 kq[kRowBatch][kQuads];
         LOCKSTEP_UNROLL
-        for (int g = 0; g < G; ++g) dot[g] = 0.0f;
-        LOCKSTEP_UNROLL
-        for (int qd = 0; qd < kQuads; ++qd) {
-          const auto kq = x.load4(kb, tl * D + (l8 + qd * 8) * 4, ok);
+        for (int b = 0; b < kRowBatch; ++b) {
+          const I tl = row_in_iter + (it + 16 * b);
+          const B ok = tl < live;
           LOCKSTEP_UNROLL
-          for (int g = 0; g < G; ++g)  // one expression: one pass over the lanes on the CPU
-            dot[g] = x.fma(qv[g][qd][3], kq.w,
-                           x.fma(qv[g][qd][2], kq.z,
-                                 x.fma(qv[g][qd][1], kq.y, x.fma(qv[g][qd][0], kq.x, dot[g]))));
+          for (int qd = 0; qd < kQuads; ++qd) kq[b][qd] = x.load4(kb, tl * D + (l8 + qd * 8) * 4, ok);
         }
         LOCKSTEP_UNROLL
-        for (int g = 0; g < G; ++g) {
-          const F s = x.template warp_sum<8>(dot[g]) * p.scale;
-          x.store(S, tl + g * kDecodeChunk, x.select(ok, s, -kInf), l8 == 0);
+        for (int b = 0; b < kRowBatch; ++b) {
+          const I tl = row_in_iter + (it + 16 * b);
+          const B ok = tl < live;
+          F dot[G];
+          LOCKSTEP_UNROLL
+          for (int g = 0; g < G; ++g) dot[g] = 0.0f;
+          LOCKSTEP_UNROLL
+          for (int qd = 0; qd < kQuads; ++qd) {
+            LOCKSTEP_UNROLL
+            for (int g = 0; g < G; ++g)  // one expression: one pass over the lanes on the CPU
+              dot[g] = x.fma(qv[g][qd][3], kq[b][qd].w,
+                             x.fma(qv[g][qd][2], kq[b][qd].z,
+                                   x.fma(qv[g][qd][1], kq[b][qd].y,
+                                         x.fma(qv[g][qd][0], kq[b][qd].x, dot[g]))));
+          }
+          LOCKSTEP_UNROLL
+          for (int g = 0; g < G; ++g) {
+            const F s = x.template warp_sum<8>(dot[g]) * p.scale;
+            x.store(S, tl + g * kDecodeChunk, x.select(ok, s, -kInf), l8 == 0);
+          }
         }
       }
       x.sync();
@@ -147,23 +165,29 @@ struct DecodeChunk {
         for (int qd = 0; qd < kQuads; ++qd)
           LOCKSTEP_UNROLL
           for (int j = 0; j < 4; ++j) acc[g][qd][j] = 0.0f;
-      for (int it = 0; it < kDecodeChunk; it += 16) {
-        const I tl = row_in_iter + it;
-        const B ok = tl < live;
-        F pg[G];
+      for (int it = 0; it < kDecodeChunk; it += 16 * kRowBatch) {
+        Q4 vq[kRowBatch][kQuads];
+        F pg[kRowBatch][G];
         LOCKSTEP_UNROLL
-        for (int g = 0; g < G; ++g) pg[g] = x.load(P, tl + g * kDecodeChunk);
-        LOCKSTEP_UNROLL
-        for (int qd = 0; qd < kQuads; ++qd) {
-          const auto vq = x.load4(vb, tl * D + (l8 + qd * 8) * 4, ok);
+        for (int b = 0; b < kRowBatch; ++b) {
+          const I tl = row_in_iter + (it + 16 * b);
+          const B ok = tl < live;
           LOCKSTEP_UNROLL
-          for (int g = 0; g < G; ++g) {
-            acc[g][qd][0] = x.fma(pg[g], vq.x, acc[g][qd][0]);
-            acc[g][qd][1] = x.fma(pg[g], vq.y, acc[g][qd][1]);
-            acc[g][qd][2] = x.fma(pg[g], vq.z, acc[g][qd][2]);
-            acc[g][qd][3] = x.fma(pg[g], vq.w, acc[g][qd][3]);
-          }
+          for (int g = 0; g < G; ++g) pg[b][g] = x.load(P, tl + g * kDecodeChunk);
+          LOCKSTEP_UNROLL
+          for (int qd = 0; qd < kQuads; ++qd) vq[b][qd] = x.load4(vb, tl * D + (l8 + qd * 8) * 4, ok);
         }
+        LOCKSTEP_UNROLL
+        for (int b = 0; b < kRowBatch; ++b)  // rows in increasing order, as one group at a time
+          LOCKSTEP_UNROLL
+          for (int qd = 0; qd < kQuads; ++qd)
+            LOCKSTEP_UNROLL
+            for (int g = 0; g < G; ++g) {
+              acc[g][qd][0] = x.fma(pg[b][g], vq[b][qd].x, acc[g][qd][0]);
+              acc[g][qd][1] = x.fma(pg[b][g], vq[b][qd].y, acc[g][qd][1]);
+              acc[g][qd][2] = x.fma(pg[b][g], vq[b][qd].z, acc[g][qd][2]);
+              acc[g][qd][3] = x.fma(pg[b][g], vq[b][qd].w, acc[g][qd][3]);
+            }
       }
       // The 4 row groups of a warp (lanes l8, l8 + 8, l8 + 16, l8 + 24), then the 4 warps.
       LOCKSTEP_UNROLL
@@ -197,10 +221,19 @@ struct DecodeChunk {
 
 // out[r, h, :] = the chunks of row r merged in chunk order. Grid: x = H, y = row (loops past
 // 65535). A row of length 0 gives zeros.
+//
+// Note [merge batches]
+// The merge is a sequential fold over the chunks (fixed order: the bits depend only on the
+// row's length). A naive loop waits one L2 round trip per chunk, which at B = 1 and 32768 tokens
+// (128 chunks, only H blocks) costs more than reading the cache. The loads of kMergeBatch chunks
+// are issued together (indices clamped to the last chunk, so they are always in bounds and need
+// no branch) and then folded in order, skipping the clamped duplicates: the same operations in
+// the same order as the plain loop, so the same bits, with one round trip per batch.
 template <int D>
 struct DecodeMerge {
   static constexpr const char* kName = "decode_merge";
   static constexpr int kThreads = 128;
+  static constexpr int kMergeBatch = 16;
   using Params = DecodeParams;
 
   template <class X>
@@ -209,6 +242,7 @@ struct DecodeMerge {
     using I = typename X::template Lanes<lane_int>;
     using B = typename X::template Lanes<bool>;
     const int h = x.block_x();
+    const I zero = x.thread() * 0;
     for (int r = x.block_y(); r < p.rows; r += x.grid_y()) {
       const int len = p.lengths != nullptr ? x.load_uniform(p.lengths + r) : p.length;
       const int chunks = static_cast<int>(ceil_div(len, kDecodeChunk));
@@ -217,17 +251,34 @@ struct DecodeMerge {
       const float* po = p.part_o + base * p.max_chunks * D;
       float* out = p.out + base * D;
       F M = -kInf;
-      for (int c = 0; c < chunks; ++c) M = x.max(M, x.load(ml, x.thread() * 0 + 2 * c));
+      for (int c0 = 0; c0 < chunks; c0 += kMergeBatch) {
+        F mc[kMergeBatch];
+        LOCKSTEP_UNROLL
+        for (int u = 0; u < kMergeBatch; ++u) mc[u] = x.load(ml, zero + 2 * static_cast<int>(imin(c0 + u, chunks - 1)));
+        LOCKSTEP_UNROLL
+        for (int u = 0; u < kMergeBatch; ++u) M = x.max(M, mc[u]);  // a repeat changes nothing
+      }
       const B none = M == -kInf;
       for (int d0 = 0; d0 < D; d0 += kThreads) {
         const I d = x.thread() + d0;
         const B ok = d < D;
         F L = 0.0f, O = 0.0f;
-        for (int c = 0; c < chunks; ++c) {
-          const F mc = x.load(ml, x.thread() * 0 + 2 * c);
-          const F w = x.select(mc == -kInf, 0.0f, x.exp(mc - M));
-          L = L + x.load(ml, x.thread() * 0 + 2 * c + 1) * w;
-          O = O + x.load(po, d + c * D, ok, 0.0f) * w;
+        for (int c0 = 0; c0 < chunks; c0 += kMergeBatch) {
+          F mc[kMergeBatch], lc[kMergeBatch], oc[kMergeBatch];
+          LOCKSTEP_UNROLL
+          for (int u = 0; u < kMergeBatch; ++u) {
+            const int c = static_cast<int>(imin(c0 + u, chunks - 1));
+            mc[u] = x.load(ml, zero + 2 * c);
+            lc[u] = x.load(ml, zero + 2 * c + 1);
+            oc[u] = x.load(po, d + c * D, ok, 0.0f);
+          }
+          LOCKSTEP_UNROLL
+          for (int u = 0; u < kMergeBatch; ++u) {
+            if (c0 + u >= chunks) break;  // block-uniform
+            const F w = x.select(mc[u] == -kInf, 0.0f, x.exp(mc[u] - M));
+            L = L + lc[u] * w;
+            O = O + oc[u] * w;
+          }
         }
         x.store(out, d, x.select(none, 0.0f, O / L), ok);
       }
