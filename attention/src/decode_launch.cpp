@@ -39,8 +39,27 @@ void launch_chunk(Stream& s, const kernels::DecodeParams& p, Dim3 grid) {
   using K = kernels::DecodeChunk<D, G>;
   launch<K>(s, grid, K::kSharedBytes, p);
 }
+// LOCKSTEP_DECODE_ROW_BATCH=4: head_dim 128 with 1 or 4 query heads per block issues the loads
+// of 4 (instead of 2) 16-row groups together. A schedule choice: the same bits.
+int row_batch_knob() {
+  static const int rb = [] {
+    const char* v = std::getenv("LOCKSTEP_DECODE_ROW_BATCH");
+    return v != nullptr ? std::atoi(v) : 0;
+  }();
+  return rb;
+}
 template <int D>
 void launch_chunk_g(Stream& s, const kernels::DecodeParams& p, int g, Dim3 grid) {
+  if constexpr (D == 128) {
+    if (row_batch_knob() == 4 && g == 4) {
+      using K = kernels::DecodeChunk<128, 4, 4>;
+      return launch<K>(s, grid, K::kSharedBytes, p);
+    }
+    if (row_batch_knob() == 4 && g == 1) {
+      using K = kernels::DecodeChunk<128, 1, 4>;
+      return launch<K>(s, grid, K::kSharedBytes, p);
+    }
+  }
   if constexpr (D <= 64) {
     if (g == 8) return launch_chunk<D, 8>(s, p, grid);
   }
@@ -78,11 +97,11 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
                         static_cast<std::uint32_t>(p.Hkv * (group / g)), rows_grid};
   const Dim3 merge_grid{static_cast<std::uint32_t>(p.H), rows_grid, 1};
   switch (D) {
-    case 32: launch_chunk_g<32>(s, p, g, chunk_grid); launch<kernels::DecodeMerge<32>>(s, merge_grid, 0, p); break;
-    case 64: launch_chunk_g<64>(s, p, g, chunk_grid); launch<kernels::DecodeMerge<64>>(s, merge_grid, 0, p); break;
-    case 96: launch_chunk_g<96>(s, p, g, chunk_grid); launch<kernels::DecodeMerge<96>>(s, merge_grid, 0, p); break;
-    case 128: launch_chunk_g<128>(s, p, g, chunk_grid); launch<kernels::DecodeMerge<128>>(s, merge_grid, 0, p); break;
-    case 256: launch_chunk_g<256>(s, p, g, chunk_grid); launch<kernels::DecodeMerge<256>>(s, merge_grid, 0, p); break;
+    case 32: launch_chunk_g<32>(s, p, g, chunk_grid); launch<kernels::DecodeMerge<32>>(s, merge_grid, kernels::DecodeMerge<32>::kSharedBytes, p); break;
+    case 64: launch_chunk_g<64>(s, p, g, chunk_grid); launch<kernels::DecodeMerge<64>>(s, merge_grid, kernels::DecodeMerge<64>::kSharedBytes, p); break;
+    case 96: launch_chunk_g<96>(s, p, g, chunk_grid); launch<kernels::DecodeMerge<96>>(s, merge_grid, kernels::DecodeMerge<96>::kSharedBytes, p); break;
+    case 128: launch_chunk_g<128>(s, p, g, chunk_grid); launch<kernels::DecodeMerge<128>>(s, merge_grid, kernels::DecodeMerge<128>::kSharedBytes, p); break;
+    case 256: launch_chunk_g<256>(s, p, g, chunk_grid); launch<kernels::DecodeMerge<256>>(s, merge_grid, kernels::DecodeMerge<256>::kSharedBytes, p); break;
     default: throw Unsupported("decode", "head_dim", std::to_string(D), "32, 64, 96, 128, 256");
   }
   return 2;

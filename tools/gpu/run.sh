@@ -48,11 +48,11 @@ for stage in "$@"; do
       LOCKSTEP_DECODE_HEAD_DIM_PRODUCT=256 $G/lockstep-bench --device cuda:0 --filter 'decode' --json "$OUT/bench_g2.json" > "$OUT/bench_g2.log" 2>&1; rc=$?
       echo "bench (heads per block * head_dim <= 256) rc=$rc" | tee -a "$summary"; grep -E "^\| cuda" "$OUT/bench_g2.log" | tee -a "$summary" ;;
     ncu)  # per-kernel times of the decode kernels (hardware counters; clocks left alone)
-      ncu --clock-control none --kernel-name regex:"${NCU_KERNELS:-Decode}" --launch-count ${NCU_COUNT:-24} \
+      ncu --clock-control none --kernel-name-base demangled --kernel-name regex:"${NCU_KERNELS:-Decode}" --launch-count ${NCU_COUNT:-24} \
           --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__registers_per_thread \
           $G/lockstep-bench --device cuda:0 --filter "${NCU_FILTER:-incremental|flash}" --reps 2 > "$OUT/ncu.log" 2>&1; rc=$?
       echo "ncu rc=$rc" | tee -a "$summary"
-      grep -E "entry|gpu__time|dram__|warps_active|grid_size|registers" "$OUT/ncu.log" | sed 's/  */ /g' | head -150 | tee -a "$summary" ;;
+      grep -E "entry<|gpu__time|dram__|warps_active|grid_size|registers" "$OUT/ncu.log" | sed 's/  */ /g' | head -150 | tee -a "$summary" ;;
     mathacc)
       $G/lockstep mathacc --device cuda:0 --stride ${MATH_STRIDE:-1} > "$OUT/mathacc.log" 2>&1; rc=$?
       echo "mathacc rc=$rc" | tee -a "$summary"; cat "$OUT/mathacc.log" | tee -a "$summary" ;;

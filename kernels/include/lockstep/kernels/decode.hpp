@@ -39,7 +39,7 @@ struct DecodeParams {
 
 // Grid: x = chunk, y = kv head * (H / Hkv / G) + subgroup, z = row (rows beyond 65535 loop).
 // Each block reads its chunk of K and V once for the G query heads it serves.
-template <int D, int G>
+template <int D, int G, int RB = (D / 32 >= 8 ? 1 : D / 32 >= 3 ? 2 : D / 32 == 2 ? 4 : 8)>
 struct DecodeChunk {
   static_assert(D % 32 == 0 && D <= 256, "head_dim: a multiple of 32, at most 256");
   static_assert(G * D <= 512, "accumulators per thread: G * D / 8 <= 64");
@@ -51,7 +51,9 @@ struct DecodeChunk {
   // floats per lane. A loop that uses each load before issuing the next waits one memory round
   // trip per 16 rows and leaves the DRAM idle at low occupancy (B = 1, GQA). Each row's
   // arithmetic and the order of every sum are those of the one-group loop: the same bits.
-  static constexpr int kRowBatch = kQuads >= 8 ? 1 : kQuads >= 3 ? 2 : kQuads == 2 ? 4 : 8;
+  // The default RB keeps about 32 floats per lane in flight; RB is a pure schedule choice.
+  static constexpr int kRowBatch = RB;
+  static_assert(16 % RB == 0, "row batches: a divisor of the 16 row groups of a chunk");
   static constexpr std::size_t kSharedBytes =
       (2 * G * kDecodeChunk + kWarps * G * D) * sizeof(float) + 64;
   using Params = DecodeParams;
@@ -219,21 +221,27 @@ struct DecodeChunk {
   }
 };
 
-// out[r, h, :] = the chunks of row r merged in chunk order. Grid: x = H, y = row (loops past
-// 65535). A row of length 0 gives zeros.
+// out[r, h, :] = the chunks of row r merged. Grid: x = H, y = row (loops past 65535). A row of
+// length 0 gives zeros.
 //
-// Note [merge batches]
-// The merge is a sequential fold over the chunks (fixed order: the bits depend only on the
-// row's length). A naive loop waits one L2 round trip per chunk, which at B = 1 and 32768 tokens
-// (128 chunks, only H blocks) costs more than reading the cache. The loads of kMergeBatch chunks
-// are issued together (indices clamped to the last chunk, so they are always in bounds and need
-// no branch) and then folded in order, skipping the clamped duplicates: the same operations in
-// the same order as the plain loop, so the same bits, with one round trip per batch.
+// Note [merge order]
+// The block's threads form kGroups groups of D (one thread per output element). The global
+// max M over the chunk maxima is order-free (math::max is exact and canonical on NaN). Group gi
+// folds chunks gi, gi + kGroups, gi + 2 kGroups, ... in increasing order into (L_gi, O_gi) with
+// weights exp(m_c - M); then the groups are added in order 0, 1, ... . Every sum's order depends
+// only on the row's own length, never on the batch or the device: batch invariance holds, and
+// CUDA and the CPU run this same schedule. A naive loop over the chunks waits one L2 round trip
+// per chunk (at B = 1 and 32768 tokens: 128 chunks, only H blocks, 20 us measured); here the
+// loads of kMergeBatch chunks per group are in flight together.
 template <int D>
 struct DecodeMerge {
   static constexpr const char* kName = "decode_merge";
-  static constexpr int kThreads = 128;
-  static constexpr int kMergeBatch = 16;
+  static constexpr int kGroups = 512 / D;
+  static constexpr int kThreads = kGroups * D;
+  static constexpr int kWarps = kThreads / kWarpSize;
+  static constexpr int kMergeBatch = 8;
+  static constexpr std::size_t kSharedBytes = (kWarps + kGroups * (D + 1)) * sizeof(float) + 64;
+  static_assert(kThreads % kWarpSize == 0, "whole warps");
   using Params = DecodeParams;
 
   template <class X>
@@ -241,8 +249,17 @@ struct DecodeMerge {
     using F = typename X::template Lanes<float>;
     using I = typename X::template Lanes<lane_int>;
     using B = typename X::template Lanes<bool>;
+    float* red = x.template shared<float>(kWarps);
+    float* o_part = x.template shared<float>(kGroups * D);
+    float* l_part = x.template shared<float>(kGroups);
     const int h = x.block_x();
-    const I zero = x.thread() * 0;
+    const I t = x.thread();
+    const I zero = t * 0;
+    I g = zero;  // the thread's group; t = g * D + d
+    LOCKSTEP_UNROLL
+    for (int k = 1; k < kGroups; ++k) g = g + x.select(t >= k * D, zero + 1, zero);
+    const I d = t - g * D;
+    const B first = t < D;  // the threads that combine the groups and write out
     for (int r = x.block_y(); r < p.rows; r += x.grid_y()) {
       const int len = p.lengths != nullptr ? x.load_uniform(p.lengths + r) : p.length;
       const int chunks = static_cast<int>(ceil_div(len, kDecodeChunk));
@@ -250,38 +267,50 @@ struct DecodeMerge {
       const float* ml = p.part_ml + base * p.max_chunks * 2;
       const float* po = p.part_o + base * p.max_chunks * D;
       float* out = p.out + base * D;
-      F M = -kInf;
-      for (int c0 = 0; c0 < chunks; c0 += kMergeBatch) {
-        F mc[kMergeBatch];
-        LOCKSTEP_UNROLL
-        for (int u = 0; u < kMergeBatch; ++u) mc[u] = x.load(ml, zero + 2 * static_cast<int>(imin(c0 + u, chunks - 1)));
-        LOCKSTEP_UNROLL
-        for (int u = 0; u < kMergeBatch; ++u) M = x.max(M, mc[u]);  // a repeat changes nothing
+
+      F m = -kInf;
+      for (int c0 = 0; c0 < chunks; c0 += kThreads) {
+        const I c = t + c0;
+        m = x.max(m, x.load(ml, c * 2, c < chunks, -kInf));
       }
-      const B none = M == -kInf;
-      for (int d0 = 0; d0 < D; d0 += kThreads) {
-        const I d = x.thread() + d0;
-        const B ok = d < D;
-        F L = 0.0f, O = 0.0f;
-        for (int c0 = 0; c0 < chunks; c0 += kMergeBatch) {
-          F mc[kMergeBatch], lc[kMergeBatch], oc[kMergeBatch];
-          LOCKSTEP_UNROLL
-          for (int u = 0; u < kMergeBatch; ++u) {
-            const int c = static_cast<int>(imin(c0 + u, chunks - 1));
-            mc[u] = x.load(ml, zero + 2 * c);
-            lc[u] = x.load(ml, zero + 2 * c + 1);
-            oc[u] = x.load(po, d + c * D, ok, 0.0f);
-          }
-          LOCKSTEP_UNROLL
-          for (int u = 0; u < kMergeBatch; ++u) {
-            if (c0 + u >= chunks) break;  // block-uniform
-            const F w = x.select(mc[u] == -kInf, 0.0f, x.exp(mc[u] - M));
-            L = L + lc[u] * w;
-            O = O + oc[u] * w;
-          }
+      m = x.warp_max(m);
+      x.store(red, zero + x.warp(), m, x.lane() == 0);
+      x.sync();
+      F M = x.load(red, zero);
+      LOCKSTEP_UNROLL
+      for (int w = 1; w < kWarps; ++w) M = x.max(M, x.load(red, zero + w));
+
+      F L = 0.0f, O = 0.0f;
+      for (int c0 = 0; c0 < chunks; c0 += kGroups * kMergeBatch) {
+        F mc[kMergeBatch], lc[kMergeBatch], oc[kMergeBatch];
+        LOCKSTEP_UNROLL
+        for (int u = 0; u < kMergeBatch; ++u) {
+          const I c = g + (c0 + u * kGroups);
+          const B ok = c < chunks;
+          mc[u] = x.load(ml, c * 2, ok, -kInf);
+          lc[u] = x.load(ml, c * 2 + 1, ok, 0.0f);
+          oc[u] = x.load(po, c * D + d, ok, 0.0f);
         }
-        x.store(out, d, x.select(none, 0.0f, O / L), ok);
+        LOCKSTEP_UNROLL
+        for (int u = 0; u < kMergeBatch; ++u) {
+          const B ok = g + (c0 + u * kGroups) < chunks;
+          const F w = x.select(mc[u] == -kInf, 0.0f, x.exp(mc[u] - M));
+          L = x.select(ok, L + lc[u] * w, L);
+          O = x.select(ok, O + oc[u] * w, O);
+        }
       }
+      x.store(o_part, t, O);
+      x.store(l_part, g, L, d == 0);
+      x.sync();
+      F Ot = x.load(o_part, t, first, 0.0f);
+      F Lt = x.load(l_part, zero);
+      LOCKSTEP_UNROLL
+      for (int k = 1; k < kGroups; ++k) {
+        Ot = Ot + x.load(o_part, t + k * D, first, 0.0f);
+        Lt = Lt + x.load(l_part, zero + k);
+      }
+      x.store(out, t, x.select(M == -kInf, 0.0f, Ot / Lt), first);
+      x.sync();  // red and the partials are reused by the next row
     }
   }
 };
