@@ -48,6 +48,15 @@ int row_batch_knob() {
   }();
   return rb;
 }
+// LOCKSTEP_DECODE_MERGE_BATCH=4: the merge at head_dim 128 keeps 4 (instead of 8) chunks per
+// thread group in flight. A schedule choice: the same bits.
+int merge_batch_knob() {
+  static const int mb = [] {
+    const char* v = std::getenv("LOCKSTEP_DECODE_MERGE_BATCH");
+    return v != nullptr ? std::atoi(v) : 0;
+  }();
+  return mb;
+}
 template <int D>
 void launch_chunk_g(Stream& s, const kernels::DecodeParams& p, int g, Dim3 grid) {
   if constexpr (D == 128) {
@@ -100,7 +109,13 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
     case 32: launch_chunk_g<32>(s, p, g, chunk_grid); launch<kernels::DecodeMerge<32>>(s, merge_grid, kernels::DecodeMerge<32>::kSharedBytes, p); break;
     case 64: launch_chunk_g<64>(s, p, g, chunk_grid); launch<kernels::DecodeMerge<64>>(s, merge_grid, kernels::DecodeMerge<64>::kSharedBytes, p); break;
     case 96: launch_chunk_g<96>(s, p, g, chunk_grid); launch<kernels::DecodeMerge<96>>(s, merge_grid, kernels::DecodeMerge<96>::kSharedBytes, p); break;
-    case 128: launch_chunk_g<128>(s, p, g, chunk_grid); launch<kernels::DecodeMerge<128>>(s, merge_grid, kernels::DecodeMerge<128>::kSharedBytes, p); break;
+    case 128:
+      launch_chunk_g<128>(s, p, g, chunk_grid);
+      if (merge_batch_knob() == 4)
+        launch<kernels::DecodeMerge<128, 4>>(s, merge_grid, kernels::DecodeMerge<128, 4>::kSharedBytes, p);
+      else
+        launch<kernels::DecodeMerge<128>>(s, merge_grid, kernels::DecodeMerge<128>::kSharedBytes, p);
+      break;
     case 256: launch_chunk_g<256>(s, p, g, chunk_grid); launch<kernels::DecodeMerge<256>>(s, merge_grid, kernels::DecodeMerge<256>::kSharedBytes, p); break;
     default: throw Unsupported("decode", "head_dim", std::to_string(D), "32, 64, 96, 128, 256");
   }

@@ -232,14 +232,15 @@ struct DecodeChunk {
 // only on the row's own length, never on the batch or the device: batch invariance holds, and
 // CUDA and the CPU run this same schedule. A naive loop over the chunks waits one L2 round trip
 // per chunk (at B = 1 and 32768 tokens: 128 chunks, only H blocks, 20 us measured); here the
-// loads of kMergeBatch chunks per group are in flight together.
-template <int D>
+// loads of kMergeBatch chunks per group are in flight together, and a row of at most
+// kGroups * kMergeBatch chunks needs a single round trip.
+template <int D, int MB = 8>
 struct DecodeMerge {
   static constexpr const char* kName = "decode_merge";
   static constexpr int kGroups = 512 / D;
   static constexpr int kThreads = kGroups * D;
   static constexpr int kWarps = kThreads / kWarpSize;
-  static constexpr int kMergeBatch = 8;
+  static constexpr int kMergeBatch = MB;  // a schedule choice: the fold order, so the bits, do not depend on it
   static constexpr std::size_t kSharedBytes = (kWarps + kGroups * (D + 1)) * sizeof(float) + 64;
   static_assert(kThreads % kWarpSize == 0, "whole warps");
   using Params = DecodeParams;
@@ -268,28 +269,50 @@ struct DecodeMerge {
       const float* po = p.part_o + base * p.max_chunks * D;
       float* out = p.out + base * D;
 
-      F m = -kInf;
-      for (int c0 = 0; c0 < chunks; c0 += kThreads) {
-        const I c = t + c0;
-        m = x.max(m, x.load(ml, c * 2, c < chunks, -kInf));
-      }
-      m = x.warp_max(m);
-      x.store(red, zero + x.warp(), m, x.lane() == 0);
-      x.sync();
-      F M = x.load(red, zero);
-      LOCKSTEP_UNROLL
-      for (int w = 1; w < kWarps; ++w) M = x.max(M, x.load(red, zero + w));
-
-      F L = 0.0f, O = 0.0f;
-      for (int c0 = 0; c0 < chunks; c0 += kGroups * kMergeBatch) {
-        F mc[kMergeBatch], lc[kMergeBatch], oc[kMergeBatch];
+      // The global max M. A row of at most kGroups * kMergeBatch chunks (the common case) loads
+      // everything in one round trip and keeps it in registers; a longer row loads the maxima
+      // first, with every thread, then streams the partials in batches.
+      const bool one_batch = chunks <= kGroups * kMergeBatch;  // depends on the row only
+      F mc[kMergeBatch], lc[kMergeBatch], oc[kMergeBatch];
+      int n_red = kWarps;
+      if (one_batch) {
         LOCKSTEP_UNROLL
         for (int u = 0; u < kMergeBatch; ++u) {
-          const I c = g + (c0 + u * kGroups);
+          const I c = g + u * kGroups;
           const B ok = c < chunks;
           mc[u] = x.load(ml, c * 2, ok, -kInf);
           lc[u] = x.load(ml, c * 2 + 1, ok, 0.0f);
           oc[u] = x.load(po, c * D + d, ok, 0.0f);
+        }
+        F m = mc[0];
+        LOCKSTEP_UNROLL
+        for (int u = 1; u < kMergeBatch; ++u) m = x.max(m, mc[u]);
+        x.store(red, g, m, d == 0);  // the same in every thread of the group
+        n_red = kGroups;
+      } else {
+        F m = -kInf;
+        for (int c0 = 0; c0 < chunks; c0 += kThreads) {
+          const I c = t + c0;
+          m = x.max(m, x.load(ml, c * 2, c < chunks, -kInf));
+        }
+        m = x.warp_max(m);
+        x.store(red, zero + x.warp(), m, x.lane() == 0);
+      }
+      x.sync();
+      F M = x.load(red, zero);
+      for (int w = 1; w < n_red; ++w) M = x.max(M, x.load(red, zero + w));
+
+      F L = 0.0f, O = 0.0f;
+      for (int c0 = 0; c0 < chunks; c0 += kGroups * kMergeBatch) {
+        if (!one_batch) {
+          LOCKSTEP_UNROLL
+          for (int u = 0; u < kMergeBatch; ++u) {
+            const I c = g + (c0 + u * kGroups);
+            const B ok = c < chunks;
+            mc[u] = x.load(ml, c * 2, ok, -kInf);
+            lc[u] = x.load(ml, c * 2 + 1, ok, 0.0f);
+            oc[u] = x.load(po, c * D + d, ok, 0.0f);
+          }
         }
         LOCKSTEP_UNROLL
         for (int u = 0; u < kMergeBatch; ++u) {

@@ -34,6 +34,7 @@ using AllKernels = KernelList<
     DecodeChunk<128, 1, 4>, DecodeChunk<128, 4, 4>,
     DecodeChunk<256, 1>, DecodeChunk<256, 2>,
     DecodeMerge<32>, DecodeMerge<64>, DecodeMerge<96>, DecodeMerge<128>, DecodeMerge<256>,
+    DecodeMerge<128, 4>,
     FusedAttentionExact<32>, FusedAttentionExact<64>, FusedAttentionExact<96>,
     FusedAttentionExact<128>, FusedAttentionExact<256>>;
 
