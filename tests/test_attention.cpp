@@ -11,6 +11,8 @@
 #include "lockstep/attention/fused.hpp"
 #include "lockstep/attention/kv_cache.hpp"
 #include "lockstep/attention/multihead.hpp"
+#include "lockstep/kernels/decode.hpp"
+#include "lockstep/kernels/launch.hpp"
 #include "support/backends.hpp"
 
 namespace lockstep::testing {
@@ -79,6 +81,68 @@ TEST_P(Attention, IncrementalOfLengthZeroGivesZeros) {
   auto out = filled(4 * 32, 42.0f);
   incremental_attention(s(), q, kc, vc, 0, out, sh);
   expect_all(out, 0.0f);
+}
+
+// The decode kernels' schedule choices (row batches in the chunk kernel, merge batches) move
+// loads, never arithmetic: every variant gives the same bytes (Note [row batches], Note [merge
+// order]), for rows that the merge folds in one batch and in several.
+template <class Chunk, class Merge>
+std::vector<float> run_decode_variant(Stream& s, const std::shared_ptr<Device>& dev,
+                                      const Buffer<float>& q, const Buffer<float>& k,
+                                      const Buffer<float>& v, int H, int Hkv, int L, int len) {
+  constexpr int D = 128;
+  const int chunks = (L + kernels::kDecodeChunk - 1) / kernels::kDecodeChunk;
+  Buffer<float> ws(dev, std::size_t(H) * chunks * (D + 2)), out(dev, std::size_t(H) * D);
+  kernels::DecodeParams p{};
+  p.q = q.data().get();
+  p.k = k.data().get();
+  p.v = v.data().get();
+  p.part_o = ws.data().get();
+  p.part_ml = ws.data().get() + std::size_t(H) * chunks * D;
+  p.out = out.data().get();
+  p.head_stride = std::int64_t{L} * D;
+  p.rows = 1;
+  p.H = H;
+  p.Hkv = Hkv;
+  p.max_chunks = chunks;
+  p.length = len;
+  p.scale = 1.0f / std::sqrt(float(D));
+  launch<Chunk>(s, Dim3{std::uint32_t(chunks), std::uint32_t(Hkv * (H / Hkv / Chunk::kHeads)), 1},
+                Chunk::kSharedBytes, p);
+  launch<Merge>(s, Dim3{std::uint32_t(H), 1, 1}, Merge::kSharedBytes, p);
+  return out.to_vector(s);
+}
+
+TEST_P(Attention, DecodeScheduleVariantsGiveTheSameBytes) {
+  constexpr int D = 128, L = 9000;
+  for (int Hkv : {1, 2}) {
+    const int H = 4 * Hkv;
+    std::vector<float> hq(std::size_t(H) * D), hk(std::size_t(Hkv) * L * D), hv(hk.size());
+    std::uint32_t st = 12345u + Hkv;
+    auto next = [&] { st = st * 1664525u + 1013904223u; return float(st >> 8) / float(1 << 24) * 2.0f - 1.0f; };
+    for (auto* vec : {&hq, &hk, &hv})
+      for (auto& x : *vec) x = next();
+    Buffer<float> q(dev, hq.size()), k(dev, hk.size()), v(dev, hv.size());
+    q.copy_from_host(s(), hq);
+    k.copy_from_host(s(), hk);
+    v.copy_from_host(s(), hv);
+    for (int len : {1, 3000, 9000}) {  // one chunk; one merge batch; several merge batches
+      SCOPED_TRACE("Hkv " + std::to_string(Hkv) + ", length " + std::to_string(len));
+      using kernels::DecodeChunk;
+      using kernels::DecodeMerge;
+      const auto a = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D, 8>>(s(), dev, q, k, v, H, Hkv, L, len);
+      const auto b = run_decode_variant<DecodeChunk<D, 4, 4>, DecodeMerge<D, 4>>(s(), dev, q, k, v, H, Hkv, L, len);
+      EXPECT_TRUE(same(a, b)) << "row batch 2 / merge batch 8 vs row batch 4 / merge batch 4";
+      // One query head per block: 4 blocks per kv head, each over the same chunk.
+      const auto c = run_decode_variant<DecodeChunk<D, 1, 4>, DecodeMerge<D, 8>>(s(), dev, q, k, v, H, Hkv, L, len);
+      const auto d = run_decode_variant<DecodeChunk<D, 1, 2>, DecodeMerge<D, 4>>(s(), dev, q, k, v, H, Hkv, L, len);
+      EXPECT_TRUE(same(a, c)) << "4 query heads per block vs 1";
+      EXPECT_TRUE(same(c, d)) << "row batch 4 vs 2 at one head per block";
+      bool finite = true;
+      for (float x : a) finite = finite && std::isfinite(x);
+      EXPECT_TRUE(finite);
+    }
+  }
 }
 
 TEST_P(Attention, KvScatterBadPositionWritesNothing) {

@@ -39,8 +39,9 @@ void launch_chunk(Stream& s, const kernels::DecodeParams& p, Dim3 grid) {
   using K = kernels::DecodeChunk<D, G>;
   launch<K>(s, grid, K::kSharedBytes, p);
 }
-// LOCKSTEP_DECODE_ROW_BATCH=4: head_dim 128 with 1 or 4 query heads per block issues the loads
-// of 4 (instead of 2) 16-row groups together. A schedule choice: the same bits.
+// LOCKSTEP_DECODE_ROW_BATCH=2|4: at head_dim 128 the number of 16-row groups whose loads are in
+// flight together (defaults: 2 with 4 query heads per block, 4 with one; Note [row batches]).
+// A schedule choice: the same bits.
 int row_batch_knob() {
   static const int rb = [] {
     const char* v = std::getenv("LOCKSTEP_DECODE_ROW_BATCH");
@@ -64,8 +65,8 @@ void launch_chunk_g(Stream& s, const kernels::DecodeParams& p, int g, Dim3 grid)
       using K = kernels::DecodeChunk<128, 4, 4>;
       return launch<K>(s, grid, K::kSharedBytes, p);
     }
-    if (row_batch_knob() == 4 && g == 1) {
-      using K = kernels::DecodeChunk<128, 1, 4>;
+    if (row_batch_knob() == 2 && g == 1) {
+      using K = kernels::DecodeChunk<128, 1, 2>;
       return launch<K>(s, grid, K::kSharedBytes, p);
     }
   }

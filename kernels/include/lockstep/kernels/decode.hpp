@@ -39,19 +39,28 @@ struct DecodeParams {
 
 // Grid: x = chunk, y = kv head * (H / Hkv / G) + subgroup, z = row (rows beyond 65535 loop).
 // Each block reads its chunk of K and V once for the G query heads it serves.
-template <int D, int G, int RB = (D / 32 >= 8 ? 1 : D / 32 >= 3 ? 2 : D / 32 == 2 ? 4 : 8)>
+// Note [row batches]: the default number of 16-row groups whose K (or V) loads are in flight
+// together: the largest power of two (at most 8) that keeps about 32 floats per lane in flight,
+// 64 with one query head per block (few registers are taken by q and the accumulators). Measured
+// on the H200 at head_dim 128: 2 for 4 query heads per block, 4 for one (docs/performance.md).
+constexpr int default_row_batch(int D, int G) {
+  const int want = (G == 1 ? 64 : 32) / (D / 8);
+  return want >= 8 ? 8 : want >= 4 ? 4 : want >= 2 ? 2 : 1;
+}
+
+template <int D, int G, int RB = default_row_batch(D, G)>
 struct DecodeChunk {
   static_assert(D % 32 == 0 && D <= 256, "head_dim: a multiple of 32, at most 256");
   static_assert(G * D <= 512, "accumulators per thread: G * D / 8 <= 64");
   static constexpr const char* kName = "decode_chunk";
   static constexpr int kThreads = 128;
   static constexpr int kWarps = kThreads / kWarpSize;
+  static constexpr int kHeads = G;       // query heads per block
   static constexpr int kQuads = D / 32;  // 16-byte vectors per lane per row (8 lanes per row)
-  // Note [row batches]: 16-row groups whose K (or V) loads are in flight together, about 32
-  // floats per lane. A loop that uses each load before issuing the next waits one memory round
+  // Row batches: a loop that uses each load before issuing the next waits one memory round
   // trip per 16 rows and leaves the DRAM idle at low occupancy (B = 1, GQA). Each row's
-  // arithmetic and the order of every sum are those of the one-group loop: the same bits.
-  // The default RB keeps about 32 floats per lane in flight; RB is a pure schedule choice.
+  // arithmetic and the order of every sum are those of the one-group loop whatever RB is: RB is
+  // a schedule choice and gives the same bits (tested).
   static constexpr int kRowBatch = RB;
   static_assert(16 % RB == 0, "row batches: a divisor of the 16 row groups of a chunk");
   static constexpr std::size_t kSharedBytes =

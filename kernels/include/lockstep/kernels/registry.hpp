@@ -31,7 +31,7 @@ using AllKernels = KernelList<
     DecodeChunk<64, 1>, DecodeChunk<64, 2>, DecodeChunk<64, 4>, DecodeChunk<64, 8>,
     DecodeChunk<96, 1>, DecodeChunk<96, 2>, DecodeChunk<96, 4>,
     DecodeChunk<128, 1>, DecodeChunk<128, 2>, DecodeChunk<128, 4>,
-    DecodeChunk<128, 1, 4>, DecodeChunk<128, 4, 4>,
+    DecodeChunk<128, 1, 2>, DecodeChunk<128, 4, 4>,  // schedule variants (same bits)
     DecodeChunk<256, 1>, DecodeChunk<256, 2>,
     DecodeMerge<32>, DecodeMerge<64>, DecodeMerge<96>, DecodeMerge<128>, DecodeMerge<256>,
     DecodeMerge<128, 4>,
