@@ -129,16 +129,17 @@ std::vector<Result> mha(Context& ctx, std::int64_t B, std::int64_t S, std::int64
   return rs;
 }
 
-Result fused(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t S, std::int64_t D, bool causal) {
+Result fused(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t S, std::int64_t D, bool causal,
+             bool tc = false) {
   const std::size_t n = std::size_t(B * H * S * D);
   auto q = random_buffer(ctx.dev, n, 31, -1.0f, 1.0f), k = random_buffer(ctx.dev, n, 32, -1.0f, 1.0f),
        v = random_buffer(ctx.dev, n, 33, -1.0f, 1.0f);
   Buffer<float> out(ctx.dev, n);
   AttentionOptions o;
   o.causal = causal;
-  o.precision = AttentionPrecision::kExact;
+  o.precision = tc ? AttentionPrecision::kTensorCore : AttentionPrecision::kExact;
   Result r;
-  r.name = "attention_fused_exact";
+  r.name = tc ? "attention_fused_tensor_core" : "attention_fused_exact";
   r.shape = "B=" + std::to_string(B) + " H=" + std::to_string(H) + " L=" + std::to_string(S) +
             " D=" + std::to_string(D) + (causal ? " causal" : "");
   r.median_ms = median_ms(
@@ -146,7 +147,10 @@ Result fused(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t S, std::
       ctx.quick ? 0 : 1, std::max(1, ctx.reps / 4));
   r.flops = 4.0 * double(B) * double(H) * double(S) * double(S) * double(D) / (causal ? 2.0 : 1.0);
   r.bytes = 4.0 * double(n) * 4;
-  r.note = "strict fp32 SIMT, FlashAttention-2 schedule; FLOPs halved when causal";
+  r.note = tc ? "fp16 WMMA tiles, fp32 accumulation and softmax, FlashAttention-2 schedule; FLOPs halved when causal"
+             : "strict fp32 SIMT, FlashAttention-2 schedule; FLOPs halved when causal";
+  // The H200's dense fp16 tensor-core figure (../shared/perf-targets.md), not measured here.
+  if (tc && ctx.cuda) r.extra["frac_fp16_tensor_peak_763_TFLOPs"] = r.flops / (r.median_ms * 1e-3) / 763e12;
   return r;
 }
 
@@ -189,15 +193,18 @@ std::vector<Bench> attention_benches() {
          std::vector<Result> rs;
          if (ctx.quick) {
            rs.push_back(fused(ctx, 1, 2, 64, 64, true));
+           rs.push_back(fused(ctx, 1, 2, 64, 64, true, true));
            return rs;
          }
-         if (ctx.cuda) {
-           rs.push_back(fused(ctx, 1, 6, 1500, 64, false));
-           rs.push_back(fused(ctx, 4, 32, 4096, 128, false));
-           rs.push_back(fused(ctx, 4, 32, 4096, 128, true));
-           rs.push_back(fused(ctx, 16, 16, 1024, 64, true));
-         } else {
-           rs.push_back(fused(ctx, 1, 4, 256, 64, false));
+         for (bool tc : {false, true}) {
+           if (ctx.cuda) {
+             rs.push_back(fused(ctx, 1, 6, 1500, 64, false, tc));
+             rs.push_back(fused(ctx, 4, 32, 4096, 128, false, tc));
+             rs.push_back(fused(ctx, 4, 32, 4096, 128, true, tc));
+             rs.push_back(fused(ctx, 16, 16, 1024, 64, true, tc));
+           } else {
+             rs.push_back(fused(ctx, 1, 4, 256, 64, false, tc));
+           }
          }
          return rs;
        }},

@@ -145,12 +145,34 @@ RC_GTEST_PROP(Attention, FusedExact, ()) {
   check(*fused_case(s));
 }
 
-// The fused kernel and the unfused multi-head attention (fp32 GEMM) compute the same function:
-// within the bound of each other (two summation orders).
+RC_GTEST_PROP(Attention, FusedTensorCore, ()) {
+  FusedCaseShape s;
+  s.dim = *rc::gen::element<std::int64_t>(32, 64, 96, 128, 256);
+  s.batch = *rc::gen::inRange<std::int64_t>(1, 3);
+  s.kv_heads = *rc::gen::inRange<std::int64_t>(1, 3);
+  s.heads = s.kv_heads * *rc::gen::inRange<std::int64_t>(1, 4);
+  s.seq_q = *size_gen(200);
+  s.seq_kv = *rc::gen::oneOf(rc::gen::just(s.seq_q), size_gen(200));
+  s.causal = *rc::gen::arbitrary<bool>();
+  s.interleaved = *rc::gen::arbitrary<bool>();
+  s.tensor_core = true;
+  s.seed = *rc::gen::arbitrary<std::uint64_t>();
+  check(*fused_case(s));
+}
+
+// The fused kernel (Exact or TensorCore) and the unfused multi-head attention (fp32 GEMM) compute
+// the same function: within the sum of their bounds (two summation orders, and the tensor-core
+// rounding points).
 RC_GTEST_PROP(Attention, FusedMatchesMultiheadAndCausalRowsMatchPrefixes, ()) {
   const std::int64_t S = *size_gen(120), H = *rc::gen::inRange<std::int64_t>(1, 3);
   const std::int64_t D = *rc::gen::element<std::int64_t>(32, 64, 128);
   const bool causal = *rc::gen::arbitrary<bool>();
+  const bool tc = *rc::gen::arbitrary<bool>();  // the fused kernel on tensor cores, or Exact
+  const auto prec = tc ? AttentionPrecision::kTensorCore : AttentionPrecision::kExact;
+  // One side's bound: the fused kernel's precision; the other side is fp32.
+  auto fused_bound = [tc](double pv, double qk, std::int64_t n, std::int64_t D) {
+    return tc ? attention_bound_tc(pv, qk, n, D) : attention_bound_fp32(pv, qk, n, D);
+  };
   const auto seed = *rc::gen::arbitrary<std::uint64_t>();
   const auto q = uniform(seed, std::size_t(S * H * D), -1.0f, 1.0f), k = uniform(seed + 1, q.size(), -1.0f, 1.0f),
              v = uniform(seed + 2, q.size(), -1.0f, 1.0f);
@@ -163,6 +185,7 @@ RC_GTEST_PROP(Attention, FusedMatchesMultiheadAndCausalRowsMatchPrefixes, ()) {
   AttentionOptions fo;
   fo.causal = causal;
   fo.layout = AttentionLayout::kInterleaved;
+  fo.precision = prec;
   attention(st, bq, bk, bv, o1, AttentionShape{1, H, H, S, S, D}, fo);
   MhaOptions mo;
   mo.causal = causal;
@@ -174,7 +197,9 @@ RC_GTEST_PROP(Attention, FusedMatchesMultiheadAndCausalRowsMatchPrefixes, ()) {
     for (std::int64_t i = 0; i < S; ++i)
       for (std::int64_t d = 0; d < D; ++d) {
         const std::size_t o = std::size_t((i * H + h) * D + d), e = std::size_t(i * D + d);
-        const double bound = 2 * attention_bound_fp32(ref.pv_mag[e], ref.qk_mag[std::size_t(i)], causal ? i + 1 : S, D);
+        const std::int64_t n = causal ? i + 1 : S;
+        const double bound = fused_bound(ref.pv_mag[e], ref.qk_mag[std::size_t(i)], n, D) +
+                             attention_bound_fp32(ref.pv_mag[e], ref.qk_mag[std::size_t(i)], n, D);
         RC_ASSERT(std::fabs(double(a[o]) - double(b[o])) <= bound);
       }
   }
@@ -188,12 +213,13 @@ RC_GTEST_PROP(Attention, FusedMatchesMultiheadAndCausalRowsMatchPrefixes, ()) {
   v1.copy_from_host(st, std::span<const float>(v).subspan(0, std::size_t((t + 1) * H * D)));
   AttentionOptions no;
   no.layout = AttentionLayout::kInterleaved;
+  no.precision = prec;
   attention(st, q1, k1, v1, out1, AttentionShape{1, H, H, 1, t + 1, D}, no);
   const auto c = out1.to_vector(st);
   for (std::int64_t h = 0; h < H; ++h) {
     const auto ref = attention_reference(q.data() + t * H * D + h * D, H * D, k.data() + h * D, v.data() + h * D, H * D, 1, t + 1, D, false);
     for (std::int64_t d = 0; d < D; ++d) {
-      const double bound = 2 * attention_bound_fp32(ref.pv_mag[std::size_t(d)], ref.qk_mag[0], t + 1, D);
+      const double bound = 2 * fused_bound(ref.pv_mag[std::size_t(d)], ref.qk_mag[0], t + 1, D);
       RC_ASSERT(std::fabs(double(c[std::size_t(h * D + d)]) - double(a[std::size_t((t * H + h) * D + d)])) <= bound);
     }
   }

@@ -310,25 +310,31 @@ TEST_P(Attention, KvCacheGrowKeepsContentsAndCopySlotWorks) {
 TEST_P(Attention, FusedEdgeCasesAndBadInput) {
   const AttentionShape sh{1, 4, 2, 8, 6, 32};
   auto q = filled(4 * 8 * 32, 0.5f), k = filled(2 * 6 * 32, 0.25f), v = filled(2 * 6 * 32, 2.0f);
-  auto out = filled(4 * 8 * 32, 42.0f), lse = filled(4 * 8, 42.0f);
-  AttentionOptions o;
-  o.lse = &lse;
-  attention(s(), q, k, v, out, sh, o);
-  for (float x : out.to_vector(s())) ASSERT_EQ(x, 2.0f);  // every value row is 2: exactly 2
-  // Six equal scores s = 32 * 0.5 * 0.25 / sqrt(32): log-sum-exp = s + log(6).
-  const float expect_lse = 0.5f * 0.25f * 32 / std::sqrt(32.0f) + std::log(6.0f);
-  for (float x : lse.to_vector(s())) ASSERT_NEAR(x, expect_lse, 1e-5f);
-  // Causal with seq_q > seq_kv (bottom-right): the first two rows see no key.
-  o.causal = true;
-  attention(s(), q, k, v, out, sh, o);
-  const auto oc = out.to_vector(s()), lc = lse.to_vector(s());
-  for (int h = 0; h < 4; ++h) {
-    for (int d = 0; d < 32; ++d) {
-      ASSERT_EQ(bits(oc[(h * 8 + 0) * 32 + d]), 0u);
-      ASSERT_EQ(bits(oc[(h * 8 + 1) * 32 + d]), 0u);
-      ASSERT_EQ(oc[(h * 8 + 2) * 32 + d], 2.0f);
+  for (auto prec : {AttentionPrecision::kExact, AttentionPrecision::kTensorCore}) {
+    SCOPED_TRACE(prec == AttentionPrecision::kExact ? "exact" : "tensor core");
+    auto out = filled(4 * 8 * 32, 42.0f), lse = filled(4 * 8, 42.0f);
+    AttentionOptions o;
+    o.lse = &lse;
+    o.precision = prec;
+    attention(s(), q, k, v, out, sh, o);
+    // Every value row is 2 and 0.5, 0.25, 2 are exact in fp16: exactly 2 in both precisions.
+    for (float x : out.to_vector(s())) ASSERT_EQ(x, 2.0f);
+    // Six equal scores s = 32 * 0.5 * 0.25 / sqrt(32): log-sum-exp = s + log(6).
+    const float expect_lse = 0.5f * 0.25f * 32 / std::sqrt(32.0f) + std::log(6.0f);
+    for (float x : lse.to_vector(s())) ASSERT_NEAR(x, expect_lse, 1e-5f);
+    // Causal with seq_q > seq_kv (bottom-right): the first two rows see no key.
+    o.causal = true;
+    attention(s(), q, k, v, out, sh, o);
+    const auto oc = out.to_vector(s()), lc = lse.to_vector(s());
+    for (int h = 0; h < 4; ++h) {
+      for (int d = 0; d < 32; ++d) {
+        ASSERT_EQ(bits(oc[(h * 8 + 0) * 32 + d]), 0u);
+        ASSERT_EQ(bits(oc[(h * 8 + 1) * 32 + d]), 0u);
+        ASSERT_EQ(oc[(h * 8 + 2) * 32 + d], 2.0f);
+      }
+      ASSERT_TRUE(std::isinf(lc[h * 8]) && lc[h * 8] < 0);
+      ASSERT_TRUE(std::isinf(lc[h * 8 + 1]) && lc[h * 8 + 1] < 0);
     }
-    ASSERT_TRUE(std::isinf(lc[h * 8]) && lc[h * 8] < 0);
   }
   // Bad input: typed, nothing written.
   auto out2 = filled(4 * 8 * 32, 42.0f);
@@ -338,7 +344,8 @@ TEST_P(Attention, FusedEdgeCasesAndBadInput) {
   EXPECT_THROW(attention(s(), q, k, v, out2, AttentionShape{1, 4, 2, 8, 6, 48}), Unsupported);
   AttentionOptions tc;
   tc.precision = AttentionPrecision::kTensorCore;
-  EXPECT_THROW(attention(s(), q, k, v, out2, sh, tc), Unsupported);
+  expect_invalid([&] { attention(s(), q, k, v, out2, AttentionShape{1, 4, 3, 8, 6, 32}, tc); }, "kv_heads");
+  expect_invalid([&] { attention(s(), q, k, v, out2, AttentionShape{1, 4, 2, 8, 7, 32}, tc); }, "k.size()");
   expect_all(out2, 42.0f);
   // seq_q == 0: no error, nothing written.
   Buffer<float> none(dev, 0), none_out(dev, 0);

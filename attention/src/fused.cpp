@@ -1,5 +1,6 @@
 #include "lockstep/attention/fused.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -10,9 +11,18 @@ namespace lockstep {
 
 namespace {
 template <int D>
-void launch_exact(Stream& s, const kernels::FusedAttentionParams& p, Dim3 grid) {
-  using K = kernels::FusedAttentionExact<D>;
-  launch<K>(s, grid, K::kSharedBytes, p);
+void launch_exact(Stream& s, const kernels::FusedAttentionParams& p, std::int64_t seq_q,
+                  std::int64_t heads, std::int64_t batch, bool tensor_core) {
+  auto go = [&](auto k) {
+    using K = decltype(k);
+    const Dim3 grid{static_cast<std::uint32_t>(kernels::ceil_div(seq_q, K::kRows)),
+                    static_cast<std::uint32_t>(heads), static_cast<std::uint32_t>(batch)};
+    launch<K>(s, grid, K::kSharedBytes, p);
+  };
+  if (tensor_core)
+    go(kernels::FusedAttentionTensorCore<D>{});
+  else
+    go(kernels::FusedAttentionExact<D>{});
 }
 }  // namespace
 
@@ -30,10 +40,10 @@ void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
   const std::int64_t D = sh.head_dim;
   if (D != 32 && D != 64 && D != 96 && D != 128 && D != 256)
     throw Unsupported(w, "head_dim", std::to_string(D), "32, 64, 96, 128, 256");
-  if (o.precision == AttentionPrecision::kTensorCore)
-    throw Unsupported(w, "precision", "TensorCore",
-                      "Exact (the fused tensor-core kernel is not written yet; multihead_attention "
-                      "has a tensor-core path)");
+  const bool tensor_core = o.precision == AttentionPrecision::kTensorCore;
+  if (tensor_core && !stream.device().caps().tensor_cores &&
+      stream.device().id().kind == DeviceKind::kCuda)
+    throw Unsupported(w, "precision", "TensorCore", "a device with tensor cores (CUDA sm_70 or newer)");
   LOCKSTEP_CHECK_ARG(sh.batch <= 65535 && sh.heads <= 65535, w, "batch", sh.batch, "<= 65535 (and heads <= 65535)");
   LOCKSTEP_CHECK_ARG(sh.seq_q <= 0x7fffffff && sh.seq_kv <= 0x7fffffff, w, "seq_kv", sh.seq_kv, "<= 2147483647");
   detail::check_on(w, "q", q, stream);
@@ -64,8 +74,9 @@ void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
   strides(sh.kv_heads, sh.seq_kv, p.k_sb, p.k_ss, p.k_sh);
   strides(sh.kv_heads, sh.seq_kv, p.v_sb, p.v_ss, p.v_sh);
   strides(sh.heads, sh.seq_q, p.o_sb, p.o_ss, p.o_sh);
-  // Lane offsets inside a block: 32 rows of a tile.
-  check_fits(std::uint64_t(std::max(p.q_ss, p.k_ss)) * 32 + UD, kMaxLaneOffset, w, "32 * row stride");
+  // Lane offsets inside a block: the rows of a query or key tile (at most 64).
+  check_fits(std::uint64_t(std::max({p.q_ss, p.k_ss, p.v_ss, p.o_ss})) * 64 + UD, kMaxLaneOffset, w,
+             "64 * row stride");
   if (sh.seq_q == 0) return;
   p.q = q.data().get();
   p.k = k.data().get();
@@ -79,14 +90,12 @@ void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
   p.Skv = static_cast<std::int32_t>(sh.seq_kv);
   p.causal = o.causal ? 1 : 0;
   p.scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const Dim3 grid{static_cast<std::uint32_t>(kernels::ceil_div(sh.seq_q, 32)),
-                  static_cast<std::uint32_t>(sh.heads), static_cast<std::uint32_t>(sh.batch)};
   switch (D) {
-    case 32: launch_exact<32>(stream, p, grid); break;
-    case 64: launch_exact<64>(stream, p, grid); break;
-    case 96: launch_exact<96>(stream, p, grid); break;
-    case 128: launch_exact<128>(stream, p, grid); break;
-    default: launch_exact<256>(stream, p, grid); break;
+    case 32: launch_exact<32>(stream, p, sh.seq_q, sh.heads, sh.batch, tensor_core); break;
+    case 64: launch_exact<64>(stream, p, sh.seq_q, sh.heads, sh.batch, tensor_core); break;
+    case 96: launch_exact<96>(stream, p, sh.seq_q, sh.heads, sh.batch, tensor_core); break;
+    case 128: launch_exact<128>(stream, p, sh.seq_q, sh.heads, sh.batch, tensor_core); break;
+    default: launch_exact<256>(stream, p, sh.seq_q, sh.heads, sh.batch, tensor_core); break;
   }
 }
 

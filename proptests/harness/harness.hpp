@@ -161,9 +161,10 @@ double attention_bound_tc(double pv_mag, double qk_mag, std::int64_t Skv, std::i
 struct FusedCaseShape {
   std::int64_t batch = 1, heads = 1, kv_heads = 1, seq_q = 1, seq_kv = 1, dim = 32;
   bool causal = false, interleaved = false;
+  bool tensor_core = false;  // precision TensorCore (else Exact)
   std::uint64_t seed = 0;
 };
-// attention() with precision Exact (and the log-sum-exp appended to the output).
+// attention() with precision Exact or TensorCore (and the log-sum-exp appended to the output).
 std::unique_ptr<Case> fused_case(const FusedCaseShape& s);
 
 struct MathShape {

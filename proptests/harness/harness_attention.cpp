@@ -313,7 +313,7 @@ class FusedCase final : public Case {
     v_ = uniform(s.seed + 2, k_.size(), -1.0f, 1.0f);
   }
   std::string describe() const override {
-    return "attention (fused, exact) B=" + std::to_string(s_.batch) + " H=" + std::to_string(s_.heads) +
+    return std::string("attention (fused, ") + (s_.tensor_core ? "tensor core" : "exact") + ") B=" + std::to_string(s_.batch) + " H=" + std::to_string(s_.heads) +
            " Hkv=" + std::to_string(s_.kv_heads) + " Sq=" + std::to_string(s_.seq_q) + " Skv=" +
            std::to_string(s_.seq_kv) + " D=" + std::to_string(s_.dim) + (s_.causal ? " causal" : "") +
            (s_.interleaved ? " interleaved" : " heads-first");
@@ -329,7 +329,7 @@ class FusedCase final : public Case {
     poison(st, lse);
     AttentionOptions opt;
     opt.causal = s_.causal;
-    opt.precision = AttentionPrecision::kExact;
+    opt.precision = s_.tensor_core ? AttentionPrecision::kTensorCore : AttentionPrecision::kExact;
     opt.layout = s_.interleaved ? AttentionLayout::kInterleaved : AttentionLayout::kHeadsFirst;
     opt.lse = &lse;
     attention(st, q, k, v, o, AttentionShape{s_.batch, s_.heads, s_.kv_heads, s_.seq_q, s_.seq_kv, s_.dim}, opt);
@@ -344,6 +344,7 @@ class FusedCase final : public Case {
     const std::int64_t D = s_.dim;
     return std::size_t(s_.interleaved ? ((b * S + i) * heads + h) * D : ((b * heads + h) * S + i) * D);
   }
+  bool bitwise_across_backends() const override { return !s_.tensor_core; }
   OracleReport check(const Run& r) const override {
     OracleReport rep;
     const std::int64_t D = s_.dim, g = s_.heads / s_.kv_heads;
@@ -361,8 +362,9 @@ class FusedCase final : public Case {
               s_.causal ? std::clamp<std::int64_t>(i + 1 + s_.seq_kv - s_.seq_q, 0, s_.seq_kv) : s_.seq_kv;
           for (std::int64_t d = 0; d < D; ++d) {
             const std::size_t o = at(b, h, i, s_.heads, s_.seq_q) + std::size_t(d), e = std::size_t(i * D + d);
-            account(rep, o, r.out[o], ref.out[e],
-                    visible == 0 ? 0.0 : attention_bound_fp32(ref.pv_mag[e], ref.qk_mag[std::size_t(i)], visible, D));
+            const double bound = s_.tensor_core ? attention_bound_tc(ref.pv_mag[e], ref.qk_mag[std::size_t(i)], visible, D)
+                                                : attention_bound_fp32(ref.pv_mag[e], ref.qk_mag[std::size_t(i)], visible, D);
+            account(rep, o, r.out[o], ref.out[e], visible == 0 ? 0.0 : bound);
           }
           const float got = r.out[lse0 + std::size_t((b * s_.heads + h) * s_.seq_q + i)];
           if (visible == 0) {
@@ -385,20 +387,23 @@ class FusedCase final : public Case {
 std::unique_ptr<Case> fused_case(const FusedCaseShape& s) { return std::make_unique<FusedCase>(s); }
 
 std::vector<KernelEntry> fused_entries() {
-  return {{"attention_fused_exact", [](std::mt19937_64& g) {
-             FusedCaseShape s;
-             static const std::int64_t dims[] = {32, 64, 96, 128, 256};
-             s.dim = dims[std::uniform_int_distribution<int>(0, 4)(g)];
-             s.batch = std::uniform_int_distribution<std::int64_t>(1, 2)(g);
-             s.kv_heads = std::uniform_int_distribution<std::int64_t>(1, 2)(g);
-             s.heads = s.kv_heads * std::uniform_int_distribution<std::int64_t>(1, 3)(g);
-             s.seq_q = draw_size(g, 150);
-             s.seq_kv = std::uniform_int_distribution<int>(0, 1)(g) ? s.seq_q : draw_size(g, 150);
-             s.causal = std::uniform_int_distribution<int>(0, 1)(g);
-             s.interleaved = std::uniform_int_distribution<int>(0, 1)(g);
-             s.seed = g();
-             return fused_case(s);
-           }}};
+  auto draw = [](std::mt19937_64& g, bool tc) {
+    FusedCaseShape s;
+    static const std::int64_t dims[] = {32, 64, 96, 128, 256};
+    s.dim = dims[std::uniform_int_distribution<int>(0, 4)(g)];
+    s.batch = std::uniform_int_distribution<std::int64_t>(1, 2)(g);
+    s.kv_heads = std::uniform_int_distribution<std::int64_t>(1, 2)(g);
+    s.heads = s.kv_heads * std::uniform_int_distribution<std::int64_t>(1, 3)(g);
+    s.seq_q = draw_size(g, 150);
+    s.seq_kv = std::uniform_int_distribution<int>(0, 1)(g) ? s.seq_q : draw_size(g, 150);
+    s.causal = std::uniform_int_distribution<int>(0, 1)(g);
+    s.interleaved = std::uniform_int_distribution<int>(0, 1)(g);
+    s.tensor_core = tc;
+    s.seed = g();
+    return fused_case(s);
+  };
+  return {{"attention_fused_exact", [draw](std::mt19937_64& g) { return draw(g, false); }},
+          {"attention_fused_tensor_core", [draw](std::mt19937_64& g) { return draw(g, true); }}};
 }
 
 }  // namespace lockstep::harness

@@ -21,6 +21,10 @@ for stage in "$@"; do
       $G/lockstep_tests > "$OUT/tests.log" 2>&1; rc=$?
       echo "unit tests rc=$rc: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/tests.log" | tr '\n' ' ')" | tee -a "$summary"
       grep -E "FAILED|Failure" "$OUT/tests.log" | head -20 | tee -a "$summary" ;;
+    props_fused)  # the fused kernels first: a quick look before the long stages
+      RC_PARAMS="max_success=${FUSED_CASES:-200}" $G/lockstep_proptests --gtest_filter='*Fused*' > "$OUT/props_fused.log" 2>&1; rc=$?
+      echo "fused properties (${FUSED_CASES:-200} cases) rc=$rc:" | tee -a "$summary"
+      grep -E "^\[       OK \]|^\[  FAILED  \]|differ|outside|unwritten|reproduce|Falsifiable" "$OUT/props_fused.log" | head -20 | tee -a "$summary" ;;
     props)
       RC_PARAMS="max_success=$cases" $G/lockstep_proptests > "$OUT/props.log" 2>&1; rc=$?
       echo "properties ($cases cases each) rc=$rc:" | tee -a "$summary"
@@ -63,6 +67,8 @@ for stage in "$@"; do
       cuobjdump --dump-resource-usage $G/liblockstep.so.0 > "$OUT/sass.txt" 2>&1
       cuobjdump --dump-sass $G/liblockstep.so.0 > /tmp/sass_full.txt 2>&1
       echo "tensor-core instructions (HMMA) in GemmTensorCore: $(awk '/Function : .*GemmTensorCore/{f=1} /Function : /&&!/GemmTensorCore/{f=0} f' /tmp/sass_full.txt | grep -c HMMA)" | tee -a "$summary"
+      echo "tensor-core instructions (HMMA) in FusedAttentionTensorCore<128>: $(awk '/Function : .*FusedAttentionTensorCoreILi128/{f=1;next} /Function : /{f=0} f' /tmp/sass_full.txt | grep -c HMMA)" | tee -a "$summary"
+      grep -A1 "FusedAttentionTensorCore\|DecodeChunk\|DecodeMerge" "$OUT/sass.txt" | grep -E "Function|REG" | paste - - | sed 's/_ZN8lockstep4cuda5entryINS_7kernels//;s/EEEEvNT_6ParamsE//' | awk '{print $2, $3, $4, $5, $6, $7}' | tee -a "$summary"
       echo "FFMA in DecodeChunk<128,4>: $(awk '/Function : .*DecodeChunkILi128ELi4/{f=1;next} /Function : /{f=0} f' /tmp/sass_full.txt | grep -c FFMA)" | tee -a "$summary"
       echo "kernels with local memory (LDL/STL): $(awk '/Function : /{fn=$3} /LDL|STL/{print fn}' /tmp/sass_full.txt | sort -u | wc -l)" | tee -a "$summary"
       awk '/Function : /{fn=$3} /LDL|STL/{print fn}' /tmp/sass_full.txt | sort | uniq -c | head -20 | tee -a "$summary" ;;

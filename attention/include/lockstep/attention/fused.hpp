@@ -8,8 +8,9 @@
 
 namespace lockstep {
 
-// Exact: strict fp32 (SIMT), byte-identical on both backends. TensorCore: fp16 tensor-core
-// inputs with fp32 accumulation (not implemented yet: Unsupported). Auto: Exact.
+// Exact: strict fp32 (SIMT), byte-identical on both backends. TensorCore: Q, K, V and P rounded
+// to fp16 for the tile products, fp32 accumulation and fp32 softmax (docs/numerics.md); the CPU
+// emulates the tiles, within the documented bound of CUDA. Auto: Exact (bit-faithful).
 enum class AttentionPrecision { kAuto, kExact, kTensorCore };
 // kHeadsFirst: [batch, heads, seq, head_dim]; kInterleaved: [batch, seq, heads * head_dim].
 enum class AttentionLayout { kHeadsFirst, kInterleaved };

@@ -160,4 +160,178 @@ struct FusedAttentionExact {
   }
 };
 
+
+// Fused attention on the tensor cores, the same FlashAttention-2 schedule: a block owns kRows
+// query rows of one (batch, head), streams tiles of 64 keys through shared memory, keeps a running
+// max and sum per row and rescales its output. Q.K^T and P.V are 16x16x16 tile products (WMMA on
+// CUDA; emulated on the CPU with the same tiles and rounding points, Note [tensor-core
+// emulation]); the softmax is SIMT in strict fp32.
+//
+// Note [fused tensor-core rounding points]
+// Q, K and V are rounded to fp16 (nearest even) as they enter shared memory; S = Q.K^T is
+// accumulated in fp32 over head_dim in steps of 16; p = exp(s * scale - m) is computed in fp32, the
+// row sum l accumulates the fp32 p, and P.V uses p rounded to fp16; each tile's P.V (fp32
+// accumulation over the 64 keys in steps of 16) is added to the output as o = fma(o, alpha, pv).
+// The output accumulator lives in shared memory (fp32), so the per-row rescale is SIMT.
+// Grid: x = ceil(Sq / kRows), y = H, z = B. Warp w owns rows 16w .. 16w + 15.
+template <int D>
+struct FusedAttentionTensorCore {
+  static_assert(D % 16 == 0 && D <= 256, "head_dim: a multiple of 16, at most 256");
+  static constexpr const char* kName = "fused_attention_tensor_core";
+  static constexpr int kRows = D <= 128 ? 64 : 32;
+  static constexpr int kWarps = kRows / 16;
+  static constexpr int kThreads = kWarps * kWarpSize;
+  static constexpr int kTile = 64;        // keys per tile
+  static constexpr int kLdQ = D + 8;      // fp16 [kRows][D]
+  static constexpr int kLdKT = kTile + 8; // fp16 [D][kTile]: K transposed, the B operand of Q.K^T
+  static constexpr int kLdV = D + 8;      // fp16 [kTile][D]
+  static constexpr int kLdP = kTile + 8;  // fp16 [kRows][kTile]
+  static constexpr int kLdS = kTile + 4;  // fp32 [kRows][kTile] scores
+  static constexpr int kLdO = D + 4;      // fp32 [kRows][D] this tile's P.V, and the output
+  static constexpr int kStage = (kRows * kLdS > kRows * kLdO) ? kRows * kLdS : kRows * kLdO;
+  static constexpr std::size_t kHalves = std::size_t(kRows) * kLdQ + std::size_t(D) * kLdKT +
+                                         std::size_t(kTile) * kLdV + std::size_t(kRows) * kLdP;
+  static constexpr std::size_t kSharedBytes =
+      kHalves * 2 + (std::size_t(kStage) + std::size_t(kRows) * kLdO + kRows) * 4 + 7 * 32;
+  using Params = FusedAttentionParams;
+
+  template <class X>
+  LOCKSTEP_HD static void run(X& x, const Params& p) {
+    using F = typename X::template Lanes<float>;
+    using I = typename X::template Lanes<lane_int>;
+    using B = typename X::template Lanes<bool>;
+    using H = typename X::half_t;
+    H* Qh = x.template shared<H>(kRows * kLdQ);
+    H* KT = x.template shared<H>(D * kLdKT);
+    H* Vh = x.template shared<H>(kTile * kLdV);
+    H* Ph = x.template shared<H>(kRows * kLdP);
+    float* St = x.template shared<float>(kStage);   // scores, then this tile's P.V
+    float* Os = x.template shared<float>(kRows * kLdO);
+    float* Al = x.template shared<float>(kRows);    // per-row rescale of this tile
+
+    const int b = x.block_z(), h = x.block_y();
+    const int hk = h / (p.H / p.Hkv);
+    const int s0 = x.block_x() * kRows;
+    const int rows = static_cast<int>(imin(p.Sq - s0, kRows));
+    const int shift = p.Skv - p.Sq;
+    const float* qb = p.q + b * p.q_sb + h * p.q_sh + std::int64_t{s0} * p.q_ss;
+    const float* kb = p.k + b * p.k_sb + hk * p.k_sh;
+    const float* vb = p.v + b * p.v_sb + hk * p.v_sh;
+    float* ob = p.out + b * p.o_sb + h * p.o_sh + std::int64_t{s0} * p.o_ss;
+    const int q_ss = static_cast<int>(p.q_ss), k_ss = static_cast<int>(p.k_ss),
+              v_ss = static_cast<int>(p.v_ss), o_ss = static_cast<int>(p.o_ss);
+
+    const I t = x.thread();
+    const I lane = x.lane();
+    const I w = x.warp();
+
+    for (int r = 0; r < kRows; ++r)
+      for (int c0 = 0; c0 < D; c0 += kThreads) {
+        const I c = t + c0;
+        x.store_half(Qh, r * kLdQ + c, x.load(qb, c + r * q_ss, (c < D) & (r < rows), 0.0f), c < D);
+        x.store(Os, r * kLdO + c, 0.0f, c < D);
+      }
+
+    F m[16], l[16];
+    LOCKSTEP_UNROLL
+    for (int r = 0; r < 16; ++r) {
+      m[r] = -kInf;
+      l[r] = 0.0f;
+    }
+
+    const int last_key = p.causal ? static_cast<int>(imin(p.Skv, s0 + rows + shift)) : p.Skv;
+    for (int j0 = 0; j0 < last_key; j0 += kTile) {
+      const int keys = static_cast<int>(imin(last_key - j0, kTile));
+      x.sync();  // the previous tile's K, V, P and P.V are consumed
+      const float* kt = kb + std::int64_t{j0} * p.k_ss;
+      const float* vt = vb + std::int64_t{j0} * p.v_ss;
+      for (int r = 0; r < kTile; ++r)
+        for (int c0 = 0; c0 < D; c0 += kThreads) {
+          const I c = t + c0;
+          const B ok = (c < D) & (r < keys);
+          x.store_half(KT, c * kLdKT + r, x.load(kt, c + r * k_ss, ok, 0.0f), c < D);
+          x.store_half(Vh, r * kLdV + c, x.load(vt, c + r * v_ss, ok, 0.0f), c < D);
+        }
+      x.sync();
+      // S = Q.K^T: warp w, its 16 rows by the tile's 64 keys.
+      LOCKSTEP_UNROLL
+      for (int n = 0; n < kTile / 16; ++n) {
+        typename X::AccTile acc;
+        x.tile_zero(acc);
+        LOCKSTEP_UNROLL
+        for (int kk = 0; kk < D / 16; ++kk)
+          x.tile_mma(acc, Qh, w * (16 * kLdQ) + 16 * kk, kLdQ, KT, (16 * kk) * kLdKT + 16 * n, kLdKT);
+        x.tile_store(St, w * (16 * kLdS) + 16 * n, kLdS, acc);
+      }
+      x.sync();
+      // Online softmax, SIMT: lane j holds keys j and j + 32 of each of the warp's rows.
+      LOCKSTEP_UNROLL
+      for (int r = 0; r < 16; ++r) {
+        const I row = w * 16 + r;
+        const I qi = row + s0;
+        const I key0 = lane, key1 = lane + 32;
+        B vis0 = (key0 < keys) & (row < rows), vis1 = (key1 < keys) & (row < rows);
+        if (p.causal) {
+          vis0 = vis0 & (key0 + j0 <= qi + shift);
+          vis1 = vis1 & (key1 + j0 <= qi + shift);
+        }
+        const F sc0 = x.select(vis0, x.load(St, row * kLdS + key0) * p.scale, -kInf);
+        const F sc1 = x.select(vis1, x.load(St, row * kLdS + key1) * p.scale, -kInf);
+        const F m_new = x.max(m[r], x.warp_max(x.max(sc0, sc1)));
+        const B none = m_new == -kInf;
+        const F p0 = x.select(none, 0.0f, x.exp(sc0 - m_new));
+        const F p1 = x.select(none, 0.0f, x.exp(sc1 - m_new));
+        const F alpha = x.select(none, 1.0f, x.exp(m[r] - m_new));
+        l[r] = l[r] * alpha + x.warp_sum(p0 + p1);
+        m[r] = m_new;
+        x.store_half(Ph, row * kLdP + key0, p0);
+        x.store_half(Ph, row * kLdP + key1, p1);
+        x.store(Al, row, alpha, lane == 0);
+      }
+      x.sync();  // P is read by the warp's tile loads; the scores' stage is reused for P.V
+      // This tile's P.V: warp w, its 16 rows by D columns.
+      LOCKSTEP_UNROLL
+      for (int n = 0; n < D / 16; ++n) {
+        typename X::AccTile acc;
+        x.tile_zero(acc);
+        LOCKSTEP_UNROLL
+        for (int kk = 0; kk < kTile / 16; ++kk)
+          x.tile_mma(acc, Ph, w * (16 * kLdP) + 16 * kk, kLdP, Vh, (16 * kk) * kLdV + 16 * n, kLdV);
+        x.tile_store(St, w * (16 * kLdO) + 16 * n, kLdO, acc);
+      }
+      x.sync();
+      // o = o * alpha + pv for the warp's rows.
+      LOCKSTEP_UNROLL
+      for (int r = 0; r < 16; ++r) {
+        const I row = w * 16 + r;
+        const F a = x.load(Al, row);
+        for (int c0 = 0; c0 < D; c0 += kWarpSize) {
+          const I c = lane + c0;
+          const B ok = c < D;
+          x.store(Os, row * kLdO + c,
+                  x.fma(x.load(Os, row * kLdO + c, ok, 0.0f), a, x.load(St, row * kLdO + c, ok, 0.0f)), ok);
+        }
+      }
+    }
+
+    x.sync();  // with no key tile at all, Os still holds the zeros other threads wrote
+    LOCKSTEP_UNROLL
+    for (int r = 0; r < 16; ++r) {
+      const I row = w * 16 + r;
+      const B live = row < rows;
+      const B empty = l[r] == 0.0f;
+      for (int c0 = 0; c0 < D; c0 += kWarpSize) {
+        const I c = lane + c0;
+        const B ok = live & (c < D);
+        x.store(ob, row * o_ss + c, x.select(empty, 0.0f, x.load(Os, row * kLdO + c, c < D, 0.0f) / l[r]), ok);
+      }
+      if (p.lse != nullptr) {
+        const F lse = x.select(empty, -kInf, m[r] + x.log(l[r]));
+        float* lrow = p.lse + (std::int64_t{b} * p.H + h) * p.Sq + s0;
+        x.store(lrow, row, lse, live & (lane == 0));
+      }
+    }
+  }
+};
+
 }  // namespace lockstep::kernels

@@ -36,7 +36,9 @@ using AllKernels = KernelList<
     DecodeMerge<32>, DecodeMerge<64>, DecodeMerge<96>, DecodeMerge<128>, DecodeMerge<256>,
     DecodeMerge<128, 4>,
     FusedAttentionExact<32>, FusedAttentionExact<64>, FusedAttentionExact<96>,
-    FusedAttentionExact<128>, FusedAttentionExact<256>>;
+    FusedAttentionExact<128>, FusedAttentionExact<256>,
+    FusedAttentionTensorCore<32>, FusedAttentionTensorCore<64>, FusedAttentionTensorCore<96>,
+    FusedAttentionTensorCore<128>, FusedAttentionTensorCore<256>>;
 
 template <class K, class List>
 struct kernel_index;
