@@ -40,12 +40,12 @@ struct DecodeParams {
 // Grid: x = chunk, y = kv head * (H / Hkv / G) + subgroup, z = row (rows beyond 65535 loop).
 // Each block reads its chunk of K and V once for the G query heads it serves.
 // Note [row batches]: the default number of 16-row groups whose K (or V) loads are in flight
-// together: the largest power of two (at most 8) that keeps about 32 floats per lane in flight,
+// together: the largest power of two (at most 4) that keeps about 32 floats per lane in flight,
 // 64 with one query head per block (few registers are taken by q and the accumulators). Measured
 // on the H200 at head_dim 128: 2 for 4 query heads per block, 4 for one (docs/performance.md).
 constexpr int default_row_batch(int D, int G) {
   const int want = (G == 1 ? 64 : 32) / (D / 8);
-  return want >= 8 ? 8 : want >= 4 ? 4 : want >= 2 ? 2 : 1;
+  return want >= 4 ? 4 : want >= 2 ? 2 : 1;  // 8 spilled at head_dim 32 (ptxas, run 7)
 }
 
 template <int D, int G, int RB = default_row_batch(D, G)>
