@@ -91,7 +91,8 @@ int cmd_parity(const std::string& device, int cases, std::uint64_t seed) {
   bool ok = true;
   std::mt19937_64 rng(seed);
   for (const auto& k : harness::kernel_entries()) {
-    double max_ulp = 0, max_rel = 0, max_ratio = 0, tc_ulp = 0, tc_num = 0, tc_den = 0;
+    double max_ulp = 0, max_rel = 0, max_ratio = 0;
+    harness::Distance tc_dist;
     bool bitwise = true;
     std::size_t bound_fail = 0, unwritten_fail = 0;
     std::vector<std::size_t> identical(others.size(), 0);
@@ -119,12 +120,7 @@ int cmd_parity(const std::string& device, int cases, std::uint64_t seed) {
           if (grep.violations == 0 && g.unwritten == c->expected_unwritten()) ++identical[d];
           else if (first_problem.empty())
             first_problem = c->describe() + " on " + others[d]->id().str() + ": " + grep.first_violation;
-          for (std::size_t i = 0; i < r.out.size(); ++i) {
-            tc_ulp = std::max(tc_ulp, harness::ulp_distance(g.out[i], r.out[i]));
-            const double e = double(g.out[i]) - double(r.out[i]);
-            tc_num += e * e;
-            tc_den += double(r.out[i]) * double(r.out[i]);
-          }
+          tc_dist.add(g, r);
           continue;
         }
         const auto cmp = harness::compare_bits(r, g);
@@ -144,8 +140,8 @@ int cmd_parity(const std::string& device, int cases, std::uint64_t seed) {
       } else {
         char buf[160];
         std::snprintf(buf, sizeof buf, "%s not bitwise by design: %zu/%d within bound, max %.0f ulp, NMSE %.2g",
-                      others[d]->id().str().c_str(), identical[d], cases, tc_ulp,
-                      tc_den > 0 ? tc_num / tc_den : tc_num);
+                      others[d]->id().str().c_str(), identical[d], cases, tc_dist.max_ulp,
+                      tc_dist.nmse());
         ident += (d ? ", " : "") + std::string(buf);
       }
       ok = ok && identical[d] == std::size_t(cases);

@@ -51,6 +51,16 @@ Compare compare_bits(const Run& a, const Run& b) {
   return c;
 }
 
+void Distance::add(const Run& got, const Run& ref) {
+  for (std::size_t i = 0; i < ref.out.size() && i < got.out.size(); ++i) {
+    if (!std::isfinite(ref.out[i]) || !std::isfinite(got.out[i])) continue;
+    const double e = double(got.out[i]) - double(ref.out[i]);
+    num += e * e;
+    den += double(ref.out[i]) * double(ref.out[i]);
+    max_ulp = std::max(max_ulp, ulp_distance(got.out[i], ref.out[i]));
+  }
+}
+
 double ulp_distance(float got, double ref) {
   if (std::isnan(ref) || std::isnan(got)) return (std::isnan(ref) && std::isnan(got)) ? 0 : INFINITY;
   if (std::isinf(static_cast<float>(ref)) || std::isinf(got))  // overflow of the float format
@@ -620,16 +630,10 @@ Verdict verify(const Case& c, bool with_variant, bool with_cuda) {
     }
     if (!c.bitwise_across_backends()) {
       const OracleReport g = c.check(gpu);
-      double num = 0, den = 0;
-      for (std::size_t i = 0; i < cpu.out.size(); ++i) {
-        // Infinities (a fully masked row's log-sum-exp) are checked by the oracle, not measured.
-        if (!std::isfinite(cpu.out[i]) || !std::isfinite(gpu.out[i])) continue;
-        const double d = double(gpu.out[i]) - double(cpu.out[i]);
-        num += d * d;
-        den += double(cpu.out[i]) * double(cpu.out[i]);
-        v.cuda_cpu_max_ulp = std::max(v.cuda_cpu_max_ulp, ulp_distance(gpu.out[i], cpu.out[i]));
-      }
-      v.cuda_cpu_nmse = den > 0 ? num / den : num;
+      Distance dist;
+      dist.add(gpu, cpu);
+      v.cuda_cpu_max_ulp = dist.max_ulp;
+      v.cuda_cpu_nmse = dist.nmse();
       if (g.violations != 0)
         v.failure = "CUDA outside the documented bound in " + std::to_string(g.violations) +
                     " elements; first: " + g.first_violation;

@@ -75,6 +75,14 @@ struct Compare {
   std::string first;
 };
 Compare compare_bits(const Run& a, const Run& b);
+// The distance between two runs of a case that is not bitwise across backends (tensor-core
+// paths): the largest ulp distance and the normalized mean squared error, over the elements that
+// are finite in both (infinities, e.g. a masked row's log-sum-exp, are the oracle's to check).
+struct Distance {
+  double max_ulp = 0, num = 0, den = 0;
+  void add(const Run& got, const Run& ref);
+  double nmse() const { return den > 0 ? num / den : num; }
+};
 
 // Distance between a float and a float64 reference in units of the float ulp at the reference.
 double ulp_distance(float got, double ref);
