@@ -90,7 +90,7 @@ template <class Chunk, class Merge>
 std::vector<float> run_decode_variant(Stream& s, const std::shared_ptr<Device>& dev,
                                       const Buffer<float>& q, const Buffer<float>& k,
                                       const Buffer<float>& v, int H, int Hkv, int L, int len) {
-  constexpr int D = 128;
+  constexpr int D = Chunk::kQuads * 32;
   const int chunks = (L + kernels::kDecodeChunk - 1) / kernels::kDecodeChunk;
   Buffer<float> ws(dev, std::size_t(H) * chunks * (D + 2)), out(dev, std::size_t(H) * D);
   kernels::DecodeParams p{};
@@ -113,34 +113,56 @@ std::vector<float> run_decode_variant(Stream& s, const std::shared_ptr<Device>& 
   return out.to_vector(s);
 }
 
+template <int D>
+struct DecodeInputs {
+  Buffer<float> q, k, v;
+  DecodeInputs(const std::shared_ptr<Device>& dev, Stream& s, int H, int Hkv, int L, std::uint32_t seed)
+      : q(dev, std::size_t(H) * D), k(dev, std::size_t(Hkv) * L * D), v(dev, std::size_t(Hkv) * L * D) {
+    std::uint32_t st = seed;
+    auto next = [&] { st = st * 1664525u + 1013904223u; return float(st >> 8) / float(1 << 24) * 2.0f - 1.0f; };
+    for (auto* b : {&q, &k, &v}) {
+      std::vector<float> h(b->size());
+      for (auto& x : h) x = next();
+      b->copy_from_host(s, h);
+    }
+  }
+};
+
 TEST_P(Attention, DecodeScheduleVariantsGiveTheSameBytes) {
-  constexpr int D = 128, L = 9000;
+  using kernels::DecodeChunk;
+  using kernels::DecodeMerge;
+  constexpr int L = 9000;
   for (int Hkv : {1, 2}) {
     const int H = 4 * Hkv;
-    std::vector<float> hq(std::size_t(H) * D), hk(std::size_t(Hkv) * L * D), hv(hk.size());
-    std::uint32_t st = 12345u + Hkv;
-    auto next = [&] { st = st * 1664525u + 1013904223u; return float(st >> 8) / float(1 << 24) * 2.0f - 1.0f; };
-    for (auto* vec : {&hq, &hk, &hv})
-      for (auto& x : *vec) x = next();
-    Buffer<float> q(dev, hq.size()), k(dev, hk.size()), v(dev, hv.size());
-    q.copy_from_host(s(), hq);
-    k.copy_from_host(s(), hk);
-    v.copy_from_host(s(), hv);
-    for (int len : {1, 3000, 9000}) {  // one chunk; one merge batch; several merge batches
-      SCOPED_TRACE("Hkv " + std::to_string(Hkv) + ", length " + std::to_string(len));
-      using kernels::DecodeChunk;
-      using kernels::DecodeMerge;
-      const auto a = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D, 8>>(s(), dev, q, k, v, H, Hkv, L, len);
-      const auto b = run_decode_variant<DecodeChunk<D, 4, 4>, DecodeMerge<D, 4>>(s(), dev, q, k, v, H, Hkv, L, len);
-      EXPECT_TRUE(same(a, b)) << "row batch 2 / merge batch 8 vs row batch 4 / merge batch 4";
-      // One query head per block: 4 blocks per kv head, each over the same chunk.
-      const auto c = run_decode_variant<DecodeChunk<D, 1, 4>, DecodeMerge<D, 8>>(s(), dev, q, k, v, H, Hkv, L, len);
-      const auto d = run_decode_variant<DecodeChunk<D, 1, 2>, DecodeMerge<D, 4>>(s(), dev, q, k, v, H, Hkv, L, len);
-      EXPECT_TRUE(same(a, c)) << "4 query heads per block vs 1";
-      EXPECT_TRUE(same(c, d)) << "row batch 4 vs 2 at one head per block";
-      bool finite = true;
-      for (float x : a) finite = finite && std::isfinite(x);
-      EXPECT_TRUE(finite);
+    {
+      constexpr int D = 128;
+      DecodeInputs<D> in(dev, s(), H, Hkv, L, 12345u + Hkv);
+      // One chunk; one merge batch for both merge variants (12 chunks); one batch at MB = 8 but
+      // two at MB = 4 (20 chunks); several batches for both (36 chunks).
+      for (int len : {1, 3000, 5000, 9000}) {
+        SCOPED_TRACE("D 128, Hkv " + std::to_string(Hkv) + ", length " + std::to_string(len));
+        const auto a = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        const auto b = run_decode_variant<DecodeChunk<D, 4, 4>, DecodeMerge<D, 4>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        EXPECT_TRUE(same(a, b)) << "row batch 2 / merge batch 8 vs row batch 4 / merge batch 4";
+        // One query head per block: 4 blocks per kv head, each over the same chunk.
+        const auto c = run_decode_variant<DecodeChunk<D, 1, 4>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        const auto d = run_decode_variant<DecodeChunk<D, 1, 2>, DecodeMerge<D, 4>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        EXPECT_TRUE(same(a, c)) << "4 query heads per block vs 1";
+        EXPECT_TRUE(same(c, d)) << "row batch 4 vs 2 at one head per block";
+        bool finite = true;
+        for (float x : a) finite = finite && std::isfinite(x);
+        EXPECT_TRUE(finite);
+      }
+    }
+    {
+      constexpr int D = 96;  // the merge's 480-thread shape (5 groups); 4 heads per block vs 1
+      DecodeInputs<D> in(dev, s(), H, Hkv, L, 777u + Hkv);
+      for (int len : {300, 9000}) {
+        SCOPED_TRACE("D 96, Hkv " + std::to_string(Hkv) + ", length " + std::to_string(len));
+        const auto a = run_decode_variant<DecodeChunk<D, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        const auto b = run_decode_variant<DecodeChunk<D, 1>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        EXPECT_TRUE(same(a, b)) << "4 query heads per block vs 1";
+      }
     }
   }
 }

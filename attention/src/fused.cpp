@@ -11,7 +11,7 @@ namespace lockstep {
 
 namespace {
 template <int D>
-void launch_exact(Stream& s, const kernels::FusedAttentionParams& p, std::int64_t seq_q,
+void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_t seq_q,
                   std::int64_t heads, std::int64_t batch, bool tensor_core) {
   auto go = [&](auto k) {
     using K = decltype(k);
@@ -43,7 +43,7 @@ void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
   const bool tensor_core = o.precision == AttentionPrecision::kTensorCore;
   if (tensor_core && !stream.device().caps().tensor_cores &&
       stream.device().id().kind == DeviceKind::kCuda)
-    throw Unsupported(w, "precision", "TensorCore", "a device with tensor cores (CUDA sm_70 or newer)");
+    throw Unsupported(w, "precision", "TensorCore", "a CUDA device with tensor cores (this build targets sm_90)");
   LOCKSTEP_CHECK_ARG(sh.batch <= 65535 && sh.heads <= 65535, w, "batch", sh.batch, "<= 65535 (and heads <= 65535)");
   LOCKSTEP_CHECK_ARG(sh.seq_q <= 0x7fffffff && sh.seq_kv <= 0x7fffffff, w, "seq_kv", sh.seq_kv, "<= 2147483647");
   detail::check_on(w, "q", q, stream);
@@ -91,11 +91,11 @@ void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
   p.causal = o.causal ? 1 : 0;
   p.scale = 1.0f / std::sqrt(static_cast<float>(D));
   switch (D) {
-    case 32: launch_exact<32>(stream, p, sh.seq_q, sh.heads, sh.batch, tensor_core); break;
-    case 64: launch_exact<64>(stream, p, sh.seq_q, sh.heads, sh.batch, tensor_core); break;
-    case 96: launch_exact<96>(stream, p, sh.seq_q, sh.heads, sh.batch, tensor_core); break;
-    case 128: launch_exact<128>(stream, p, sh.seq_q, sh.heads, sh.batch, tensor_core); break;
-    default: launch_exact<256>(stream, p, sh.seq_q, sh.heads, sh.batch, tensor_core); break;
+    case 32: launch_fused<32>(stream, p, sh.seq_q, sh.heads, sh.batch, tensor_core); break;
+    case 64: launch_fused<64>(stream, p, sh.seq_q, sh.heads, sh.batch, tensor_core); break;
+    case 96: launch_fused<96>(stream, p, sh.seq_q, sh.heads, sh.batch, tensor_core); break;
+    case 128: launch_fused<128>(stream, p, sh.seq_q, sh.heads, sh.batch, tensor_core); break;
+    default: launch_fused<256>(stream, p, sh.seq_q, sh.heads, sh.batch, tensor_core); break;
   }
 }
 
