@@ -28,6 +28,46 @@ struct FusedAttentionParams {
   float scale;
 };
 
+// What a block of either fused kernel owns: query rows [s0, s0 + rows) of head h in batch b, kv
+// head hk (GQA), and the base pointers and 32-bit row strides of its operands. Grid: x = query
+// tile of kRows rows, y = head, z = batch.
+struct FusedBlock {
+  int b, h, hk, s0, rows;
+  int shift;  // causal: row i sees keys j <= i + shift (bottom-right alignment)
+  const float* qb;
+  const float* kb;
+  const float* vb;
+  float* ob;
+  int q_ss, k_ss, v_ss, o_ss;
+
+  template <class X>
+  LOCKSTEP_HD FusedBlock(X& x, const FusedAttentionParams& p, int kRows)
+      : b(x.block_z()), h(x.block_y()), hk(h / (p.H / p.Hkv)), s0(x.block_x() * kRows),
+        rows(static_cast<int>(imin(p.Sq - s0, kRows))), shift(p.Skv - p.Sq),
+        qb(p.q + b * p.q_sb + h * p.q_sh + std::int64_t{s0} * p.q_ss),
+        kb(p.k + b * p.k_sb + hk * p.k_sh),
+        vb(p.v + b * p.v_sb + hk * p.v_sh),
+        ob(p.out + b * p.o_sb + h * p.o_sh + std::int64_t{s0} * p.o_ss),
+        q_ss(static_cast<int>(p.q_ss)), k_ss(static_cast<int>(p.k_ss)),
+        v_ss(static_cast<int>(p.v_ss)), o_ss(static_cast<int>(p.o_ss)) {}
+
+  // Keys visible to the block's last row: causal tiles past it are skipped.
+  LOCKSTEP_HD int last_key(const FusedAttentionParams& p) const {
+    return p.causal ? static_cast<int>(imin(p.Skv, s0 + rows + shift)) : p.Skv;
+  }
+
+  // The log-sum-exp of row `row` of the block (a lane value) finished with running max m and
+  // sum l: -inf for a fully masked row (l == 0).
+  template <class X, class F, class Row, class Live>
+  LOCKSTEP_HD void store_lse(X& x, const FusedAttentionParams& p, const Row& row, const Live& live,
+                             const F& m, const F& l) const {
+    if (p.lse == nullptr) return;
+    const F lse = x.select(l == 0.0f, -kInf, m + x.log(l));
+    float* lrow = p.lse + (std::int64_t{b} * p.H + h) * p.Sq + s0;
+    x.store(lrow, row, lse, live & (x.lane() == 0));
+  }
+};
+
 // Grid: x = ceil(Sq / 32) query tiles, y = H, z = B. 4 warps; warp w owns rows 8w .. 8w + 7.
 template <int D>
 struct FusedAttentionExact {
@@ -53,17 +93,11 @@ struct FusedAttentionExact {
     float* Vs = x.template shared<float>(kTile * D);
     float* Ps = x.template shared<float>(kRows * kTile);
 
-    const int b = x.block_z(), h = x.block_y();
-    const int hk = h / (p.H / p.Hkv);
-    const int s0 = x.block_x() * kRows;
-    const int rows = static_cast<int>(imin(p.Sq - s0, kRows));
-    const int shift = p.Skv - p.Sq;  // causal: row i sees keys <= i + shift
-    const float* qb = p.q + b * p.q_sb + h * p.q_sh + std::int64_t{s0} * p.q_ss;
-    const float* kb = p.k + b * p.k_sb + hk * p.k_sh;
-    const float* vb = p.v + b * p.v_sb + hk * p.v_sh;
-    float* ob = p.out + b * p.o_sb + h * p.o_sh + std::int64_t{s0} * p.o_ss;
-    const int q_ss = static_cast<int>(p.q_ss), k_ss = static_cast<int>(p.k_ss),
-              v_ss = static_cast<int>(p.v_ss), o_ss = static_cast<int>(p.o_ss);
+    const FusedBlock fb(x, p, kRows);
+    const int s0 = fb.s0, rows = fb.rows, shift = fb.shift;
+    const float *qb = fb.qb, *kb = fb.kb, *vb = fb.vb;
+    float* ob = fb.ob;
+    const int q_ss = fb.q_ss, k_ss = fb.k_ss, v_ss = fb.v_ss, o_ss = fb.o_ss;
 
     const I t = x.thread();
     const I lane = x.lane();
@@ -86,8 +120,7 @@ struct FusedAttentionExact {
       for (int c = 0; c < kCols; ++c) acc[r][c] = 0.0f;
     }
 
-    // Keys visible to the block's last row: causal tiles past it are skipped.
-    const int last_key = p.causal ? static_cast<int>(imin(p.Skv, s0 + rows + shift)) : p.Skv;
+    const int last_key = fb.last_key(p);
     for (int j0 = 0; j0 < last_key; j0 += kTile) {
       const int keys = static_cast<int>(imin(last_key - j0, kTile));
       x.sync();  // the previous tile's K, V and P are consumed
@@ -151,11 +184,7 @@ struct FusedAttentionExact {
       LOCKSTEP_UNROLL
       for (int c = 0; c < kCols; ++c)
         x.store(ob, row * o_ss + lane + 32 * c, x.select(empty, 0.0f, acc[r][c] / l[r]), live);
-      if (p.lse != nullptr) {
-        const F lse = x.select(empty, -kInf, m[r] + x.log(l[r]));
-        float* lrow = p.lse + (std::int64_t{b} * p.H + h) * p.Sq + s0;
-        x.store(lrow, row, lse, live & (lane == 0));
-      }
+      fb.store_lse(x, p, row, live, m[r], l[r]);
     }
   }
 };
@@ -209,17 +238,11 @@ struct FusedAttentionTensorCore {
     float* Os = x.template shared<float>(kRows * kLdO);
     float* Al = x.template shared<float>(kRows);    // per-row rescale of this tile
 
-    const int b = x.block_z(), h = x.block_y();
-    const int hk = h / (p.H / p.Hkv);
-    const int s0 = x.block_x() * kRows;
-    const int rows = static_cast<int>(imin(p.Sq - s0, kRows));
-    const int shift = p.Skv - p.Sq;
-    const float* qb = p.q + b * p.q_sb + h * p.q_sh + std::int64_t{s0} * p.q_ss;
-    const float* kb = p.k + b * p.k_sb + hk * p.k_sh;
-    const float* vb = p.v + b * p.v_sb + hk * p.v_sh;
-    float* ob = p.out + b * p.o_sb + h * p.o_sh + std::int64_t{s0} * p.o_ss;
-    const int q_ss = static_cast<int>(p.q_ss), k_ss = static_cast<int>(p.k_ss),
-              v_ss = static_cast<int>(p.v_ss), o_ss = static_cast<int>(p.o_ss);
+    const FusedBlock fb(x, p, kRows);
+    const int s0 = fb.s0, rows = fb.rows, shift = fb.shift;
+    const float *qb = fb.qb, *kb = fb.kb, *vb = fb.vb;
+    float* ob = fb.ob;
+    const int q_ss = fb.q_ss, k_ss = fb.k_ss, v_ss = fb.v_ss, o_ss = fb.o_ss;
 
     const I t = x.thread();
     const I lane = x.lane();
@@ -239,7 +262,7 @@ struct FusedAttentionTensorCore {
       l[r] = 0.0f;
     }
 
-    const int last_key = p.causal ? static_cast<int>(imin(p.Skv, s0 + rows + shift)) : p.Skv;
+    const int last_key = fb.last_key(p);
     for (int j0 = 0; j0 < last_key; j0 += kTile) {
       const int keys = static_cast<int>(imin(last_key - j0, kTile));
       x.sync();  // the previous tile's K, V, P and P.V are consumed
@@ -325,11 +348,7 @@ struct FusedAttentionTensorCore {
         const B ok = live & (c < D);
         x.store(ob, row * o_ss + c, x.select(empty, 0.0f, x.load(Os, row * kLdO + c, c < D, 0.0f) / l[r]), ok);
       }
-      if (p.lse != nullptr) {
-        const F lse = x.select(empty, -kInf, m[r] + x.log(l[r]));
-        float* lrow = p.lse + (std::int64_t{b} * p.H + h) * p.Sq + s0;
-        x.store(lrow, row, lse, live & (lane == 0));
-      }
+      fb.store_lse(x, p, row, live, m[r], l[r]);
     }
   }
 };
