@@ -224,6 +224,24 @@ struct FusedAttentionTensorCore {
       kHalves * 2 + (std::size_t(kStage) + std::size_t(kRows) * kLdO + kRows) * 4 + 7 * 32;
   using Params = FusedAttentionParams;
 
+  // C = A x B for each warp's 16 rows: A (fp16, the warp's rows from a_row, K columns, leading
+  // dimension lda) times B (fp16, K x N, ldb), accumulated in fp32 in 16-deep steps from zero and
+  // stored to C (the warp's rows from c_row, ldc). Offsets are lane values uniform per warp.
+  template <int N, int K, class X, class Off>
+  LOCKSTEP_HD static void warp_rows_product(X& x, const typename X::half_t* A, const Off& a_row,
+                                            int lda, const typename X::half_t* Bm, int ldb,
+                                            float* C, const Off& c_row, int ldc) {
+    LOCKSTEP_UNROLL
+    for (int n = 0; n < N / 16; ++n) {
+      typename X::AccTile acc;
+      x.tile_zero(acc);
+      LOCKSTEP_UNROLL
+      for (int kk = 0; kk < K / 16; ++kk)
+        x.tile_mma(acc, A, a_row + 16 * kk, lda, Bm, (16 * kk) * ldb + 16 * n, ldb);
+      x.tile_store(C, c_row + 16 * n, ldc, acc);
+    }
+  }
+
   template <class X>
   LOCKSTEP_HD static void run(X& x, const Params& p) {
     using F = typename X::template Lanes<float>;
@@ -277,15 +295,7 @@ struct FusedAttentionTensorCore {
         }
       x.sync();
       // S = Q.K^T: warp w, its 16 rows by the tile's 64 keys.
-      LOCKSTEP_UNROLL
-      for (int n = 0; n < kTile / 16; ++n) {
-        typename X::AccTile acc;
-        x.tile_zero(acc);
-        LOCKSTEP_UNROLL
-        for (int kk = 0; kk < D / 16; ++kk)
-          x.tile_mma(acc, Qh, w * (16 * kLdQ) + 16 * kk, kLdQ, KT, (16 * kk) * kLdKT + 16 * n, kLdKT);
-        x.tile_store(St, w * (16 * kLdS) + 16 * n, kLdS, acc);
-      }
+      warp_rows_product<kTile, D>(x, Qh, w * (16 * kLdQ), kLdQ, KT, kLdKT, St, w * (16 * kLdS), kLdS);
       x.sync();
       // Online softmax, SIMT: lane j holds keys j and j + 32 of each of the warp's rows.
       LOCKSTEP_UNROLL
@@ -313,15 +323,7 @@ struct FusedAttentionTensorCore {
       }
       x.sync();  // P is read by the warp's tile loads; the scores' stage is reused for P.V
       // This tile's P.V: warp w, its 16 rows by D columns.
-      LOCKSTEP_UNROLL
-      for (int n = 0; n < D / 16; ++n) {
-        typename X::AccTile acc;
-        x.tile_zero(acc);
-        LOCKSTEP_UNROLL
-        for (int kk = 0; kk < kTile / 16; ++kk)
-          x.tile_mma(acc, Ph, w * (16 * kLdP) + 16 * kk, kLdP, Vh, (16 * kk) * kLdV + 16 * n, kLdV);
-        x.tile_store(St, w * (16 * kLdO) + 16 * n, kLdO, acc);
-      }
+      warp_rows_product<D, kTile>(x, Ph, w * (16 * kLdP), kLdP, Vh, kLdV, St, w * (16 * kLdO), kLdO);
       x.sync();
       // o = o * alpha + pv for the warp's rows.
       LOCKSTEP_UNROLL
