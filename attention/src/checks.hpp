@@ -17,6 +17,11 @@ inline void check_positive(std::string_view where, std::string_view name, std::i
 inline void check_nonneg(std::string_view where, std::string_view name, std::int64_t v) {
   LOCKSTEP_CHECK_ARG(v >= 0, where, name, v, ">= 0");
 }
+// The head dimensions every attention kernel is instantiated for (Unsupported otherwise).
+inline void check_head_dim(std::string_view where, std::int64_t d) {
+  if (d != 32 && d != 64 && d != 96 && d != 128 && d != 256)
+    throw Unsupported(where, "head_dim", std::to_string(d), "32, 64, 96, 128, 256");
+}
 
 template <class T>
 void check_on(std::string_view where, std::string_view name, const Buffer<T>& b, Stream& s) {

@@ -24,8 +24,7 @@ void check_decode_shape(std::string_view where, std::int64_t n_heads, std::int64
   check_positive(where, "n_kv_heads", n_kv_heads);
   LOCKSTEP_CHECK_ARG(n_heads % n_kv_heads == 0, where, "n_kv_heads", n_kv_heads,
             "a divisor of n_heads = " + std::to_string(n_heads));
-  if (head_dim != 32 && head_dim != 64 && head_dim != 96 && head_dim != 128 && head_dim != 256)
-    throw Unsupported(where, "head_dim", std::to_string(head_dim), "32, 64, 96, 128, 256");
+  check_head_dim(where, head_dim);
   check_nonneg(where, "max_seq_len", max_len);
   LOCKSTEP_CHECK_ARG(n_heads <= 65535 && n_kv_heads <= 65535, where, "n_heads", n_heads, "<= 65535");
   check_fits(checked_mul(std::uint64_t(max_len), std::uint64_t(head_dim), where,
@@ -34,50 +33,52 @@ void check_decode_shape(std::string_view where, std::int64_t n_heads, std::int64
 }
 
 namespace {
-template <int D, int G>
-void launch_chunk(Stream& s, const kernels::DecodeParams& p, Dim3 grid) {
-  using K = kernels::DecodeChunk<D, G>;
-  launch<K>(s, grid, K::kSharedBytes, p);
+// A decode tuning knob from the environment, read once; `fallback` when unset. Every knob is a
+// schedule choice: the results are the same bits for any value.
+int env_knob(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::atoi(v) : fallback;
 }
 // LOCKSTEP_DECODE_ROW_BATCH=2|4: at head_dim 128 the number of 16-row groups whose loads are in
 // flight together (defaults: 2 with 4 query heads per block, 4 with one; Note [row batches]).
-// A schedule choice: the same bits.
 int row_batch_knob() {
-  static const int rb = [] {
-    const char* v = std::getenv("LOCKSTEP_DECODE_ROW_BATCH");
-    return v != nullptr ? std::atoi(v) : 0;
-  }();
+  static const int rb = env_knob("LOCKSTEP_DECODE_ROW_BATCH", 0);
   return rb;
 }
 // LOCKSTEP_DECODE_MERGE_BATCH=4: the merge at head_dim 128 keeps 4 (instead of 8) chunks per
-// thread group in flight. A schedule choice: the same bits.
+// thread group in flight.
 int merge_batch_knob() {
-  static const int mb = [] {
-    const char* v = std::getenv("LOCKSTEP_DECODE_MERGE_BATCH");
-    return v != nullptr ? std::atoi(v) : 0;
-  }();
+  static const int mb = env_knob("LOCKSTEP_DECODE_MERGE_BATCH", 0);
   return mb;
+}
+template <class K>
+void launch_with_shared(Stream& s, const kernels::DecodeParams& p, Dim3 grid) {
+  launch<K>(s, grid, K::kSharedBytes, p);
 }
 template <int D>
 void launch_chunk_g(Stream& s, const kernels::DecodeParams& p, int g, Dim3 grid) {
+  using kernels::DecodeChunk;
   if constexpr (D == 128) {
-    if (row_batch_knob() == 4 && g == 4) {
-      using K = kernels::DecodeChunk<128, 4, 4>;
-      return launch<K>(s, grid, K::kSharedBytes, p);
-    }
-    if (row_batch_knob() == 2 && g == 1) {
-      using K = kernels::DecodeChunk<128, 1, 2>;
-      return launch<K>(s, grid, K::kSharedBytes, p);
-    }
+    if (row_batch_knob() == 4 && g == 4) return launch_with_shared<DecodeChunk<128, 4, 4>>(s, p, grid);
+    if (row_batch_knob() == 2 && g == 1) return launch_with_shared<DecodeChunk<128, 1, 2>>(s, p, grid);
   }
   if constexpr (D <= 64) {
-    if (g == 8) return launch_chunk<D, 8>(s, p, grid);
+    if (g == 8) return launch_with_shared<DecodeChunk<D, 8>>(s, p, grid);
   }
   if constexpr (D <= 128) {
-    if (g == 4) return launch_chunk<D, 4>(s, p, grid);
+    if (g == 4) return launch_with_shared<DecodeChunk<D, 4>>(s, p, grid);
   }
-  if (g == 2) return launch_chunk<D, 2>(s, p, grid);
-  return launch_chunk<D, 1>(s, p, grid);
+  if (g == 2) return launch_with_shared<DecodeChunk<D, 2>>(s, p, grid);
+  return launch_with_shared<DecodeChunk<D, 1>>(s, p, grid);
+}
+template <int D>
+void launch_chunk_and_merge(Stream& s, const kernels::DecodeParams& p, int g, Dim3 chunk_grid,
+                            Dim3 merge_grid) {
+  launch_chunk_g<D>(s, p, g, chunk_grid);
+  if constexpr (D == 128) {
+    if (merge_batch_knob() == 4) return launch_with_shared<kernels::DecodeMerge<128, 4>>(s, p, merge_grid);
+  }
+  launch_with_shared<kernels::DecodeMerge<D>>(s, p, merge_grid);
 }
 }  // namespace
 
@@ -88,10 +89,7 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
   const int group = p.H / p.Hkv;
   // Query heads per block: more reuse of each K/V byte against more registers per thread. Each
   // head's arithmetic does not depend on this choice (same bits), so it is a pure tuning knob.
-  static const int limit = [] {
-    const char* v = std::getenv("LOCKSTEP_DECODE_HEAD_DIM_PRODUCT");  // G * head_dim cap
-    return v != nullptr ? std::max(32, std::atoi(v)) : 512;
-  }();
+  static const int limit = std::max(32, env_knob("LOCKSTEP_DECODE_HEAD_DIM_PRODUCT", 512));  // G * head_dim cap
   int g = 1;
   for (int cand : {8, 4, 2}) {
     if (group % cand == 0 && cand * D <= std::min(limit, 512)) {
@@ -107,18 +105,12 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
                         static_cast<std::uint32_t>(p.Hkv * (group / g)), rows_grid};
   const Dim3 merge_grid{static_cast<std::uint32_t>(p.H), rows_grid, 1};
   switch (D) {
-    case 32: launch_chunk_g<32>(s, p, g, chunk_grid); launch<kernels::DecodeMerge<32>>(s, merge_grid, kernels::DecodeMerge<32>::kSharedBytes, p); break;
-    case 64: launch_chunk_g<64>(s, p, g, chunk_grid); launch<kernels::DecodeMerge<64>>(s, merge_grid, kernels::DecodeMerge<64>::kSharedBytes, p); break;
-    case 96: launch_chunk_g<96>(s, p, g, chunk_grid); launch<kernels::DecodeMerge<96>>(s, merge_grid, kernels::DecodeMerge<96>::kSharedBytes, p); break;
-    case 128:
-      launch_chunk_g<128>(s, p, g, chunk_grid);
-      if (merge_batch_knob() == 4)
-        launch<kernels::DecodeMerge<128, 4>>(s, merge_grid, kernels::DecodeMerge<128, 4>::kSharedBytes, p);
-      else
-        launch<kernels::DecodeMerge<128>>(s, merge_grid, kernels::DecodeMerge<128>::kSharedBytes, p);
-      break;
-    case 256: launch_chunk_g<256>(s, p, g, chunk_grid); launch<kernels::DecodeMerge<256>>(s, merge_grid, kernels::DecodeMerge<256>::kSharedBytes, p); break;
-    default: throw Unsupported("decode", "head_dim", std::to_string(D), "32, 64, 96, 128, 256");
+    case 32: launch_chunk_and_merge<32>(s, p, g, chunk_grid, merge_grid); break;
+    case 64: launch_chunk_and_merge<64>(s, p, g, chunk_grid, merge_grid); break;
+    case 96: launch_chunk_and_merge<96>(s, p, g, chunk_grid, merge_grid); break;
+    case 128: launch_chunk_and_merge<128>(s, p, g, chunk_grid, merge_grid); break;
+    case 256: launch_chunk_and_merge<256>(s, p, g, chunk_grid, merge_grid); break;
+    default: check_head_dim("decode", D);
   }
   return 2;
 }

@@ -38,8 +38,7 @@ void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
   detail::check_nonneg(w, "seq_q", sh.seq_q);
   detail::check_nonneg(w, "seq_kv", sh.seq_kv);
   const std::int64_t D = sh.head_dim;
-  if (D != 32 && D != 64 && D != 96 && D != 128 && D != 256)
-    throw Unsupported(w, "head_dim", std::to_string(D), "32, 64, 96, 128, 256");
+  detail::check_head_dim(w, D);
   const bool tensor_core = o.precision == AttentionPrecision::kTensorCore;
   if (tensor_core && !stream.device().caps().tensor_cores &&
       stream.device().id().kind == DeviceKind::kCuda)

@@ -254,6 +254,21 @@ struct DecodeMerge {
   static_assert(kThreads % kWarpSize == 0, "whole warps");
   using Params = DecodeParams;
 
+  // Group g's chunks g + c0 + u * kGroups (u < kMergeBatch): chunk max, chunk sum and output
+  // element d, with the neutral values (-inf, 0, 0) past the row's last chunk.
+  template <class X, class I, class F>
+  LOCKSTEP_HD static void load_batch(X& x, const float* ml, const float* po, const I& g, const I& d,
+                                     int c0, int chunks, F (&mc)[MB], F (&lc)[MB], F (&oc)[MB]) {
+    LOCKSTEP_UNROLL
+    for (int u = 0; u < kMergeBatch; ++u) {
+      const I c = g + (c0 + u * kGroups);
+      const typename X::template Lanes<bool> ok = c < chunks;
+      mc[u] = x.load(ml, c * 2, ok, -kInf);
+      lc[u] = x.load(ml, c * 2 + 1, ok, 0.0f);
+      oc[u] = x.load(po, c * D + d, ok, 0.0f);
+    }
+  }
+
   template <class X>
   LOCKSTEP_HD static void run(X& x, const Params& p) {
     using F = typename X::template Lanes<float>;
@@ -285,14 +300,7 @@ struct DecodeMerge {
       F mc[kMergeBatch], lc[kMergeBatch], oc[kMergeBatch];
       int n_red = kWarps;
       if (one_batch) {
-        LOCKSTEP_UNROLL
-        for (int u = 0; u < kMergeBatch; ++u) {
-          const I c = g + u * kGroups;
-          const B ok = c < chunks;
-          mc[u] = x.load(ml, c * 2, ok, -kInf);
-          lc[u] = x.load(ml, c * 2 + 1, ok, 0.0f);
-          oc[u] = x.load(po, c * D + d, ok, 0.0f);
-        }
+        load_batch(x, ml, po, g, d, 0, chunks, mc, lc, oc);
         F m = mc[0];
         LOCKSTEP_UNROLL
         for (int u = 1; u < kMergeBatch; ++u) m = x.max(m, mc[u]);
@@ -313,16 +321,7 @@ struct DecodeMerge {
 
       F L = 0.0f, O = 0.0f;
       for (int c0 = 0; c0 < chunks; c0 += kGroups * kMergeBatch) {
-        if (!one_batch) {
-          LOCKSTEP_UNROLL
-          for (int u = 0; u < kMergeBatch; ++u) {
-            const I c = g + (c0 + u * kGroups);
-            const B ok = c < chunks;
-            mc[u] = x.load(ml, c * 2, ok, -kInf);
-            lc[u] = x.load(ml, c * 2 + 1, ok, 0.0f);
-            oc[u] = x.load(po, c * D + d, ok, 0.0f);
-          }
-        }
+        if (!one_batch) load_batch(x, ml, po, g, d, c0, chunks, mc, lc, oc);
         LOCKSTEP_UNROLL
         for (int u = 0; u < kMergeBatch; ++u) {
           const B ok = g + (c0 + u * kGroups) < chunks;
