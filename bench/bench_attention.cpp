@@ -47,7 +47,8 @@ Result decode_single(Context& ctx, std::int64_t H, std::int64_t Hkv, std::int64_
   Result r;
   r.name = "incremental_attention";
   r.shape = dshape(1, H, Hkv, D, L);
-  r.median_ms = median_ms(*ctx.dev, ctx.stream(), call, ctx.warmup + 3, ctx.reps);
+  r.median_ms = busy_ms(*ctx.dev, ctx.stream(), call, ctx.warmup + 3, ctx.reps);
+  r.extra["idle_stream_ms"] = median_ms(*ctx.dev, ctx.stream(), call, 1, ctx.reps);
   r.bytes = double(2 * cache + 2 * std::size_t(H * D)) * 4;
   r.flops = 4.0 * double(H) * double(L) * double(D);
   r.launches = 2;
@@ -85,7 +86,8 @@ Result flash(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t Hkv, std
   Result r;
   r.name = "flash_decoding";
   r.shape = dshape(B, H, Hkv, D, L);
-  r.median_ms = median_ms(*ctx.dev, ctx.stream(), call, ctx.warmup + 3, ctx.reps);
+  r.median_ms = busy_ms(*ctx.dev, ctx.stream(), call, ctx.warmup + 3, ctx.reps);
+  r.extra["idle_stream_ms"] = median_ms(*ctx.dev, ctx.stream(), call, 1, ctx.reps);
   r.bytes = double(B) * double(2 * per_slot + 2 * std::size_t(H * D) + 2 * std::size_t(Hkv * D)) * 4;
   r.flops = 4.0 * double(B) * double(H) * double(L) * double(D);
   r.launches = 3;

@@ -68,7 +68,12 @@ struct Bench {
   std::function<std::vector<Result>(Context&)> run;
 };
 
+// Median over reps of the time between two events around fn() on an idle stream: on the GPU
+// this includes the host's enqueue of fn's first launch.
 double median_ms(Device& dev, Stream& s, const std::function<void()>& fn, int warmup, int reps);
+// The same with the stream kept busy by a compute-only kernel when the start event is recorded
+// (CUDA; elsewhere = median_ms): the device time of fn, without the host's enqueue.
+double busy_ms(Device& dev, Stream& s, const std::function<void()>& fn, int warmup, int reps);
 Buffer<float> random_buffer(const std::shared_ptr<Device>& dev, std::size_t n, std::uint64_t seed,
                             float lo, float hi);
 std::vector<float> random_host(std::size_t n, std::uint64_t seed, float lo, float hi);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "bench_common.hpp"
+#include "lockstep/kernels/launch.hpp"
 
 namespace lockstep::bench {
 
@@ -26,6 +27,32 @@ double median_ms(Device& dev, Stream& s, const std::function<void()>& fn, int wa
   auto t0 = dev.create_event(true), t1 = dev.create_event(true);
   std::vector<double> ms;
   for (int i = 0; i < reps; ++i) {
+    t0->record(s);
+    fn();
+    t1->record(s);
+    t1->synchronize();
+    ms.push_back(t1->elapsed_ms(*t0));
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// A ~40 us compute-only kernel (one block of fma chains: no memory traffic, the L2 is left as
+// it is) enqueued before the start event, so that the measured interval starts with the GPU
+// busy and the host's enqueue of `fn` is not in it.
+double busy_ms(Device& dev, Stream& s, const std::function<void()>& fn, int warmup, int reps) {
+  if (dev.id().kind != DeviceKind::kCuda) return median_ms(dev, s, fn, warmup, reps);
+  using FP = kernels::FmaPeak;
+  Buffer<float> sink(dev.shared_from_this(), FP::kThreads);
+  auto delay = [&](int n) { launch<FP>(s, Dim3{1, 1, 1}, 0, FP::Params{sink.data().get(), n, 0.999f, 1e-3f}); };
+  const double cal_ms = median_ms(dev, s, [&] { delay(20000); }, 1, 5);  // calibrate: 40 us
+  const int iters = std::max(1000, static_cast<int>(20000 * 0.040 / std::max(cal_ms, 1e-4)));
+  for (int i = 0; i < warmup; ++i) fn();
+  s.synchronize();
+  auto t0 = dev.create_event(true), t1 = dev.create_event(true);
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    delay(iters);
     t0->record(s);
     fn();
     t1->record(s);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -149,6 +150,17 @@ TEST_P(Attention, DecodeScheduleVariantsGiveTheSameBytes) {
         const auto d = run_decode_variant<DecodeChunk<D, 1, 2>, DecodeMerge<D, 4>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
         EXPECT_TRUE(same(a, c)) << "4 query heads per block vs 1";
         EXPECT_TRUE(same(c, d)) << "row batch 4 vs 2 at one head per block";
+        // Note [async tiles]: K and V through a ring of 2, 3 or 4 tiles in shared memory.
+        const auto e2 = run_decode_variant<DecodeChunk<D, 4, 2, 2>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        const auto e3 = run_decode_variant<DecodeChunk<D, 4, 2, 3>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        const auto e4 = run_decode_variant<DecodeChunk<D, 4, 2, 4>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        const auto f3 = run_decode_variant<DecodeChunk<D, 1, 2, 3>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        EXPECT_TRUE(same(a, e2)) << "registers vs a ring of 2 async tiles";
+        EXPECT_TRUE(same(a, e3)) << "registers vs a ring of 3 async tiles";
+        EXPECT_TRUE(same(a, e4)) << "registers vs a ring of 4 async tiles";
+        EXPECT_TRUE(same(a, f3)) << "registers vs a ring of 3 async tiles, one head per block";
+        const auto m32 = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D, 32>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        EXPECT_TRUE(same(a, m32)) << "merge batch 8 vs 32";
         bool finite = true;
         for (float x : a) finite = finite && std::isfinite(x);
         EXPECT_TRUE(finite);
@@ -164,6 +176,30 @@ TEST_P(Attention, DecodeScheduleVariantsGiveTheSameBytes) {
         EXPECT_TRUE(same(a, b)) << "4 query heads per block vs 1";
       }
     }
+  }
+}
+
+// The asynchronous tile copies never read a row at or past the length: NaN there changes no bit.
+TEST_P(Attention, DecodeAsyncTilesNeverReadPastTheLength) {
+  using kernels::DecodeChunk;
+  using kernels::DecodeMerge;
+  constexpr int D = 128, L = 1200, H = 8, Hkv = 2;
+  DecodeInputs<D> in(dev, s(), H, Hkv, L, 4242u);
+  for (int len : {1, 37, 256, 1000}) {
+    SCOPED_TRACE("length " + std::to_string(len));
+    const auto clean = run_decode_variant<DecodeChunk<D, 4, 2, 3>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+    DecodeInputs<D> poisoned(dev, s(), H, Hkv, L, 4242u);
+    for (auto* b : {&poisoned.k, &poisoned.v}) {
+      auto h = b->to_vector(s());
+      for (int hk = 0; hk < Hkv; ++hk)
+        for (int t = len; t < L; ++t)
+          for (int d = 0; d < D; ++d) h[(std::size_t(hk) * L + t) * D + d] = std::numeric_limits<float>::quiet_NaN();
+      b->copy_from_host(s(), h);
+    }
+    const auto p3 = run_decode_variant<DecodeChunk<D, 4, 2, 3>, DecodeMerge<D, 8>>(s(), dev, poisoned.q, poisoned.k, poisoned.v, H, Hkv, L, len);
+    const auto p4 = run_decode_variant<DecodeChunk<D, 1, 2, 4>, DecodeMerge<D, 8>>(s(), dev, poisoned.q, poisoned.k, poisoned.v, H, Hkv, L, len);
+    EXPECT_TRUE(same(clean, p3));
+    EXPECT_TRUE(same(clean, p4));
   }
 }
 

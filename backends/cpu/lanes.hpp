@@ -696,6 +696,20 @@ class CpuExec {
     store4(base, std::forward<O>(off), q, true);
   }
 
+  // --- asynchronous copies and overlapped launches: done at once / nothing to wait for --------
+  // The CPU runs a block's statements in order and a stream's kernels one after another, so an
+  // asynchronous copy is an ordinary copy (zeros where the mask is false) and the waits are
+  // empty (backends/cuda/cuda_exec.cuh has the GPU's meaning).
+  template <class T, LaneExpr DO, LaneExpr SO, class M>
+  void copy4_async(T* dst, DO&& doff, const T* src, SO&& soff, M&& mask) const {
+    store4(dst, std::forward<DO>(doff), load4(src, std::forward<SO>(soff), std::forward<M>(mask)));
+  }
+  void async_commit() const {}
+  template <int P>
+  void async_wait() const {}
+  void wait_prior_grids() const {}
+  void allow_dependent_grids() const {}
+
   // --- fp16 storage and warp-level 16x16x16 matrix tiles (the tensor-core operations) ---------
   // half_t is fp16 storage (bits). A tile operation is executed by every warp of the block; the
   // offsets are lane values that are uniform within each warp (each warp's tile).

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -18,6 +19,15 @@
 
 namespace lockstep::cuda {
 namespace {
+
+// LOCKSTEP_PDL=0 launches every kernel in plain stream order (Note [overlapped launches]).
+bool pdl_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("LOCKSTEP_PDL");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return on;
+}
 
 bool is_sticky(cudaError_t e) {
   switch (e) {
@@ -249,8 +259,22 @@ void CudaStream::launch(const lockstep::detail::KernelLaunch& l) {
   void* args[] = {const_cast<void*>(l.params)};
   const dim3 grid(l.config.grid.x, l.config.grid.y, l.config.grid.z);
   const dim3 block(l.config.block_threads, 1, 1);
-  check(cudaLaunchKernel(fn, grid, block, args, l.config.shared_bytes, s_),
-        l.kernel_name);
+  if (l.overlaps_prior && dev_.caps().compute_capability >= 90 && pdl_enabled()) {
+    // Note [overlapped launches] (lockstep/kernels/launch.hpp).
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = l.config.shared_bytes;
+    cfg.stream = s_;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    check(cudaLaunchKernelExC(&cfg, fn, args), l.kernel_name);
+  } else {
+    check(cudaLaunchKernel(fn, grid, block, args, l.config.shared_bytes, s_), l.kernel_name);
+  }
   check(cudaGetLastError(), l.kernel_name);
 }
 

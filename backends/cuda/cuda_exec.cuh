@@ -79,6 +79,48 @@ struct CudaExec {
     if (m) *reinterpret_cast<float4*>(base + off) = make_float4(q.x, q.y, q.z, q.w);
   }
 
+  // Asynchronous copies into shared memory (Note [async tiles] in kernels/decode.hpp): 16 bytes
+  // from src[soff..] to dst[doff..] (dst in shared memory), zeros when m is false (nothing is
+  // read then). They land after async_wait<P>() (at most P newer groups still pending) and a
+  // sync(); commit closes a group. Before sm_80: an ordinary load and store.
+  __device__ __forceinline__ void copy4_async(float* dst, int doff, const float* src, int soff,
+                                              bool m) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst + doff));
+    const float* s = m ? src + soff : src;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(s), "r"(m ? 16 : 0)
+                 : "memory");
+#else
+    store4(dst, doff, load4(src, soff, m));
+#endif
+  }
+  __device__ __forceinline__ void async_commit() const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+  }
+  template <int P>
+  __device__ __forceinline__ void async_wait() const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(P) : "memory");
+#endif
+  }
+
+  // Programmatic dependent launch (sm_90; Note [overlapped launches] in kernels/launch.hpp): a
+  // kernel whose trait kOverlapsPrior is true may start before the previous kernel on its stream
+  // has finished; wait_prior_grids() returns once that kernel's work is complete and visible.
+  // allow_dependent_grids() lets the next such kernel be scheduled early.
+  __device__ __forceinline__ void wait_prior_grids() const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  }
+  __device__ __forceinline__ void allow_dependent_grids() const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+  }
+
   // fp16 storage and warp-level 16x16x16 tiles on the tensor cores (WMMA).
   using half_t = __half;
   struct AccTile {

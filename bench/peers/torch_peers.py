@@ -14,13 +14,17 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
-def median_ms(fn, warmup=5, reps=20):
+def median_ms(fn, warmup=5, reps=20, busy=False):
+    """busy: keep the stream busy (torch.cuda._sleep, about 40 us) when the start event is
+    recorded, so that the host's enqueue of fn is not timed (as lockstep-bench's busy_ms)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if busy:
+            torch.cuda._sleep(80000)
         a.record()
         fn()
         b.record()
@@ -43,10 +47,10 @@ def decode(rows, B, H, Hkv, D, L):
         return torch.matmul(torch.softmax(s, dim=-1), v)
 
     nbytes = (2 * B * Hkv * L * D + 2 * B * H * D) * 4
-    ms = median_ms(naive)
+    ms = median_ms(naive, busy=True)
     rows.append(dict(op="decode", dtype="fp32", backend="matmul-softmax-matmul (grouped)",
                      shape=f"B={B} H={H} Hkv={Hkv} D={D} L={L}", median_ms=ms,
-                     GBps=nbytes / ms / 1e6))
+                     GBps=nbytes / ms / 1e6, idle_stream_ms=median_ms(naive)))
     qh = q.reshape(B, H, 1, D).half()
     kh = k.repeat_interleave(g, dim=1).half() if g > 1 else k.half()
     vh = v.repeat_interleave(g, dim=1).half() if g > 1 else v.half()
@@ -54,10 +58,12 @@ def decode(rows, B, H, Hkv, D, L):
     for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
         try:
             with sdpa_kernel(be):
-                ms = median_ms(lambda: F.scaled_dot_product_attention(qh, kh, vh, enable_gqa=False))
+                fn = lambda: F.scaled_dot_product_attention(qh, kh, vh, enable_gqa=False)
+                ms = median_ms(fn, busy=True)
+                idle = median_ms(fn)
             rows.append(dict(op="decode", dtype="fp16", backend=name,
                              shape=f"B={B} H={H} Hkv={Hkv} D={D} L={L}", median_ms=ms,
-                             GBps=nbytes16 / ms / 1e6))
+                             GBps=nbytes16 / ms / 1e6, idle_stream_ms=idle))
         except Exception as e:  # noqa: BLE001
             rows.append(dict(op="decode", dtype="fp16", backend=name,
                              shape=f"B={B} H={H} Hkv={Hkv} D={D} L={L}", error=str(e)[:120]))
@@ -122,7 +128,7 @@ def main():
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}")
     for r in rows:
         fig = r.get("GBps") and f"{r['GBps']:.1f} GB/s" or (r.get("TFLOPs") and f"{r['TFLOPs']:.1f} TFLOP/s") or r.get("error", "")
-        print(f"| {r['op']} | {r['dtype']} {r['backend']} | {r['shape']} | {r.get('median_ms', float('nan')):.4f} ms | {fig} |")
+        print(f"| {r['op']} | {r['dtype']} {r['backend']} | {r['shape']} | {r.get('median_ms', float('nan')):.4f} ms | {fig} |" + (f" idle stream {r['idle_stream_ms']:.4f} ms |" if 'idle_stream_ms' in r else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(torch=torch.__version__, device=torch.cuda.get_device_name(), rows=rows), f, indent=1)

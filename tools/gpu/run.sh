@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root: bash .gpu/run.sh <cases> <stages...>
-# stages: info tests props parity memcheck racecheck bench bench_g2 peers sass ncu mathacc
+# stages: info tests props props_fused parity memcheck racecheck bench bench_g2 knobs peers sass ncu mathacc
 set -u
 cases=$1; shift
 G=$(pwd)/.gpu
@@ -51,6 +51,13 @@ for stage in "$@"; do
     bench_g2)  # decode with at most 2 query heads per block (same bits, different schedule)
       LOCKSTEP_DECODE_HEAD_DIM_PRODUCT=256 $G/lockstep-bench --device cuda:0 --filter 'decode' --json "$OUT/bench_g2.json" > "$OUT/bench_g2.log" 2>&1; rc=$?
       echo "bench (heads per block * head_dim <= 256) rc=$rc" | tee -a "$summary"; grep -E "^\| cuda" "$OUT/bench_g2.log" | tee -a "$summary" ;;
+    knobs)  # decode schedule variants (same bits): KNOBS="cfg cfg ..." with cfg = VAR=VAL[,VAR=VAL]
+      i=0
+      for cfg in ${KNOBS:-LOCKSTEP_PDL=0 LOCKSTEP_DECODE_STAGES=3}; do
+        i=$((i+1))
+        env $(echo "$cfg" | tr ',' ' ') $G/lockstep-bench --device cuda:0 --filter "${BENCH_FILTER:-incremental|flash}" --json "$OUT/bench_knob$i.json" > "$OUT/bench_knob$i.log" 2>&1; rc=$?
+        echo "knobs $i: $cfg rc=$rc" | tee -a "$summary"; grep -E "^\| cuda" "$OUT/bench_knob$i.log" | tee -a "$summary"
+      done ;;
     ncu)  # per-kernel times of the decode kernels (hardware counters; clocks left alone)
       ncu --clock-control none --kernel-name-base demangled --kernel-name regex:"${NCU_KERNELS:-Decode}" --launch-count ${NCU_COUNT:-24} \
           --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__registers_per_thread \

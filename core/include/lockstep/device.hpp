@@ -60,6 +60,9 @@ struct KernelLaunch {
   LaunchConfig config;
   const void* params = nullptr;
   std::size_t params_size = 0;
+  // The kernel waits for the previous kernel on the stream itself (Note [overlapped launches]
+  // in lockstep/kernels/launch.hpp), so it may be launched before that kernel has finished.
+  bool overlaps_prior = false;
 };
 struct StreamAccess;
 struct DeviceAccess;

@@ -48,7 +48,14 @@ constexpr int default_row_batch(int D, int G) {
   return want >= 4 ? 4 : want >= 2 ? 2 : 1;  // 8 spilled at head_dim 32 (ptxas, run 7)
 }
 
-template <int D, int G, int RB = default_row_batch(D, G)>
+// Note [async tiles]
+// With NS >= 2 stages, a block streams its chunk's K and then V tiles of 16 * RB rows through a
+// ring of NS tiles in shared memory, filled by asynchronous copies (cp.async on the GPU) that run
+// NS - 1 tiles ahead of the arithmetic: the first V tiles are in flight while the chunk's softmax
+// is computed, and no registers hold loads in flight. The arithmetic reads the same values in the
+// same order as with NS = 0 (loads straight into registers), so the bits are the same (tested);
+// rows past the length are zero-filled, never read, as the masked loads give zeros.
+template <int D, int G, int RB = default_row_batch(D, G), int NS = 0>
 struct DecodeChunk {
   static_assert(D % 32 == 0 && D <= 256, "head_dim: a multiple of 32, at most 256");
   static_assert(G * D <= 512, "accumulators per thread: G * D / 8 <= 64");
@@ -63,9 +70,35 @@ struct DecodeChunk {
   // a schedule choice and gives the same bits (tested).
   static constexpr int kRowBatch = RB;
   static_assert(16 % RB == 0, "row batches: a divisor of the 16 row groups of a chunk");
+  static constexpr bool kOverlapsPrior = true;  // Note [overlapped launches] (kernels/launch.hpp)
+  static constexpr int kStages = NS;
+  static_assert(NS == 0 || NS >= 2, "async stages: 0 (off) or at least 2");
+  static constexpr int kTileRows = 16 * RB;
+  static constexpr int kTiles = kDecodeChunk / kTileRows;  // K tiles, then as many V tiles
+  static_assert((kTileRows * D / 4) % kThreads == 0, "a tile is whole 16-byte copies per thread");
   static constexpr std::size_t kSharedBytes =
-      (2 * G * kDecodeChunk + kWarps * G * D) * sizeof(float) + 64;
+      (2 * G * kDecodeChunk + kWarps * G * D + NS * kTileRows * D) * sizeof(float) + 96;
   using Params = DecodeParams;
+
+  // Starts the copy of tile j (K tiles 0 .. kTiles - 1, then V) into ring slot j % NS; rows at or
+  // past `live` are zero-filled. Past the last tile: an empty group, so that every thread
+  // commits one group per step and async_wait<NS - 1> always means "tile j has landed".
+  template <class X>
+  LOCKSTEP_HD static void issue_tile(X& x, float* ring, const float* kb, const float* vb, int j,
+                                     int live) {
+    if (j < 2 * kTiles) {
+      const float* src = j < kTiles ? kb : vb;
+      const int row0 = (j % kTiles) * kTileRows;
+      float* dst = ring + (j % NS) * kTileRows * D;
+      const int lim = (live - row0) * (D / 4);  // 16-byte pieces of the tile's live rows
+      LOCKSTEP_UNROLL
+      for (int v0 = 0; v0 < kTileRows * D / 4; v0 += kThreads) {
+        const auto v = x.thread() + v0;
+        x.copy4_async(dst, v * 4, src, v * 4 + row0 * D, v < lim);
+      }
+    }
+    x.async_commit();
+  }
 
   template <class X>
   LOCKSTEP_HD static void run(X& x, const Params& p) {
@@ -76,7 +109,10 @@ struct DecodeChunk {
     float* S = x.template shared<float>(G * kDecodeChunk);   // scores
     float* P = x.template shared<float>(G * kDecodeChunk);   // exp(score - chunk max)
     float* O = x.template shared<float>(kWarps * G * D);     // per-warp partial outputs
+    float* ring = x.template shared<float>(NS * kTileRows * D);  // Note [async tiles]
 
+    x.wait_prior_grids();
+    x.allow_dependent_grids();
     const int group = p.H / p.Hkv;
     const int subgroups = group / G;
     const int hk = x.block_y() / subgroups;
@@ -95,6 +131,10 @@ struct DecodeChunk {
       const float* kb = p.k + kv_off;
       const float* vb = p.v + kv_off;
       const int live = static_cast<int>(imin(len - t0, kDecodeChunk));
+      if constexpr (NS > 0) {
+        LOCKSTEP_UNROLL
+        for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live);
+      }
 
       // q of the G heads, in the lane layout of the K rows: lane l8 holds floats
       // (qd * 8 + l8) * 4 .. +3 of each row.
@@ -115,13 +155,24 @@ struct DecodeChunk {
       // Phase 1: scores. Each group of 8 lanes takes one row; a warp 4 rows; the block 16. The
       // loads of kRowBatch such 16-row groups are issued before any is used (Note [row batches]).
       for (int it = 0; it < kDecodeChunk; it += 16 * kRowBatch) {
+        // K rows from the cache, or from the ring slot of tile it / kTileRows (rows numbered
+        // from the tile's first).
+        const float* kt = kb;
+        int kt_row0 = 0;
+        if constexpr (NS > 0) {
+          x.template async_wait<NS - 1>();
+          x.sync();
+          kt = ring + (it / kTileRows % NS) * kTileRows * D;
+          kt_row0 = it;
+        }
         Q4 kq[kRowBatch][kQuads];
         LOCKSTEP_UNROLL
         for (int b = 0; b < kRowBatch; ++b) {
           const I tl = row_in_iter + (it + 16 * b);
           const B ok = tl < live;
           LOCKSTEP_UNROLL
-          for (int qd = 0; qd < kQuads; ++qd) kq[b][qd] = x.load4(kb, tl * D + (l8 + qd * 8) * 4, ok);
+          for (int qd = 0; qd < kQuads; ++qd)
+            kq[b][qd] = x.load4(kt, (tl - kt_row0) * D + (l8 + qd * 8) * 4, ok);
         }
         LOCKSTEP_UNROLL
         for (int b = 0; b < kRowBatch; ++b) {
@@ -144,6 +195,10 @@ struct DecodeChunk {
             const F s = x.template warp_sum<8>(dot[g]) * p.scale;
             x.store(S, tl + g * kDecodeChunk, x.select(ok, s, -kInf), l8 == 0);
           }
+        }
+        if constexpr (NS > 0) {
+          x.sync();  // every warp is done with the slot before it is refilled
+          issue_tile(x, ring, kb, vb, it / kTileRows + NS, live);
         }
       }
       x.sync();
@@ -177,6 +232,14 @@ struct DecodeChunk {
           LOCKSTEP_UNROLL
           for (int j = 0; j < 4; ++j) acc[g][qd][j] = 0.0f;
       for (int it = 0; it < kDecodeChunk; it += 16 * kRowBatch) {
+        const float* vt = vb;
+        int vt_row0 = 0;
+        if constexpr (NS > 0) {
+          x.template async_wait<NS - 1>();
+          x.sync();
+          vt = ring + ((kTiles + it / kTileRows) % NS) * kTileRows * D;
+          vt_row0 = it;
+        }
         Q4 vq[kRowBatch][kQuads];
         F pg[kRowBatch][G];
         LOCKSTEP_UNROLL
@@ -186,7 +249,8 @@ struct DecodeChunk {
           LOCKSTEP_UNROLL
           for (int g = 0; g < G; ++g) pg[b][g] = x.load(P, tl + g * kDecodeChunk);
           LOCKSTEP_UNROLL
-          for (int qd = 0; qd < kQuads; ++qd) vq[b][qd] = x.load4(vb, tl * D + (l8 + qd * 8) * 4, ok);
+          for (int qd = 0; qd < kQuads; ++qd)
+            vq[b][qd] = x.load4(vt, (tl - vt_row0) * D + (l8 + qd * 8) * 4, ok);
         }
         LOCKSTEP_UNROLL
         for (int b = 0; b < kRowBatch; ++b)  // rows in increasing order, as one group at a time
@@ -199,6 +263,10 @@ struct DecodeChunk {
               acc[g][qd][2] = x.fma(pg[b][g], vq[b][qd].z, acc[g][qd][2]);
               acc[g][qd][3] = x.fma(pg[b][g], vq[b][qd].w, acc[g][qd][3]);
             }
+        if constexpr (NS > 0) {
+          x.sync();
+          issue_tile(x, ring, kb, vb, kTiles + it / kTileRows + NS, live);
+        }
       }
       // The 4 row groups of a warp (lanes l8, l8 + 8, l8 + 16, l8 + 24), then the 4 warps.
       LOCKSTEP_UNROLL
@@ -249,6 +317,7 @@ struct DecodeMerge {
   static constexpr int kGroups = 512 / D;
   static constexpr int kThreads = kGroups * D;
   static constexpr int kWarps = kThreads / kWarpSize;
+  static constexpr bool kOverlapsPrior = true;
   static constexpr int kMergeBatch = MB;  // a schedule choice: the fold order, so the bits, do not depend on it
   static constexpr std::size_t kSharedBytes = (kWarps + kGroups * (D + 1)) * sizeof(float) + 64;
   static_assert(kThreads % kWarpSize == 0, "whole warps");
@@ -274,6 +343,8 @@ struct DecodeMerge {
     using F = typename X::template Lanes<float>;
     using I = typename X::template Lanes<lane_int>;
     using B = typename X::template Lanes<bool>;
+    x.wait_prior_grids();
+    x.allow_dependent_grids();
     float* red = x.template shared<float>(kWarps);
     float* o_part = x.template shared<float>(kGroups * D);
     float* l_part = x.template shared<float>(kGroups);
@@ -362,12 +433,15 @@ struct KvScatterParams {
 struct KvScatter {
   static constexpr const char* kName = "kv_scatter";
   static constexpr int kThreads = 128;
+  static constexpr bool kOverlapsPrior = true;
   using Params = KvScatterParams;
 
   template <class X>
   LOCKSTEP_HD static void run(X& x, const Params& p) {
     using I = typename X::template Lanes<lane_int>;
     using B = typename X::template Lanes<bool>;
+    x.wait_prior_grids();
+    x.allow_dependent_grids();
     const int h = x.block_x();
     const bool is_v = x.block_z() == 1;
     const float* src = is_v ? p.src_v : p.src_k;

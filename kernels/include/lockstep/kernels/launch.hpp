@@ -9,6 +9,21 @@
 
 namespace lockstep {
 
+// Note [overlapped launches]
+// A kernel with `static constexpr bool kOverlapsPrior = true` calls x.wait_prior_grids() before
+// it touches memory, and x.allow_dependent_grids() once its successors may be scheduled. On
+// sm_90 the CUDA backend then launches it with programmatic stream serialization: its blocks may
+// be scheduled while the previous kernel on the stream drains, and wait there until that
+// kernel's writes are visible, which hides the launch latency between the decode kernels. The
+// order of every kernel's memory effects is the stream order, as without it; the CPU backend
+// runs kernels one after another and the two calls do nothing there. LOCKSTEP_PDL=0 turns it
+// off (a measurement knob).
+template <class K>
+constexpr bool overlaps_prior() {
+  if constexpr (requires { K::kOverlapsPrior; }) return K::kOverlapsPrior;
+  else return false;
+}
+
 namespace detail {
 // Validates `l` against `stream`'s device (block size, grid, shared memory) and enqueues it.
 void launch_checked(Stream& stream, const KernelLaunch& l);
@@ -25,6 +40,7 @@ void launch(Stream& stream, const LaunchConfig& config, const typename K::Params
   l.config = config;
   l.params = &params;
   l.params_size = sizeof(params);
+  l.overlaps_prior = overlaps_prior<K>();
   detail::launch_checked(stream, l);
 }
 
