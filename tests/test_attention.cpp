@@ -158,9 +158,13 @@ TEST_P(Attention, DecodeScheduleVariantsGiveTheSameBytes) {
         EXPECT_TRUE(same(a, e2)) << "registers vs a ring of 2 async tiles";
         EXPECT_TRUE(same(a, e3)) << "registers vs a ring of 3 async tiles";
         EXPECT_TRUE(same(a, e4)) << "registers vs a ring of 4 async tiles";
+        const auto r14 = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        const auto r16 = run_decode_variant<DecodeChunk<D, 4, 1, 6>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        EXPECT_TRUE(same(a, r14)) << "registers vs a ring of 4 async 16-row tiles";
+        EXPECT_TRUE(same(a, r16)) << "registers vs a ring of 6 async 16-row tiles";
         EXPECT_TRUE(same(a, f3)) << "registers vs a ring of 3 async tiles, one head per block";
-        const auto m32 = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D, 32>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-        EXPECT_TRUE(same(a, m32)) << "merge batch 8 vs 32";
+        const auto m16 = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D, 16>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        EXPECT_TRUE(same(a, m16)) << "merge batch 8 vs 16";
         bool finite = true;
         for (float x : a) finite = finite && std::isfinite(x);
         EXPECT_TRUE(finite);

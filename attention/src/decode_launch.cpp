@@ -45,15 +45,15 @@ int row_batch_knob() {
   static const int rb = env_knob("LOCKSTEP_DECODE_ROW_BATCH", 0);
   return rb;
 }
-// LOCKSTEP_DECODE_MERGE_BATCH=4|32: the merge at head_dim 128 keeps 4 or 32 (instead of 8)
+// LOCKSTEP_DECODE_MERGE_BATCH=4|16: the merge at head_dim 128 keeps 4 or 16 (instead of 8)
 // chunks per thread group in flight.
 int merge_batch_knob() {
   static const int mb = env_knob("LOCKSTEP_DECODE_MERGE_BATCH", 0);
   return mb;
 }
-// LOCKSTEP_DECODE_STAGES=2|3|4: at head_dim 128 the chunk kernel streams K and V through a
-// ring of that many tiles filled by asynchronous copies (Note [async tiles]); 0: loads into
-// registers.
+// LOCKSTEP_DECODE_STAGES=2|3|4 (with LOCKSTEP_DECODE_ROW_BATCH=1: 4|6): at head_dim 128 the
+// chunk kernel streams K and V through a ring of that many tiles filled by asynchronous copies
+// (Note [async tiles]); 0: loads into registers.
 int stages_knob() {
   static const int ns = env_knob("LOCKSTEP_DECODE_STAGES", 0);
   return ns;
@@ -66,6 +66,8 @@ template <int D>
 void launch_chunk_g(Stream& s, const kernels::DecodeParams& p, int g, Dim3 grid) {
   using kernels::DecodeChunk;
   if constexpr (D == 128) {
+    if (g == 4 && row_batch_knob() == 1 && stages_knob() == 4) return launch_with_shared<DecodeChunk<128, 4, 1, 4>>(s, p, grid);
+    if (g == 4 && row_batch_knob() == 1 && stages_knob() == 6) return launch_with_shared<DecodeChunk<128, 4, 1, 6>>(s, p, grid);
     if (g == 4 && stages_knob() == 2) return launch_with_shared<DecodeChunk<128, 4, 2, 2>>(s, p, grid);
     if (g == 4 && stages_knob() == 3) return launch_with_shared<DecodeChunk<128, 4, 2, 3>>(s, p, grid);
     if (g == 4 && stages_knob() == 4) return launch_with_shared<DecodeChunk<128, 4, 2, 4>>(s, p, grid);
@@ -89,7 +91,7 @@ void launch_chunk_and_merge(Stream& s, const kernels::DecodeParams& p, int g, Di
   launch_chunk_g<D>(s, p, g, chunk_grid);
   if constexpr (D == 128) {
     if (merge_batch_knob() == 4) return launch_with_shared<kernels::DecodeMerge<128, 4>>(s, p, merge_grid);
-    if (merge_batch_knob() == 32) return launch_with_shared<kernels::DecodeMerge<128, 32>>(s, p, merge_grid);
+    if (merge_batch_knob() == 16) return launch_with_shared<kernels::DecodeMerge<128, 16>>(s, p, merge_grid);
   }
   launch_with_shared<kernels::DecodeMerge<D>>(s, p, merge_grid);
 }

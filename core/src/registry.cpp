@@ -80,22 +80,24 @@ namespace detail {
 
 void launch_checked(Stream& stream, const KernelLaunch& l) {
   const DeviceCaps& caps = stream.device().caps();
-  const std::string where = std::string("launch ") + l.kernel_name;
+  // The location text is built only when a check fails (this runs on every launch).
+#define LS_WHERE (std::string("launch ") + l.kernel_name)
   const auto& c = l.config;
-  LOCKSTEP_CHECK_ARG(c.block_threads >= 1, where, "block_threads", c.block_threads, ">= 1");
-  LOCKSTEP_CHECK_ARG(c.block_threads <= static_cast<std::uint32_t>(caps.max_threads_per_block), where,
+  LOCKSTEP_CHECK_ARG(c.block_threads >= 1, LS_WHERE, "block_threads", c.block_threads, ">= 1");
+  LOCKSTEP_CHECK_ARG(c.block_threads <= static_cast<std::uint32_t>(caps.max_threads_per_block), LS_WHERE,
             "block_threads", c.block_threads,
             "<= " + std::to_string(caps.max_threads_per_block) + " (the device limit)");
-  LOCKSTEP_CHECK_ARG(c.block_threads == l.compiled_threads, where, "block_threads", c.block_threads,
+  LOCKSTEP_CHECK_ARG(c.block_threads == l.compiled_threads, LS_WHERE, "block_threads", c.block_threads,
             "the kernel's compiled block size " + std::to_string(l.compiled_threads));
-  LOCKSTEP_CHECK_ARG(c.grid.x >= 1 && c.grid.x <= 0x7fffffffu, where, "grid.x", c.grid.x,
+  LOCKSTEP_CHECK_ARG(c.grid.x >= 1 && c.grid.x <= 0x7fffffffu, LS_WHERE, "grid.x", c.grid.x,
             "in [1, 2147483647]");
-  LOCKSTEP_CHECK_ARG(c.grid.y >= 1 && c.grid.y <= 65535u, where, "grid.y", c.grid.y, "in [1, 65535]");
-  LOCKSTEP_CHECK_ARG(c.grid.z >= 1 && c.grid.z <= 65535u, where, "grid.z", c.grid.z, "in [1, 65535]");
-  LOCKSTEP_CHECK_ARG(c.shared_bytes <= caps.max_shared_bytes_per_block, where, "shared_bytes",
+  LOCKSTEP_CHECK_ARG(c.grid.y >= 1 && c.grid.y <= 65535u, LS_WHERE, "grid.y", c.grid.y, "in [1, 65535]");
+  LOCKSTEP_CHECK_ARG(c.grid.z >= 1 && c.grid.z <= 65535u, LS_WHERE, "grid.z", c.grid.z, "in [1, 65535]");
+  LOCKSTEP_CHECK_ARG(c.shared_bytes <= caps.max_shared_bytes_per_block, LS_WHERE, "shared_bytes",
             static_cast<std::uint64_t>(c.shared_bytes),
             "<= " + std::to_string(caps.max_shared_bytes_per_block) +
                 " (the per-block shared memory limit)");
+#undef LS_WHERE
   StreamAccess::launch(stream, l);
 }
 

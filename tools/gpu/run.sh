@@ -55,13 +55,13 @@ for stage in "$@"; do
       i=0
       for cfg in ${KNOBS:-LOCKSTEP_PDL=0 LOCKSTEP_DECODE_STAGES=3}; do
         i=$((i+1))
-        env $(echo "$cfg" | tr ',' ' ') $G/lockstep-bench --device cuda:0 --filter "${BENCH_FILTER:-incremental|flash}" --json "$OUT/bench_knob$i.json" > "$OUT/bench_knob$i.log" 2>&1; rc=$?
+        env $(echo "$cfg" | tr ',' ' ') $G/lockstep-bench --device cuda:0 --filter "${BENCH_FILTER:-decode}" --json "$OUT/bench_knob$i.json" > "$OUT/bench_knob$i.log" 2>&1; rc=$?
         echo "knobs $i: $cfg rc=$rc" | tee -a "$summary"; grep -E "^\| cuda" "$OUT/bench_knob$i.log" | tee -a "$summary"
       done ;;
     ncu)  # per-kernel times of the decode kernels (hardware counters; clocks left alone)
       ncu --clock-control none --kernel-name-base demangled --kernel-name regex:"${NCU_KERNELS:-Decode}" --launch-count ${NCU_COUNT:-24} \
           --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__registers_per_thread \
-          $G/lockstep-bench --device cuda:0 --filter "${NCU_FILTER:-incremental|flash}" --reps 2 > "$OUT/ncu.log" 2>&1; rc=$?
+          $G/lockstep-bench --device cuda:0 --filter "${NCU_FILTER:-decode}" --reps 2 > "$OUT/ncu.log" 2>&1; rc=$?
       echo "ncu rc=$rc" | tee -a "$summary"
       grep -E "entry<|gpu__time|dram__|warps_active|grid_size|registers" "$OUT/ncu.log" | sed 's/  */ /g' | head -150 | tee -a "$summary" ;;
     mathacc)

@@ -33,10 +33,11 @@ using AllKernels = KernelList<
     DecodeChunk<128, 1>, DecodeChunk<128, 2>, DecodeChunk<128, 4>,
     DecodeChunk<128, 1, 2>, DecodeChunk<128, 4, 4>,  // schedule variants (same bits)
     DecodeChunk<128, 4, 2, 2>, DecodeChunk<128, 4, 2, 3>, DecodeChunk<128, 4, 2, 4>,
+    DecodeChunk<128, 4, 1, 4>, DecodeChunk<128, 4, 1, 6>,
     DecodeChunk<128, 1, 2, 3>, DecodeChunk<128, 1, 2, 4>,
     DecodeChunk<256, 1>, DecodeChunk<256, 2>,
     DecodeMerge<32>, DecodeMerge<64>, DecodeMerge<96>, DecodeMerge<128>, DecodeMerge<256>,
-    DecodeMerge<128, 4>, DecodeMerge<128, 32>,
+    DecodeMerge<128, 4>, DecodeMerge<128, 16>,
     FusedAttentionExact<32>, FusedAttentionExact<64>, FusedAttentionExact<96>,
     FusedAttentionExact<128>, FusedAttentionExact<256>,
     FusedAttentionTensorCore<32>, FusedAttentionTensorCore<64>, FusedAttentionTensorCore<96>,
