@@ -110,7 +110,7 @@ std::vector<float> run_decode_variant(Stream& s, const std::shared_ptr<Device>& 
   p.scale = 1.0f / std::sqrt(float(D));
   launch<Chunk>(s, Dim3{std::uint32_t(chunks), std::uint32_t(Hkv * (H / Hkv / Chunk::kHeads)), 1},
                 Chunk::kSharedBytes, p);
-  launch<Merge>(s, Dim3{std::uint32_t(H), 1, 1}, Merge::kSharedBytes, p);
+  launch<Merge>(s, Dim3{std::uint32_t(H * Merge::kSlices), 1, 1}, Merge::kSharedBytes, p);
   return out.to_vector(s);
 }
 
@@ -150,21 +150,22 @@ TEST_P(Attention, DecodeScheduleVariantsGiveTheSameBytes) {
         const auto d = run_decode_variant<DecodeChunk<D, 1, 2>, DecodeMerge<D, 4>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
         EXPECT_TRUE(same(a, c)) << "4 query heads per block vs 1";
         EXPECT_TRUE(same(c, d)) << "row batch 4 vs 2 at one head per block";
-        // Note [async tiles]: K and V through a ring of 2, 3 or 4 tiles in shared memory.
-        const auto e2 = run_decode_variant<DecodeChunk<D, 4, 2, 2>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        // Note [async tiles]: K and V through a ring of tiles in shared memory (the defaults:
+        // 16-row tiles in a ring of 4 with four heads per block, 32-row tiles in a ring of 3
+        // with one).
         const auto e3 = run_decode_variant<DecodeChunk<D, 4, 2, 3>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-        const auto e4 = run_decode_variant<DecodeChunk<D, 4, 2, 4>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        const auto e4 = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
         const auto f3 = run_decode_variant<DecodeChunk<D, 1, 2, 3>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-        EXPECT_TRUE(same(a, e2)) << "registers vs a ring of 2 async tiles";
-        EXPECT_TRUE(same(a, e3)) << "registers vs a ring of 3 async tiles";
-        EXPECT_TRUE(same(a, e4)) << "registers vs a ring of 4 async tiles";
-        const auto r14 = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-        const auto r16 = run_decode_variant<DecodeChunk<D, 4, 1, 6>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-        EXPECT_TRUE(same(a, r14)) << "registers vs a ring of 4 async 16-row tiles";
-        EXPECT_TRUE(same(a, r16)) << "registers vs a ring of 6 async 16-row tiles";
+        const auto g4 = run_decode_variant<DecodeChunk<D, 2, 1, 4>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        EXPECT_TRUE(same(a, e3)) << "registers vs a ring of 3 async 32-row tiles";
+        EXPECT_TRUE(same(a, e4)) << "registers vs a ring of 4 async 16-row tiles";
         EXPECT_TRUE(same(a, f3)) << "registers vs a ring of 3 async tiles, one head per block";
+        EXPECT_TRUE(same(a, g4)) << "registers vs a ring of 4 async tiles, two heads per block";
+        // Note [merge slices]: 4 blocks per head, all chunks in one round trip.
         const auto m16 = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D, 16>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        const auto sl = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D, 32, 4>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
         EXPECT_TRUE(same(a, m16)) << "merge batch 8 vs 16";
+        EXPECT_TRUE(same(a, sl)) << "merge without slices vs 4 slices";
         bool finite = true;
         for (float x : a) finite = finite && std::isfinite(x);
         EXPECT_TRUE(finite);
@@ -175,12 +176,28 @@ TEST_P(Attention, DecodeScheduleVariantsGiveTheSameBytes) {
       DecodeInputs<D> in(dev, s(), H, Hkv, L, 777u + Hkv);
       for (int len : {300, 9000}) {
         SCOPED_TRACE("D 96, Hkv " + std::to_string(Hkv) + ", length " + std::to_string(len));
-        const auto a = run_decode_variant<DecodeChunk<D, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-        const auto b = run_decode_variant<DecodeChunk<D, 1>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-        EXPECT_TRUE(same(a, b)) << "4 query heads per block vs 1";
+        const auto a = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        const auto b = run_decode_variant<DecodeChunk<D, 1, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        const auto c = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        EXPECT_TRUE(same(a, b)) << "registers, 4 query heads per block vs async tiles, 1";
+        EXPECT_TRUE(same(a, c)) << "registers vs async tiles, 4 query heads per block";
       }
     }
   }
+}
+
+// 129 chunks: more than the sliced merge folds in one batch (4 groups x 32).
+TEST_P(Attention, DecodeMergeSlicesGiveTheSameBytesOnLongRows) {
+  using kernels::DecodeChunk;
+  using kernels::DecodeMerge;
+  constexpr int D = 128, L = 33000, H = 4, Hkv = 1;
+  DecodeInputs<D> in(dev, s(), H, Hkv, L, 99u);
+  const auto a = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, L);
+  const auto b = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D, 32, 4>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, L);
+  EXPECT_TRUE(same(a, b));
+  bool finite = true;
+  for (float x : b) finite = finite && std::isfinite(x);
+  EXPECT_TRUE(finite);
 }
 
 // The asynchronous tile copies never read a row at or past the length: NaN there changes no bit.
@@ -201,7 +218,7 @@ TEST_P(Attention, DecodeAsyncTilesNeverReadPastTheLength) {
       b->copy_from_host(s(), h);
     }
     const auto p3 = run_decode_variant<DecodeChunk<D, 4, 2, 3>, DecodeMerge<D, 8>>(s(), dev, poisoned.q, poisoned.k, poisoned.v, H, Hkv, L, len);
-    const auto p4 = run_decode_variant<DecodeChunk<D, 1, 2, 4>, DecodeMerge<D, 8>>(s(), dev, poisoned.q, poisoned.k, poisoned.v, H, Hkv, L, len);
+    const auto p4 = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D, 32, 4>>(s(), dev, poisoned.q, poisoned.k, poisoned.v, H, Hkv, L, len);
     EXPECT_TRUE(same(clean, p3));
     EXPECT_TRUE(same(clean, p4));
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "checks.hpp"
 #include "lockstep/kernels/launch.hpp"
@@ -39,23 +40,23 @@ int env_knob(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v != nullptr ? std::atoi(v) : fallback;
 }
-// LOCKSTEP_DECODE_ROW_BATCH=2|4: at head_dim 128 the number of 16-row groups whose loads are in
-// flight together (defaults: 2 with 4 query heads per block, 4 with one; Note [row batches]).
+// Schedule knobs for measurements (every value gives the same bits; Note [async tiles], Note
+// [row batches], Note [merge slices]). At head_dim 128:
+//   LOCKSTEP_DECODE_STAGES=0: K and V loaded straight into registers, LOCKSTEP_DECODE_ROW_BATCH
+//     = 2|4 row groups in flight (the schedule before the async tiles); =3: 32-row tiles in a
+//     ring of 3 with four heads per block.
+//   LOCKSTEP_DECODE_MERGE_BATCH=4|8|16: the merge without slices, with that many chunks per
+//     thread group in flight.
 int row_batch_knob() {
   static const int rb = env_knob("LOCKSTEP_DECODE_ROW_BATCH", 0);
   return rb;
 }
-// LOCKSTEP_DECODE_MERGE_BATCH=4|16: the merge at head_dim 128 keeps 4 or 16 (instead of 8)
-// chunks per thread group in flight.
 int merge_batch_knob() {
   static const int mb = env_knob("LOCKSTEP_DECODE_MERGE_BATCH", 0);
   return mb;
 }
-// LOCKSTEP_DECODE_STAGES=2|3|4 (with LOCKSTEP_DECODE_ROW_BATCH=1: 4|6): at head_dim 128 the
-// chunk kernel streams K and V through a ring of that many tiles filled by asynchronous copies
-// (Note [async tiles]); 0: loads into registers.
 int stages_knob() {
-  static const int ns = env_knob("LOCKSTEP_DECODE_STAGES", 0);
+  static const int ns = env_knob("LOCKSTEP_DECODE_STAGES", -1);
   return ns;
 }
 template <class K>
@@ -66,32 +67,38 @@ template <int D>
 void launch_chunk_g(Stream& s, const kernels::DecodeParams& p, int g, Dim3 grid) {
   using kernels::DecodeChunk;
   if constexpr (D == 128) {
-    if (g == 4 && row_batch_knob() == 1 && stages_knob() == 4) return launch_with_shared<DecodeChunk<128, 4, 1, 4>>(s, p, grid);
-    if (g == 4 && row_batch_knob() == 1 && stages_knob() == 6) return launch_with_shared<DecodeChunk<128, 4, 1, 6>>(s, p, grid);
-    if (g == 4 && stages_knob() == 2) return launch_with_shared<DecodeChunk<128, 4, 2, 2>>(s, p, grid);
-    if (g == 4 && stages_knob() == 3) return launch_with_shared<DecodeChunk<128, 4, 2, 3>>(s, p, grid);
-    if (g == 4 && stages_knob() == 4) return launch_with_shared<DecodeChunk<128, 4, 2, 4>>(s, p, grid);
-    if (g == 1 && stages_knob() == 3) return launch_with_shared<DecodeChunk<128, 1, 2, 3>>(s, p, grid);
-    if (g == 1 && stages_knob() == 4) return launch_with_shared<DecodeChunk<128, 1, 2, 4>>(s, p, grid);
-    if (row_batch_knob() == 4 && g == 4) return launch_with_shared<DecodeChunk<128, 4, 4>>(s, p, grid);
-    if (row_batch_knob() == 2 && g == 1) return launch_with_shared<DecodeChunk<128, 1, 2>>(s, p, grid);
+    if (stages_knob() == 0 && g == 4)
+      return row_batch_knob() == 4 ? launch_with_shared<DecodeChunk<128, 4, 4>>(s, p, grid)
+                                   : launch_with_shared<DecodeChunk<128, 4, 2>>(s, p, grid);
+    if (stages_knob() == 0 && g == 1)
+      return row_batch_knob() == 2 ? launch_with_shared<DecodeChunk<128, 1, 2>>(s, p, grid)
+                                   : launch_with_shared<DecodeChunk<128, 1, 4>>(s, p, grid);
+    if (stages_knob() == 3 && g == 4) return launch_with_shared<DecodeChunk<128, 4, 2, 3>>(s, p, grid);
   }
   if constexpr (D <= 64) {
-    if (g == 8) return launch_with_shared<DecodeChunk<D, 8>>(s, p, grid);
+    if (g == 8) return launch_with_shared<DecodeChunk<D, 8, 1, 4>>(s, p, grid);
   }
   if constexpr (D <= 128) {
-    if (g == 4) return launch_with_shared<DecodeChunk<D, 4>>(s, p, grid);
+    if (g == 4) return launch_with_shared<DecodeChunk<D, 4, 1, 4>>(s, p, grid);
   }
-  if (g == 2) return launch_with_shared<DecodeChunk<D, 2>>(s, p, grid);
-  return launch_with_shared<DecodeChunk<D, 1>>(s, p, grid);
+  if (g == 2) return launch_with_shared<DecodeChunk<D, 2, 1, 4>>(s, p, grid);
+  // One query head per block: at head_dim 128, 32-row tiles in a ring of 3 (measured).
+  using One = std::conditional_t<D == 128, DecodeChunk<128, 1, 2, 3>, DecodeChunk<D, 1, 1, 4>>;
+  return launch_with_shared<One>(s, p, grid);
 }
 template <int D>
 void launch_chunk_and_merge(Stream& s, const kernels::DecodeParams& p, int g, Dim3 chunk_grid,
                             Dim3 merge_grid) {
   launch_chunk_g<D>(s, p, g, chunk_grid);
   if constexpr (D == 128) {
-    if (merge_batch_knob() == 4) return launch_with_shared<kernels::DecodeMerge<128, 4>>(s, p, merge_grid);
-    if (merge_batch_knob() == 16) return launch_with_shared<kernels::DecodeMerge<128, 16>>(s, p, merge_grid);
+    const int mb = merge_batch_knob();
+    if (mb == 4) return launch_with_shared<kernels::DecodeMerge<128, 4>>(s, p, merge_grid);
+    if (mb == 16) return launch_with_shared<kernels::DecodeMerge<128, 16>>(s, p, merge_grid);
+    // Fewer merge blocks than multiprocessors (B = 1): 4 slices per head, a 128-chunk row in
+    // one round trip (Note [merge slices]). The bits do not depend on this choice.
+    using Sliced = kernels::DecodeMerge<128, 32, 4>;
+    if (mb == 0 && std::int64_t{merge_grid.x} * merge_grid.y < s.device().caps().multiprocessors)
+      return launch_with_shared<Sliced>(s, p, Dim3{merge_grid.x * Sliced::kSlices, merge_grid.y, 1});
   }
   launch_with_shared<kernels::DecodeMerge<D>>(s, p, merge_grid);
 }

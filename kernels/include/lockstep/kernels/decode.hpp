@@ -298,7 +298,7 @@ struct DecodeChunk {
   }
 };
 
-// out[r, h, :] = the chunks of row r merged. Grid: x = H, y = row (loops past 65535). A row of
+// out[r, h, :] = the chunks of row r merged. Grid: x = H * S, y = row (loops past 65535). A row of
 // length 0 gives zeros.
 //
 // Note [merge order]
@@ -311,16 +311,18 @@ struct DecodeChunk {
 // per chunk (at B = 1 and 32768 tokens: 128 chunks, only H blocks, 20 us measured); here the
 // loads of kMergeBatch chunks per group are in flight together, and a row of at most
 // kGroups * kMergeBatch chunks needs a single round trip.
-template <int D, int MB = 8>
+template <int D, int MB = 8, int S = 1>
 struct DecodeMerge {
   static constexpr const char* kName = "decode_merge";
-  static constexpr int kGroups = 512 / D;
-  static constexpr int kThreads = kGroups * D;
+  static constexpr int kGroups = 512 / D;  // part of the fold order (Note [merge order]): fixed
+  static constexpr int kSlices = S;        // Note [merge slices]
+  static constexpr int kSlice = D / S;     // output elements per block
+  static constexpr int kThreads = kGroups * kSlice;
   static constexpr int kWarps = kThreads / kWarpSize;
   static constexpr bool kOverlapsPrior = true;
   static constexpr int kMergeBatch = MB;  // a schedule choice: the fold order, so the bits, do not depend on it
-  static constexpr std::size_t kSharedBytes = (kWarps + kGroups * (D + 1)) * sizeof(float) + 64;
-  static_assert(kThreads % kWarpSize == 0, "whole warps");
+  static constexpr std::size_t kSharedBytes = (kWarps + kGroups * (kSlice + 1)) * sizeof(float) + 64;
+  static_assert(D % S == 0 && kThreads % kWarpSize == 0, "whole warps");
   using Params = DecodeParams;
 
   // Group g's chunks g + c0 + u * kGroups (u < kMergeBatch): chunk max, chunk sum and output
@@ -338,6 +340,12 @@ struct DecodeMerge {
     }
   }
 
+  // Note [merge slices]
+  // With S > 1 slices, block (h * S + s) computes output elements [s * D / S, (s + 1) * D / S) of
+  // head h: the same groups, folds and group sum per element as with S = 1 (every thread folds
+  // the chunk sums L itself, so each slice has the same L), hence the same bits (tested). It
+  // gives a short row (B = 1) S times more blocks and a quarter of the registers per thread, so
+  // that a whole 128-chunk row is loaded in one round trip (MB = 32).
   template <class X>
   LOCKSTEP_HD static void run(X& x, const Params& p) {
     using F = typename X::template Lanes<float>;
@@ -346,16 +354,18 @@ struct DecodeMerge {
     x.wait_prior_grids();
     x.allow_dependent_grids();
     float* red = x.template shared<float>(kWarps);
-    float* o_part = x.template shared<float>(kGroups * D);
+    float* o_part = x.template shared<float>(kGroups * kSlice);
     float* l_part = x.template shared<float>(kGroups);
-    const int h = x.block_x();
+    const int h = x.block_x() / kSlices;
+    const int d0 = (x.block_x() % kSlices) * kSlice;
     const I t = x.thread();
     const I zero = t * 0;
-    I g = zero;  // the thread's group; t = g * D + d
+    I g = zero;  // the thread's group; t = g * kSlice + dl
     LOCKSTEP_UNROLL
-    for (int k = 1; k < kGroups; ++k) g = g + x.select(t >= k * D, zero + 1, zero);
-    const I d = t - g * D;
-    const B first = t < D;  // the threads that combine the groups and write out
+    for (int k = 1; k < kGroups; ++k) g = g + x.select(t >= k * kSlice, zero + 1, zero);
+    const I dl = t - g * kSlice;
+    const I d = dl + d0;
+    const B first = t < kSlice;  // the threads that combine the groups and write out
     for (int r = x.block_y(); r < p.rows; r += x.grid_y()) {
       const int len = p.lengths != nullptr ? x.load_uniform(p.lengths + r) : p.length;
       const int chunks = static_cast<int>(ceil_div(len, kDecodeChunk));
@@ -375,7 +385,7 @@ struct DecodeMerge {
         F m = mc[0];
         LOCKSTEP_UNROLL
         for (int u = 1; u < kMergeBatch; ++u) m = x.max(m, mc[u]);
-        x.store(red, g, m, d == 0);  // the same in every thread of the group
+        x.store(red, g, m, dl == 0);  // the same in every thread of the group
         n_red = kGroups;
       } else {
         F m = -kInf;
@@ -402,16 +412,16 @@ struct DecodeMerge {
         }
       }
       x.store(o_part, t, O);
-      x.store(l_part, g, L, d == 0);
+      x.store(l_part, g, L, dl == 0);
       x.sync();
       F Ot = x.load(o_part, t, first, 0.0f);
       F Lt = x.load(l_part, zero);
       LOCKSTEP_UNROLL
       for (int k = 1; k < kGroups; ++k) {
-        Ot = Ot + x.load(o_part, t + k * D, first, 0.0f);
+        Ot = Ot + x.load(o_part, t + k * kSlice, first, 0.0f);
         Lt = Lt + x.load(l_part, zero + k);
       }
-      x.store(out, t, x.select(M == -kInf, 0.0f, Ot / Lt), first);
+      x.store(out, d, x.select(M == -kInf, 0.0f, Ot / Lt), first);
       x.sync();  // red and the partials are reused by the next row
     }
   }

@@ -26,18 +26,21 @@ struct KernelList {
 using AllKernels = KernelList<
     Fill32, SoftmaxRows, Scale, Copy3D, Transpose, Gemm, MathEval, ReadSum, FmaPeak,
     GemmTensorCore, ScaleMask, KvScatter, Rope, Add,
-    // decode: head_dim x query heads per block (G * D <= 512)
-    DecodeChunk<32, 1>, DecodeChunk<32, 2>, DecodeChunk<32, 4>, DecodeChunk<32, 8>,
-    DecodeChunk<64, 1>, DecodeChunk<64, 2>, DecodeChunk<64, 4>, DecodeChunk<64, 8>,
-    DecodeChunk<96, 1>, DecodeChunk<96, 2>, DecodeChunk<96, 4>,
-    DecodeChunk<128, 1>, DecodeChunk<128, 2>, DecodeChunk<128, 4>,
-    DecodeChunk<128, 1, 2>, DecodeChunk<128, 4, 4>,  // schedule variants (same bits)
-    DecodeChunk<128, 4, 2, 2>, DecodeChunk<128, 4, 2, 3>, DecodeChunk<128, 4, 2, 4>,
-    DecodeChunk<128, 4, 1, 4>, DecodeChunk<128, 4, 1, 6>,
-    DecodeChunk<128, 1, 2, 3>, DecodeChunk<128, 1, 2, 4>,
-    DecodeChunk<256, 1>, DecodeChunk<256, 2>,
+    // decode, the defaults: head_dim x query heads per block (G * D <= 512), async tiles of 16
+    // rows in a ring of 4 (Note [async tiles]); one head per block at head_dim 128: 32-row
+    // tiles in a ring of 3 (both measured, docs/gpu-results.md)
+    DecodeChunk<32, 1, 1, 4>, DecodeChunk<32, 2, 1, 4>, DecodeChunk<32, 4, 1, 4>, DecodeChunk<32, 8, 1, 4>,
+    DecodeChunk<64, 1, 1, 4>, DecodeChunk<64, 2, 1, 4>, DecodeChunk<64, 4, 1, 4>, DecodeChunk<64, 8, 1, 4>,
+    DecodeChunk<96, 1, 1, 4>, DecodeChunk<96, 2, 1, 4>, DecodeChunk<96, 4, 1, 4>,
+    DecodeChunk<128, 1, 2, 3>, DecodeChunk<128, 2, 1, 4>, DecodeChunk<128, 4, 1, 4>,
+    DecodeChunk<256, 1, 1, 4>, DecodeChunk<256, 2, 1, 4>,
+    // schedule variants (same bits; tests and LOCKSTEP_DECODE_STAGES / _ROW_BATCH): loads
+    // straight into registers, 32-row tiles in a ring of 3
+    DecodeChunk<128, 4, 2>, DecodeChunk<128, 4, 4>, DecodeChunk<128, 1, 2>, DecodeChunk<128, 1, 4>,
+    DecodeChunk<96, 4, 2>, DecodeChunk<128, 4, 2, 3>,
     DecodeMerge<32>, DecodeMerge<64>, DecodeMerge<96>, DecodeMerge<128>, DecodeMerge<256>,
-    DecodeMerge<128, 4>, DecodeMerge<128, 16>,
+    DecodeMerge<128, 32, 4>,  // short rows (few merge blocks): Note [merge slices]
+    DecodeMerge<128, 4>, DecodeMerge<128, 16>,  // schedule variants
     FusedAttentionExact<32>, FusedAttentionExact<64>, FusedAttentionExact<96>,
     FusedAttentionExact<128>, FusedAttentionExact<256>,
     FusedAttentionTensorCore<32>, FusedAttentionTensorCore<64>, FusedAttentionTensorCore<96>,
