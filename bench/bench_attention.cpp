@@ -8,6 +8,9 @@
 #include <string>
 
 #include "bench_common.hpp"
+#ifdef LOCKSTEP_BENCH_CUDA
+#include <cuda_runtime.h>
+#endif
 #include "lockstep/attention/decode.hpp"
 #include "lockstep/attention/fused.hpp"
 #include "lockstep/attention/kv_cache.hpp"
@@ -97,6 +100,63 @@ Result flash(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t Hkv, std
   r.note = "bytes = K + V (each slot's L tokens) + q + out + new K/V; 1 H2D copy + 3 launches";
   return r;
 }
+
+#ifdef LOCKSTEP_BENCH_CUDA
+// A decode step of `layers` flash_decoding calls with device-side positions (Note [device
+// positions]) captured once in a CUDA graph and replayed: the host time per replay (and per
+// attention call) and the device time per step.
+Result flash_graph(Context& ctx, std::int64_t layers, std::int64_t B, std::int64_t H, std::int64_t Hkv,
+                   std::int64_t D, std::int64_t L) {
+  KvCacheConfig c;
+  c.num_layers = layers;
+  c.num_heads = H;
+  c.num_kv_heads = Hkv;
+  c.head_dim = D;
+  c.max_len = L;
+  c.slots = B;
+  KvCache cache(ctx.dev, c);
+  const std::size_t per_slot = std::size_t(Hkv * L * D);
+  const auto host = random_host(per_slot, 14, -1.0f, 1.0f);
+  for (std::int64_t l = 0; l < layers; ++l)
+    for (std::int64_t s = 0; s < B; ++s) cache.write_from_host(ctx.stream(), s, l, host, host, L);
+  auto q = random_buffer(ctx.dev, std::size_t(B * H * D), 15, -1.0f, 1.0f);
+  auto kn = random_buffer(ctx.dev, std::size_t(B * Hkv * D), 16, -1.0f, 1.0f);
+  auto vn = random_buffer(ctx.dev, std::size_t(B * Hkv * D), 17, -1.0f, 1.0f);
+  Buffer<float> out(ctx.dev, std::size_t(B * H * D));
+  Buffer<std::int32_t> pos(ctx.dev, std::size_t(B));
+  pos.copy_from_host(ctx.stream(), std::vector<std::int32_t>(std::size_t(B), std::int32_t(L - 1)));
+  Stream& s = ctx.stream();
+  auto raw = static_cast<cudaStream_t>(s.native_handle());
+  auto step = [&] {
+    for (std::int64_t l = 0; l < layers; ++l) flash_decoding(s, cache, l, q, kn, vn, pos, out);
+  };
+  step();  // sizes the stream's scratch
+  s.synchronize();
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  if (cudaStreamBeginCapture(raw, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+    throw DeviceError("cudaStreamBeginCapture failed", false);
+  step();
+  if (cudaStreamEndCapture(raw, &graph) != cudaSuccess || cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess)
+    throw DeviceError("cudaStreamEndCapture or cudaGraphInstantiate failed", false);
+  auto replay = [&] { (void)cudaGraphLaunch(exec, raw); };
+  Result r;
+  r.name = "flash_decoding_graph_step";
+  r.shape = dshape(B, H, Hkv, D, L) + " layers=" + std::to_string(layers);
+  r.median_ms = busy_ms(*ctx.dev, s, replay, ctx.warmup + 3, ctx.reps);
+  r.extra["idle_stream_ms"] = median_ms(*ctx.dev, s, replay, 1, ctx.reps);
+  r.bytes = double(layers) * double(B) * double(2 * per_slot + 2 * std::size_t(H * D) + 2 * std::size_t(Hkv * D)) * 4;
+  r.flops = 4.0 * double(layers) * double(B) * double(H) * double(L) * double(D);
+  r.launches = 1;
+  const double host_us_step = host_us(s, replay, std::max(5, ctx.reps));
+  r.extra["host_us_per_call"] = host_us_step;
+  r.extra["host_us_per_attention_call"] = host_us_step / double(layers);
+  r.note = "one cudaGraphLaunch per step of " + std::to_string(layers) + " flash_decoding calls (3 kernels each)";
+  (void)cudaGraphExecDestroy(exec);
+  (void)cudaGraphDestroy(graph);
+  return r;
+}
+#endif
 
 std::vector<Result> mha(Context& ctx, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D) {
   std::vector<Result> rs;
@@ -190,6 +250,16 @@ std::vector<Bench> attention_benches() {
          }
          return rs;
        }},
+#ifdef LOCKSTEP_BENCH_CUDA
+      {"flash_decoding_graph",
+       [](Context& ctx) {
+         std::vector<Result> rs;
+         if (!ctx.cuda) return rs;
+         rs.push_back(flash_graph(ctx, 4, 32, 32, 8, 128, 4096));
+         rs.push_back(flash_graph(ctx, 32, 1, 32, 8, 128, 4096));
+         return rs;
+       }},
+#endif
       {"attention_fused",
        [](Context& ctx) {
          std::vector<Result> rs;

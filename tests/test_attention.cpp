@@ -107,6 +107,7 @@ std::vector<float> run_decode_variant(Stream& s, const std::shared_ptr<Device>& 
   p.Hkv = Hkv;
   p.max_chunks = chunks;
   p.length = len;
+  p.max_len = L;
   p.scale = 1.0f / std::sqrt(float(D));
   launch<Chunk>(s, Dim3{std::uint32_t(chunks), std::uint32_t(Hkv * (H / Hkv / Chunk::kHeads)), 1},
                 Chunk::kSharedBytes, p);
@@ -349,6 +350,85 @@ TEST_P(Attention, KvCacheDoneSlotsCostNothingAndGiveZeros) {
   }
   cache.reset(1);
   EXPECT_FALSE(cache.done(1));
+}
+
+// Note [device positions]: the graph-capturable call gives the host-positions call's bytes (out
+// and cache), skips -1 and out-of-range positions without writing, and records the latter.
+TEST_P(Attention, FlashDecodingWithDevicePositionsGivesTheSameBytes) {
+  KvCacheConfig c;
+  c.num_layers = 2;
+  c.num_heads = 8;
+  c.num_kv_heads = 2;
+  c.head_dim = 64;
+  c.max_len = 300;
+  c.slots = 3;
+  KvCache a(dev, c), b(dev, c);
+  const std::vector<std::int64_t> prefill{100, 0, 250};
+  std::uint32_t st = 7;
+  auto rnd = [&](std::size_t n) {
+    std::vector<float> h(n);
+    for (auto& x : h) x = float((st = st * 1664525u + 1013904223u) >> 8) / float(1 << 24) - 0.5f;
+    return h;
+  };
+  for (std::int64_t slot = 0; slot < 3; ++slot)
+    for (std::int64_t l = 0; l < 2; ++l) {
+      const std::size_t n = std::size_t(2 * prefill[std::size_t(slot)] * 64);
+      const auto hk = rnd(n), hv = rnd(n);
+      a.write_from_host(s(), slot, l, hk, hv, prefill[std::size_t(slot)]);
+      b.write_from_host(s(), slot, l, hk, hv, prefill[std::size_t(slot)]);
+    }
+  auto buf = [&](std::size_t n) {
+    Buffer<float> x(dev, n);
+    x.copy_from_host(s(), rnd(n));
+    return x;
+  };
+  auto ints = [&](std::vector<std::int32_t> v) {
+    Buffer<std::int32_t> x(dev, v.size());
+    x.copy_from_host(s(), v);
+    return x;
+  };
+  Buffer<std::int32_t> status(dev, 1);
+  status.copy_from_host(s(), std::vector<std::int32_t>{0});
+  // Two steps over both layers; in the second, slot 1 is done.
+  for (int step = 0; step < 2; ++step) {
+    if (step == 1) a.mark_done(1);
+    std::vector<std::int64_t> hp{100 + step, step == 0 ? 0 : 5, 250 + step};
+    const auto dpos = ints({100 + step, step == 0 ? 0 : -1, 250 + step});
+    for (std::int64_t l = 0; l < 2; ++l) {
+      const auto q = buf(3 * 8 * 64), kn = buf(3 * 2 * 64), vn = buf(3 * 2 * 64);
+      auto oa = filled(3 * 8 * 64, 42.0f), ob = filled(3 * 8 * 64, 42.0f);
+      flash_decoding(s(), a, l, q, kn, vn, hp, oa);
+      flash_decoding(s(), b, l, q, kn, vn, dpos, ob, &status);
+      SCOPED_TRACE("step " + std::to_string(step) + ", layer " + std::to_string(l));
+      EXPECT_TRUE(same(oa.to_vector(s()), ob.to_vector(s())));
+      EXPECT_TRUE(same(a.k(l).to_vector(s()), b.k(l).to_vector(s())));
+      EXPECT_TRUE(same(a.v(l).to_vector(s()), b.v(l).to_vector(s())));
+    }
+  }
+  EXPECT_EQ(status.to_vector(s())[0], 0) << "no position was out of range";
+  EXPECT_EQ(b.lengths(), prefill) << "the device path leaves the host lengths alone";
+  b.set_length(0, 102);
+  EXPECT_EQ(b.length(0), 102);
+  expect_invalid([&] { b.set_length(0, 301); }, "n");
+
+  // Out of range: 300 (= max_len), 5000 and -7 write nothing and attend nothing.
+  const auto k0 = b.k(0).to_vector(s()), v0 = b.v(0).to_vector(s());
+  const auto q = buf(3 * 8 * 64), kn = buf(3 * 2 * 64), vn = buf(3 * 2 * 64);
+  auto ob = filled(3 * 8 * 64, 42.0f);
+  flash_decoding(s(), b, 0, q, kn, vn, ints({300, 5000, -7}), ob, &status);
+  EXPECT_TRUE(same(k0, b.k(0).to_vector(s())));
+  EXPECT_TRUE(same(v0, b.v(0).to_vector(s())));
+  for (float x : ob.to_vector(s())) ASSERT_EQ(bits(x), 0u);
+  const int flagged = status.to_vector(s())[0];
+  EXPECT_TRUE(flagged >= 1 && flagged <= 3) << flagged;
+
+  // Host-side checks: typed errors, nothing enqueued.
+  auto oc = filled(3 * 8 * 64, 42.0f);
+  expect_invalid([&] { flash_decoding(s(), b, 0, q, kn, vn, ints({1, 2}), oc); }, "positions.size()");
+  Buffer<std::int32_t> two(dev, 2);
+  expect_invalid([&] { flash_decoding(s(), b, 0, q, kn, vn, ints({1, 2, 3}), oc, &two); }, "status.size()");
+  expect_invalid([&] { flash_decoding(s(), b, 2, q, kn, vn, ints({1, 2, 3}), oc); }, "layer");
+  expect_all(oc, 42.0f);
 }
 
 TEST_P(Attention, KvCacheGrowKeepsContentsAndCopySlotWorks) {

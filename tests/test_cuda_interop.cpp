@@ -2,9 +2,11 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <numeric>
 #include <vector>
 
+#include "lockstep/attention/kv_cache.hpp"
 #include "lockstep/attention/ops.hpp"
 #include "support/backends.hpp"
 
@@ -57,6 +59,102 @@ TEST_F(CudaInterop, OutOfMemoryIsTypedAndNotSticky) {
   Buffer<float> ok(dev, 16);  // the device still works
   ok.fill(dev->default_stream(), 1.0f);
   EXPECT_EQ(ok.to_vector(dev->default_stream())[0], 1.0f);
+}
+
+// A whole decode step (flash_decoding on every layer, positions in device memory) captured in a
+// CUDA graph and replayed with new positions gives the bytes of the same steps run eagerly with
+// host positions (Note [device positions]).
+TEST_F(CudaInterop, DecodeStepReplaysAsACudaGraph) {
+  KvCacheConfig c;
+  c.num_layers = 3;
+  c.num_heads = 8;
+  c.num_kv_heads = 2;
+  c.head_dim = 128;
+  c.max_len = 700;
+  c.slots = 4;
+  KvCache eager(dev, c), graphed(dev, c);
+  cudaStream_t raw;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking), cudaSuccess);
+  {
+    auto gs = cuda_wrap_stream(dev, raw);
+    Stream& es = dev->default_stream();
+    std::uint32_t st = 3;
+    auto rnd = [&](std::size_t n) {
+      std::vector<float> h(n);
+      for (auto& x : h) x = float((st = st * 1664525u + 1013904223u) >> 8) / float(1 << 24) - 0.5f;
+      return h;
+    };
+    const std::vector<std::int64_t> start{10, 300, 0, 650};
+    for (std::int64_t slot = 0; slot < 4; ++slot)
+      for (std::int64_t l = 0; l < 3; ++l) {
+        const auto n = std::size_t(2 * start[std::size_t(slot)] * 128);
+        const auto hk = rnd(n), hv = rnd(n);
+        eager.write_from_host(es, slot, l, hk, hv, start[std::size_t(slot)]);
+        graphed.write_from_host(es, slot, l, hk, hv, start[std::size_t(slot)]);
+      }
+    es.synchronize();
+    // Per layer: q, k_new, v_new and out buffers that the graph reads and writes in place.
+    std::vector<Buffer<float>> q, kn, vn, out;
+    for (int l = 0; l < 3; ++l) {
+      q.emplace_back(dev, 4 * 8 * 128);
+      kn.emplace_back(dev, 4 * 2 * 128);
+      vn.emplace_back(dev, 4 * 2 * 128);
+      out.emplace_back(dev, 4 * 8 * 128);
+    }
+    Buffer<std::int32_t> pos(dev, 4);
+    std::int32_t* pinned = nullptr;
+    ASSERT_EQ(cudaMallocHost(&pinned, 4 * sizeof(std::int32_t)), cudaSuccess);
+    auto step = [&] {
+      for (int l = 0; l < 3; ++l) flash_decoding(*gs, graphed, l, q[std::size_t(l)], kn[std::size_t(l)], vn[std::size_t(l)], pos, out[std::size_t(l)]);
+    };
+    // One eager call sizes the stream's scratch; then capture.
+    for (int i = 0; i < 4; ++i) pinned[i] = -1;
+    ASSERT_EQ(cudaMemcpyAsync(pos.data().get(), pinned, 16, cudaMemcpyHostToDevice, raw), cudaSuccess);
+    step();
+    ASSERT_EQ(cudaStreamSynchronize(raw), cudaSuccess);
+    cudaGraph_t graph;
+    ASSERT_EQ(cudaStreamBeginCapture(raw, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    step();
+    ASSERT_EQ(cudaStreamEndCapture(raw, &graph), cudaSuccess);
+    cudaGraphExec_t exec;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    std::size_t nodes = 0;
+    ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &nodes), cudaSuccess);
+    EXPECT_EQ(nodes, 9u) << "three kernels per layer, no copies";
+
+    std::vector<std::int64_t> len = start;
+    for (int t = 0; t < 4; ++t) {
+      if (t == 2) eager.mark_done(2);  // slot 2 finishes: -1 from now on
+      for (int l = 0; l < 3; ++l) {
+        q[std::size_t(l)].copy_from_host(es, rnd(4 * 8 * 128));
+        kn[std::size_t(l)].copy_from_host(es, rnd(4 * 2 * 128));
+        vn[std::size_t(l)].copy_from_host(es, rnd(4 * 2 * 128));
+      }
+      es.synchronize();
+      for (int i = 0; i < 4; ++i) pinned[i] = (t >= 2 && i == 2) ? -1 : std::int32_t(len[std::size_t(i)]);
+      ASSERT_EQ(cudaMemcpyAsync(pos.data().get(), pinned, 16, cudaMemcpyHostToDevice, raw), cudaSuccess);
+      ASSERT_EQ(cudaGraphLaunch(exec, raw), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(raw), cudaSuccess);
+      for (int l = 0; l < 3; ++l) {
+        Buffer<float> ref(dev, 4 * 8 * 128);
+        flash_decoding(es, eager, l, q[std::size_t(l)], kn[std::size_t(l)], vn[std::size_t(l)], len, ref);
+        const auto a = ref.to_vector(es), b = out[std::size_t(l)].to_vector(es);
+        ASSERT_EQ(a.size(), b.size());
+        for (std::size_t i = 0; i < a.size(); ++i)
+          ASSERT_EQ(std::memcmp(&a[i], &b[i], 4), 0) << "step " << t << " layer " << l << " element " << i;
+      }
+      for (std::size_t i = 0; i < 4; ++i)
+        if (!(t >= 2 && i == 2)) ++len[i];
+    }
+    for (int l = 0; l < 3; ++l) {
+      const auto a = eager.k(l).to_vector(es), b = graphed.k(l).to_vector(es);
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "K cache, layer " << l;
+    }
+    EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+    EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+    EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
+  }
+  EXPECT_EQ(cudaStreamDestroy(raw), cudaSuccess);
 }
 
 }  // namespace

@@ -107,6 +107,7 @@ void launch_chunk_and_merge(Stream& s, const kernels::DecodeParams& p, int g, Di
 int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int64_t head_dim,
                   std::int64_t max_len) {
   if (p.rows == 0) return 0;
+  LOCKSTEP_ASSERT(p.max_len > 0 || p.lengths == nullptr, "DecodeParams::max_len unset");
   const int D = static_cast<int>(head_dim);
   const int group = p.H / p.Hkv;
   // Query heads per block: more reuse of each K/V byte against more registers per thread. Each
@@ -139,6 +140,7 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
 
 void launch_kv_scatter(Stream& s, const kernels::KvScatterParams& p) {
   if (p.rows == 0) return;
+  LOCKSTEP_ASSERT(p.max_len > 0, "KvScatterParams::max_len unset");
   const Dim3 grid{static_cast<std::uint32_t>(p.Hkv),
                   static_cast<std::uint32_t>(std::min<std::int32_t>(p.rows, 65535)), 2};
   launch<kernels::KvScatter>(s, grid, 0, p);

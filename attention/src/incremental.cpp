@@ -41,6 +41,7 @@ void incremental_attention(Stream& stream, const Buffer<float>& q, const Buffer<
   p.H = static_cast<std::int32_t>(shape.n_heads);
   p.Hkv = static_cast<std::int32_t>(shape.n_kv_heads);
   p.length = static_cast<std::int32_t>(seq_len);
+  p.max_len = static_cast<std::int32_t>(shape.max_seq_len);
   p.scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
   detail::launch_decode(stream, p, ws, shape.head_dim, std::max<std::int64_t>(seq_len, 1));
 }
@@ -74,6 +75,7 @@ void kv_cache_scatter(Stream& stream, const Buffer<float>& src, Buffer<float>& c
   p.Hkv = static_cast<std::int32_t>(shape.n_kv_heads);
   p.D = static_cast<std::int32_t>(shape.head_dim);
   p.position = static_cast<std::int32_t>(pos);
+  p.max_len = static_cast<std::int32_t>(shape.max_seq_len);
   detail::launch_kv_scatter(stream, p);
 }
 

@@ -101,6 +101,13 @@ void KvCache::rollback(std::int64_t slot, std::int64_t position) {
             position, "in [0, length = " + std::to_string(len_[std::size_t(slot)]) + "]");
   len_[std::size_t(slot)] = position;
 }
+void KvCache::set_length(std::int64_t slot, std::int64_t n) {
+  check_slot("KvCache::set_length", slot);
+  LOCKSTEP_CHECK_ARG(n >= 0 && n <= cfg_.max_len, "KvCache::set_length", "n", n,
+            "in [0, max_len = " + std::to_string(cfg_.max_len) + "]");
+  len_[std::size_t(slot)] = n;
+  done_[std::size_t(slot)] = false;
+}
 void KvCache::mark_done(std::int64_t slot, bool d) {
   check_slot("KvCache::mark_done", slot);
   done_[std::size_t(slot)] = d;
@@ -153,6 +160,7 @@ static kernels::KvScatterParams scatter_params(const KvCache& c, std::int64_t la
   p.rows = static_cast<std::int32_t>(cfg.slots);
   p.Hkv = static_cast<std::int32_t>(cfg.num_kv_heads);
   p.D = static_cast<std::int32_t>(cfg.head_dim);
+  p.max_len = static_cast<std::int32_t>(cfg.max_len);
   return p;
 }
 
@@ -208,9 +216,54 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
   p.H = static_cast<std::int32_t>(c.num_heads);
   p.Hkv = static_cast<std::int32_t>(c.num_kv_heads);
   p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  p.max_len = static_cast<std::int32_t>(c.max_len);
   detail::launch_decode(stream, p, st.floats, c.head_dim, longest);
   for (std::size_t s = 0; s < pos.size(); ++s)
     if (pos[s] >= 0) cache.len_[s] = pos[s] + 1;
+}
+
+void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,
+                    const Buffer<float>& k_new, const Buffer<float>& v_new,
+                    const Buffer<std::int32_t>& positions, Buffer<float>& out,
+                    Buffer<std::int32_t>* status) {
+  constexpr std::string_view w = "flash_decoding";
+  const auto& c = cache.config();
+  LOCKSTEP_CHECK_ARG(layer >= 0 && layer < c.num_layers, w, "layer", layer,
+            "in [0, num_layers = " + std::to_string(c.num_layers) + ")");
+  LOCKSTEP_CHECK_ARG(&stream.device() == &cache.device(), w, "stream.device", stream.device().id().str(),
+            "the cache's device " + cache.device().id().str());
+  check_token_buffer(w, "q", q, stream, c, c.num_heads);
+  check_token_buffer(w, "out", out, stream, c, c.num_heads);
+  check_token_buffer(w, "k_new", k_new, stream, c, c.num_kv_heads);
+  check_token_buffer(w, "v_new", v_new, stream, c, c.num_kv_heads);
+  detail::check_on(w, "positions", positions, stream);
+  detail::check_size(w, "positions", positions, std::uint64_t(c.slots), "slots");
+  if (status != nullptr) {
+    detail::check_on(w, "status", *status, stream);
+    detail::check_size(w, "status", *status, 1, "one int32");
+  }
+  // The workspace for max_len (the lengths are on the device): the same size every call.
+  const std::size_t ws_floats = detail::decode_workspace_floats(c.slots, c.num_heads, c.head_dim, c.max_len);
+  const Staged st = stage(stream, {}, ws_floats);
+  kernels::KvScatterParams sp = scatter_params(cache, layer, k_new, v_new, positions.data().get());
+  sp.status = status != nullptr ? status->data().get() : nullptr;
+  detail::launch_kv_scatter(stream, sp);
+  kernels::DecodeParams p{};
+  p.q = q.data().get();
+  p.k = cache.k(layer).data().get();
+  p.v = cache.v(layer).data().get();
+  p.lengths = positions.data().get();
+  p.length_bias = 1;  // a slot's position p: p + 1 tokens; -1 (done): 0
+  p.max_len = static_cast<std::int32_t>(c.max_len);
+  p.slots = nullptr;
+  p.out = out.data().get();
+  p.head_stride = c.max_len * c.head_dim;
+  p.slot_stride = c.num_kv_heads * p.head_stride;
+  p.rows = static_cast<std::int32_t>(c.slots);
+  p.H = static_cast<std::int32_t>(c.num_heads);
+  p.Hkv = static_cast<std::int32_t>(c.num_kv_heads);
+  p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  detail::launch_decode(stream, p, st.floats, c.head_dim, c.max_len);
 }
 
 void KvCache::copy_slot_from(Stream& stream, std::int64_t slot, const KvCache& src,

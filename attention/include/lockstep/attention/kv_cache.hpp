@@ -71,6 +71,10 @@ class KvCache {
   // Forgets a slot's tokens (length 0, not done) / every slot's.
   void reset(std::int64_t slot);
   void reset_all();
+  // Sets the host-side length of a slot (0 <= n <= max_len; the slot is no longer done), e.g.
+  // after steps run with device-side positions, which the host does not see. Nothing is
+  // enqueued.
+  void set_length(std::int64_t slot, std::int64_t n);
   // Speculative decoding: the slot's length becomes `position` (<= length). Entries past it are
   // never read again and are overwritten by the next appends.
   void rollback(std::int64_t slot, std::int64_t position);
@@ -107,6 +111,23 @@ class KvCache {
 void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,
                     const Buffer<float>& k_new, const Buffer<float>& v_new,
                     std::span<const std::int64_t> positions, Buffer<float>& out);
+
+// Flash-Decoding with the positions in device memory (Note [device positions] in
+// kernels/decode.hpp): the same kernels and bits as the call above, enqueued as three launches
+// with no host-to-device copy, so that a whole decode step can be captured in a CUDA graph and
+// replayed after writing new positions into `positions`. positions: [slots] int32 on the
+// stream's device; slot s's new K/V go to token positions[s] and its query attends
+// positions[s] + 1 tokens; -1 skips the slot (zeros out, nothing written). The host never reads
+// the values, so (1) the cache's host-side lengths are not updated (KvCache::set_length), and
+// (2) a position outside [-1, max_len) is not an exception: the kernels skip that slot (nothing
+// written, zeros out) and, if `status` is given (one int32 on the device), set it to 1 + that
+// slot; lockstep never clears it. Shapes, devices and sizes are checked on the host as above
+// (InvalidArgument, nothing enqueued). The first call on a stream sizes the stream's scratch for
+// max_len; later calls allocate nothing (run one call before capturing on that stream).
+void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,
+                    const Buffer<float>& k_new, const Buffer<float>& v_new,
+                    const Buffer<std::int32_t>& positions, Buffer<float>& out,
+                    Buffer<std::int32_t>* status = nullptr);
 
 // Rotary position embedding in place on q [rows, n_heads, head_dim] and k [rows, n_kv_heads,
 // head_dim] (either may be empty), row r at positions[r], in one launch.

@@ -25,7 +25,7 @@ struct DecodeParams {
   const float* q;               // [rows, H, D]
   const float* k;               // cache base (a layer's K)
   const float* v;               // cache base (a layer's V)
-  const std::int32_t* lengths;  // [rows] tokens to attend; null: every row uses `length`
+  const std::int32_t* lengths;  // [rows] tokens to attend (+ length_bias); null: every row uses `length`
   const std::int32_t* slots;    // [rows] cache slot of each row; null: row r uses slot r
   float* part_o;                // [rows, H, max_chunks, D]
   float* part_ml;               // [rows, H, max_chunks, 2]: chunk max, chunk sum
@@ -35,7 +35,24 @@ struct DecodeParams {
   std::int32_t rows, H, Hkv, max_chunks;
   std::int32_t length;          // when lengths is null
   float scale;                  // 1 / sqrt(D)
+  // Device-side positions (Note [device positions]): lengths[r] + length_bias tokens, and a
+  // row whose length falls outside [0, max_len] attends nothing (zeros).
+  std::int32_t length_bias;
+  std::int32_t max_len;
 };
+
+// Note [device positions]
+// flash_decoding with positions in device memory (a step that a CUDA graph can replay) reads
+// each row's position p there: the scatter writes the new token at p and the attention covers
+// p + 1 tokens. The host cannot check p, so the kernels do: a p outside [-1, max_len) writes
+// nothing and attends nothing (the row's output is zeros), and the scatter records the row in a
+// status word. -1 is a done slot.
+template <class X>
+LOCKSTEP_HD int row_length(X& x, const DecodeParams& p, int r) {
+  if (p.lengths == nullptr) return p.length;
+  const int len = x.load_uniform(p.lengths + r) + p.length_bias;
+  return (len < 0 || len > p.max_len) ? 0 : len;
+}
 
 // Grid: x = chunk, y = kv head * (H / Hkv / G) + subgroup, z = row (rows beyond 65535 loop).
 // Each block reads its chunk of K and V once for the G query heads it serves.
@@ -123,7 +140,7 @@ struct DecodeChunk {
     const I row_in_iter = x.warp() * 4 + (lane >> 3);  // 16 rows per block iteration
 
     for (int r = x.block_z(); r < p.rows; r += x.grid_z()) {
-      const int len = p.lengths != nullptr ? x.load_uniform(p.lengths + r) : p.length;
+      const int len = row_length(x, p, r);
       const int t0 = chunk * kDecodeChunk;
       if (t0 >= len) continue;  // block-uniform: this chunk is past the sequence
       const int slot = p.slots != nullptr ? x.load_uniform(p.slots + r) : r;
@@ -367,7 +384,7 @@ struct DecodeMerge {
     const I d = dl + d0;
     const B first = t < kSlice;  // the threads that combine the groups and write out
     for (int r = x.block_y(); r < p.rows; r += x.grid_y()) {
-      const int len = p.lengths != nullptr ? x.load_uniform(p.lengths + r) : p.length;
+      const int len = row_length(x, p, r);
       const int chunks = static_cast<int>(ceil_div(len, kDecodeChunk));
       const std::int64_t base = std::int64_t{r} * p.H + h;
       const float* ml = p.part_ml + base * p.max_chunks * 2;
@@ -438,6 +455,8 @@ struct KvScatterParams {
   const std::int32_t* slots;     // [rows]; null: row r uses slot r
   std::int64_t slot_stride, head_stride;
   std::int32_t rows, Hkv, D, position;
+  std::int32_t max_len;          // positions at or past it (or below -1) write nothing
+  std::int32_t* status;          // null, or set to 1 + a row whose position was out of range
 };
 
 struct KvScatter {
@@ -459,7 +478,11 @@ struct KvScatter {
     if (src == nullptr) return;
     for (int r = x.block_y(); r < p.rows; r += x.grid_y()) {
       const int pos = p.positions != nullptr ? x.load_uniform(p.positions + r) : p.position;
-      if (pos < 0) continue;  // a done slot: nothing to write
+      if (pos < 0 || pos >= p.max_len) {  // a done slot (-1), or out of range: nothing to write
+        if ((pos < -1 || pos >= p.max_len) && p.status != nullptr)
+          x.store(p.status, x.thread() * 0, r + 1, x.thread() == 0);  // Note [device positions]
+        continue;
+      }
       const int slot = p.slots != nullptr ? x.load_uniform(p.slots + r) : r;
       const float* s = src + (std::int64_t{r} * p.Hkv + h) * p.D;
       float* d = cache + slot * p.slot_stride + h * p.head_stride + std::int64_t{pos} * p.D;
