@@ -146,9 +146,16 @@ TEST_F(CudaInterop, DecodeStepReplaysAsACudaGraph) {
       for (std::size_t i = 0; i < 4; ++i)
         if (!(t >= 2 && i == 2)) ++len[i];
     }
+    // The written tokens [0, len) of every slot and kv head (the rest was never initialized).
     for (int l = 0; l < 3; ++l) {
       const auto a = eager.k(l).to_vector(es), b = graphed.k(l).to_vector(es);
-      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "K cache, layer " << l;
+      const auto av = eager.v(l).to_vector(es), bv = graphed.v(l).to_vector(es);
+      for (std::size_t slot = 0; slot < 4; ++slot)
+        for (std::size_t hk = 0; hk < 2; ++hk) {
+          const std::size_t off = ((slot * 2 + hk) * 700) * 128, n = std::size_t(len[slot]) * 128;
+          EXPECT_EQ(std::memcmp(a.data() + off, b.data() + off, n * 4), 0) << "K, layer " << l << " slot " << slot;
+          EXPECT_EQ(std::memcmp(av.data() + off, bv.data() + off, n * 4), 0) << "V, layer " << l << " slot " << slot;
+        }
     }
     EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
     EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
