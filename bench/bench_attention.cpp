@@ -60,23 +60,29 @@ Result decode_single(Context& ctx, std::int64_t H, std::int64_t Hkv, std::int64_
   return r;
 }
 
-Result flash(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t Hkv, std::int64_t D, std::int64_t L) {
+// A cache of B slots x `layers` whose every slot holds L random tokens: append is per token, so
+// the data goes in with one host copy per slot and layer.
+KvCache full_cache(Context& ctx, std::int64_t layers, std::int64_t B, std::int64_t H, std::int64_t Hkv,
+                   std::int64_t D, std::int64_t L) {
   KvCacheConfig c;
-  c.num_layers = 1;
+  c.num_layers = layers;
   c.num_heads = H;
   c.num_kv_heads = Hkv;
   c.head_dim = D;
   c.max_len = L;
   c.slots = B;
   KvCache cache(ctx.dev, c);
-  // Fill the cache device-side: append is per token, so write random data through the layer's
-  // buffer with one host copy per slot (lengths L - 1), then decode the last token.
+  const auto host = random_host(std::size_t(Hkv * L * D), 14, -1.0f, 1.0f);
+  for (std::int64_t l = 0; l < layers; ++l)
+    for (std::int64_t s = 0; s < B; ++s) cache.write_from_host(ctx.stream(), s, l, host, host, L);
+  return cache;
+}
+
+Result flash(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t Hkv, std::int64_t D, std::int64_t L) {
+  // Lengths L - 1: each call decodes the last token.
+  KvCache cache = full_cache(ctx, 1, B, H, Hkv, D, L);
+  for (std::int64_t s = 0; s < B; ++s) cache.rollback(s, L - 1);
   const std::size_t per_slot = std::size_t(Hkv * L * D);
-  const auto host = random_host(per_slot, 14, -1.0f, 1.0f);
-  for (std::int64_t s = 0; s < B; ++s) {
-    cache.write_from_host(ctx.stream(), s, 0, host, host, L);
-    cache.rollback(s, L - 1);
-  }
   auto q = random_buffer(ctx.dev, std::size_t(B * H * D), 15, -1.0f, 1.0f);
   auto kn = random_buffer(ctx.dev, std::size_t(B * Hkv * D), 16, -1.0f, 1.0f);
   auto vn = random_buffer(ctx.dev, std::size_t(B * Hkv * D), 17, -1.0f, 1.0f);
@@ -107,18 +113,8 @@ Result flash(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t Hkv, std
 // attention call) and the device time per step.
 Result flash_graph(Context& ctx, std::int64_t layers, std::int64_t B, std::int64_t H, std::int64_t Hkv,
                    std::int64_t D, std::int64_t L) {
-  KvCacheConfig c;
-  c.num_layers = layers;
-  c.num_heads = H;
-  c.num_kv_heads = Hkv;
-  c.head_dim = D;
-  c.max_len = L;
-  c.slots = B;
-  KvCache cache(ctx.dev, c);
+  KvCache cache = full_cache(ctx, layers, B, H, Hkv, D, L);
   const std::size_t per_slot = std::size_t(Hkv * L * D);
-  const auto host = random_host(per_slot, 14, -1.0f, 1.0f);
-  for (std::int64_t l = 0; l < layers; ++l)
-    for (std::int64_t s = 0; s < B; ++s) cache.write_from_host(ctx.stream(), s, l, host, host, L);
   auto q = random_buffer(ctx.dev, std::size_t(B * H * D), 15, -1.0f, 1.0f);
   auto kn = random_buffer(ctx.dev, std::size_t(B * Hkv * D), 16, -1.0f, 1.0f);
   auto vn = random_buffer(ctx.dev, std::size_t(B * Hkv * D), 17, -1.0f, 1.0f);

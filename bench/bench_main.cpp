@@ -21,12 +21,17 @@
 
 namespace lockstep::bench {
 
-double median_ms(Device& dev, Stream& s, const std::function<void()>& fn, int warmup, int reps) {
+namespace {
+// The median over reps of the event interval around fn(); `before` (if any) is enqueued ahead of
+// the start event each time.
+double event_median_ms(Device& dev, Stream& s, const std::function<void()>& fn, int warmup, int reps,
+                       const std::function<void()>& before) {
   for (int i = 0; i < warmup; ++i) fn();
   s.synchronize();
   auto t0 = dev.create_event(true), t1 = dev.create_event(true);
   std::vector<double> ms;
   for (int i = 0; i < reps; ++i) {
+    if (before) before();
     t0->record(s);
     fn();
     t1->record(s);
@@ -35,6 +40,11 @@ double median_ms(Device& dev, Stream& s, const std::function<void()>& fn, int wa
   }
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
+}
+}  // namespace
+
+double median_ms(Device& dev, Stream& s, const std::function<void()>& fn, int warmup, int reps) {
+  return event_median_ms(dev, s, fn, warmup, reps, nullptr);
 }
 
 // A ~40 us compute-only kernel (one block of fma chains: no memory traffic, the L2 is left as
@@ -47,20 +57,7 @@ double busy_ms(Device& dev, Stream& s, const std::function<void()>& fn, int warm
   auto delay = [&](int n) { launch<FP>(s, Dim3{1, 1, 1}, 0, FP::Params{sink.data().get(), n, 0.999f, 1e-3f}); };
   const double cal_ms = median_ms(dev, s, [&] { delay(20000); }, 1, 5);  // calibrate: 40 us
   const int iters = std::max(1000, static_cast<int>(20000 * 0.040 / std::max(cal_ms, 1e-4)));
-  for (int i = 0; i < warmup; ++i) fn();
-  s.synchronize();
-  auto t0 = dev.create_event(true), t1 = dev.create_event(true);
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    delay(iters);
-    t0->record(s);
-    fn();
-    t1->record(s);
-    t1->synchronize();
-    ms.push_back(t1->elapsed_ms(*t0));
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  return event_median_ms(dev, s, fn, warmup, reps, [&] { delay(iters); });
 }
 
 std::vector<float> random_host(std::size_t n, std::uint64_t seed, float lo, float hi) {

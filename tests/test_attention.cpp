@@ -13,6 +13,7 @@
 #include "lockstep/attention/kv_cache.hpp"
 #include "lockstep/attention/multihead.hpp"
 #include "lockstep/kernels/decode.hpp"
+#include "support/random.hpp"
 #include "lockstep/kernels/launch.hpp"
 #include "support/backends.hpp"
 
@@ -120,13 +121,8 @@ struct DecodeInputs {
   Buffer<float> q, k, v;
   DecodeInputs(const std::shared_ptr<Device>& dev, Stream& s, int H, int Hkv, int L, std::uint32_t seed)
       : q(dev, std::size_t(H) * D), k(dev, std::size_t(Hkv) * L * D), v(dev, std::size_t(Hkv) * L * D) {
-    std::uint32_t st = seed;
-    auto next = [&] { st = st * 1664525u + 1013904223u; return float(st >> 8) / float(1 << 24) * 2.0f - 1.0f; };
-    for (auto* b : {&q, &k, &v}) {
-      std::vector<float> h(b->size());
-      for (auto& x : h) x = next();
-      b->copy_from_host(s, h);
-    }
+    Lcg rng{seed};
+    for (auto* b : {&q, &k, &v}) b->copy_from_host(s, rng.floats(b->size()));
   }
 };
 
@@ -364,12 +360,8 @@ TEST_P(Attention, FlashDecodingWithDevicePositionsGivesTheSameBytes) {
   c.slots = 3;
   KvCache a(dev, c), b(dev, c);
   const std::vector<std::int64_t> prefill{100, 0, 250};
-  std::uint32_t st = 7;
-  auto rnd = [&](std::size_t n) {
-    std::vector<float> h(n);
-    for (auto& x : h) x = float((st = st * 1664525u + 1013904223u) >> 8) / float(1 << 24) - 0.5f;
-    return h;
-  };
+  Lcg rng{7};
+  auto rnd = [&](std::size_t n) { return rng.floats(n, 0.5f); };
   for (std::int64_t slot = 0; slot < 3; ++slot)
     for (std::int64_t l = 0; l < 2; ++l) {
       const std::size_t n = std::size_t(2 * prefill[std::size_t(slot)] * 64);

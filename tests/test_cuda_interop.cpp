@@ -9,6 +9,7 @@
 #include "lockstep/attention/kv_cache.hpp"
 #include "lockstep/attention/ops.hpp"
 #include "support/backends.hpp"
+#include "support/random.hpp"
 
 namespace lockstep::testing {
 namespace {
@@ -78,12 +79,8 @@ TEST_F(CudaInterop, DecodeStepReplaysAsACudaGraph) {
   {
     auto gs = cuda_wrap_stream(dev, raw);
     Stream& es = dev->default_stream();
-    std::uint32_t st = 3;
-    auto rnd = [&](std::size_t n) {
-      std::vector<float> h(n);
-      for (auto& x : h) x = float((st = st * 1664525u + 1013904223u) >> 8) / float(1 << 24) - 0.5f;
-      return h;
-    };
+    Lcg rng{3};
+    auto rnd = [&](std::size_t n) { return rng.floats(n, 0.5f); };
     const std::vector<std::int64_t> start{10, 300, 0, 650};
     for (std::int64_t slot = 0; slot < 4; ++slot)
       for (std::int64_t l = 0; l < 3; ++l) {

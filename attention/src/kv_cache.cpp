@@ -179,10 +179,11 @@ void KvCache::append(Stream& stream, std::int64_t layer, const Buffer<float>& k_
     if (pos[s] >= 0) len_[s] = pos[s] + 1;
 }
 
-void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,
-                    const Buffer<float>& k_new, const Buffer<float>& v_new,
-                    std::span<const std::int64_t> positions, Buffer<float>& out) {
-  constexpr std::string_view w = "flash_decoding";
+namespace {
+// The checks both flash_decoding overloads make before anything is enqueued.
+void check_flash_args(std::string_view w, Stream& stream, const KvCache& cache, std::int64_t layer,
+                      const Buffer<float>& q, const Buffer<float>& k_new, const Buffer<float>& v_new,
+                      const Buffer<float>& out) {
   const auto& c = cache.config();
   LOCKSTEP_CHECK_ARG(layer >= 0 && layer < c.num_layers, w, "layer", layer,
             "in [0, num_layers = " + std::to_string(c.num_layers) + ")");
@@ -192,6 +193,37 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
   check_token_buffer(w, "out", out, stream, c, c.num_heads);
   check_token_buffer(w, "k_new", k_new, stream, c, c.num_kv_heads);
   check_token_buffer(w, "v_new", v_new, stream, c, c.num_kv_heads);
+}
+// Split-K attention of q over every slot of `layer`, `lengths` (+ length_bias) tokens per slot.
+kernels::DecodeParams flash_params(const KvCache& cache, std::int64_t layer, const Buffer<float>& q,
+                                   Buffer<float>& out, const std::int32_t* lengths,
+                                   std::int32_t length_bias) {
+  const auto& c = cache.config();
+  kernels::DecodeParams p{};
+  p.q = q.data().get();
+  p.k = cache.k(layer).data().get();
+  p.v = cache.v(layer).data().get();
+  p.lengths = lengths;
+  p.length_bias = length_bias;
+  p.max_len = static_cast<std::int32_t>(c.max_len);
+  p.slots = nullptr;
+  p.out = out.data().get();
+  p.head_stride = c.max_len * c.head_dim;
+  p.slot_stride = c.num_kv_heads * p.head_stride;
+  p.rows = static_cast<std::int32_t>(c.slots);
+  p.H = static_cast<std::int32_t>(c.num_heads);
+  p.Hkv = static_cast<std::int32_t>(c.num_kv_heads);
+  p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  return p;
+}
+}  // namespace
+
+void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,
+                    const Buffer<float>& k_new, const Buffer<float>& v_new,
+                    std::span<const std::int64_t> positions, Buffer<float>& out) {
+  constexpr std::string_view w = "flash_decoding";
+  const auto& c = cache.config();
+  check_flash_args(w, stream, cache, layer, q, k_new, v_new, out);
   const auto pos = checked_positions(w, cache, positions);
   // One staging copy: positions, then attention lengths (0 for done slots).
   std::vector<std::int32_t> ints(pos);
@@ -203,21 +235,8 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
   const std::size_t ws_floats = detail::decode_workspace_floats(c.slots, c.num_heads, c.head_dim, longest);
   const Staged st = stage(stream, ints, ws_floats);
   detail::launch_kv_scatter(stream, scatter_params(cache, layer, k_new, v_new, st.ints));
-  kernels::DecodeParams p{};
-  p.q = q.data().get();
-  p.k = cache.k(layer).data().get();
-  p.v = cache.v(layer).data().get();
-  p.lengths = st.ints + c.slots;
-  p.slots = nullptr;
-  p.out = out.data().get();
-  p.head_stride = c.max_len * c.head_dim;
-  p.slot_stride = c.num_kv_heads * p.head_stride;
-  p.rows = static_cast<std::int32_t>(c.slots);
-  p.H = static_cast<std::int32_t>(c.num_heads);
-  p.Hkv = static_cast<std::int32_t>(c.num_kv_heads);
-  p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  p.max_len = static_cast<std::int32_t>(c.max_len);
-  detail::launch_decode(stream, p, st.floats, c.head_dim, longest);
+  detail::launch_decode(stream, flash_params(cache, layer, q, out, st.ints + c.slots, 0), st.floats,
+                        c.head_dim, longest);
   for (std::size_t s = 0; s < pos.size(); ++s)
     if (pos[s] >= 0) cache.len_[s] = pos[s] + 1;
 }
@@ -228,14 +247,7 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
                     Buffer<std::int32_t>* status) {
   constexpr std::string_view w = "flash_decoding";
   const auto& c = cache.config();
-  LOCKSTEP_CHECK_ARG(layer >= 0 && layer < c.num_layers, w, "layer", layer,
-            "in [0, num_layers = " + std::to_string(c.num_layers) + ")");
-  LOCKSTEP_CHECK_ARG(&stream.device() == &cache.device(), w, "stream.device", stream.device().id().str(),
-            "the cache's device " + cache.device().id().str());
-  check_token_buffer(w, "q", q, stream, c, c.num_heads);
-  check_token_buffer(w, "out", out, stream, c, c.num_heads);
-  check_token_buffer(w, "k_new", k_new, stream, c, c.num_kv_heads);
-  check_token_buffer(w, "v_new", v_new, stream, c, c.num_kv_heads);
+  check_flash_args(w, stream, cache, layer, q, k_new, v_new, out);
   detail::check_on(w, "positions", positions, stream);
   detail::check_size(w, "positions", positions, std::uint64_t(c.slots), "slots");
   if (status != nullptr) {
@@ -248,22 +260,9 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
   kernels::KvScatterParams sp = scatter_params(cache, layer, k_new, v_new, positions.data().get());
   sp.status = status != nullptr ? status->data().get() : nullptr;
   detail::launch_kv_scatter(stream, sp);
-  kernels::DecodeParams p{};
-  p.q = q.data().get();
-  p.k = cache.k(layer).data().get();
-  p.v = cache.v(layer).data().get();
-  p.lengths = positions.data().get();
-  p.length_bias = 1;  // a slot's position p: p + 1 tokens; -1 (done): 0
-  p.max_len = static_cast<std::int32_t>(c.max_len);
-  p.slots = nullptr;
-  p.out = out.data().get();
-  p.head_stride = c.max_len * c.head_dim;
-  p.slot_stride = c.num_kv_heads * p.head_stride;
-  p.rows = static_cast<std::int32_t>(c.slots);
-  p.H = static_cast<std::int32_t>(c.num_heads);
-  p.Hkv = static_cast<std::int32_t>(c.num_kv_heads);
-  p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  detail::launch_decode(stream, p, st.floats, c.head_dim, c.max_len);
+  // A slot's position p: p + 1 tokens; -1 (done): 0 (Note [device positions]).
+  detail::launch_decode(stream, flash_params(cache, layer, q, out, positions.data().get(), 1), st.floats,
+                        c.head_dim, c.max_len);
 }
 
 void KvCache::copy_slot_from(Stream& stream, std::int64_t slot, const KvCache& src,
