@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root: bash .gpu/run.sh <cases> <stages...>
-# stages: info tests props props_fused parity memcheck racecheck bench bench_g2 knobs peers sass ncu mathacc
+# stages: info tests props props_fused parity memcheck racecheck bench bench_g2 knobs peers sass ncu ncu_detail mathacc
 set -u
 cases=$1; shift
 G=$(pwd)/.gpu
@@ -64,6 +64,15 @@ for stage in "$@"; do
           $G/lockstep-bench --device cuda:0 --filter "${NCU_FILTER:-decode}" --reps 2 > "$OUT/ncu.log" 2>&1; rc=$?
       echo "ncu rc=$rc" | tee -a "$summary"
       grep -E "entry<|gpu__time|dram__|warps_active|grid_size|registers" "$OUT/ncu.log" | sed 's/  */ /g' | head -150 | tee -a "$summary" ;;
+    ncu_detail)  # why the chunk kernel is where it is: stall reasons, occupancy, memory (NCU_ENV: knobs)
+      for f in incremental_attention '^flash_decoding$'; do
+        env ${NCU_ENV:-} ncu --clock-control none --kernel-name-base demangled --kernel-name regex:"DecodeChunk<128, [14]" --launch-skip 1 --launch-count 1 \
+            --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+            --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio \
+            $G/lockstep-bench --device cuda:0 --filter "$f" --reps 1 >> "$OUT/ncu_detail.log" 2>&1; rc=$?
+        echo "ncu_detail $f ${NCU_ENV:-default} rc=$rc" | tee -a "$summary"
+      done
+      grep -E "entry|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Block Limit|Registers Per|Issued Warp|No Eligible|Active Warps Per|Eligible Warps|Warp Cycles Per Issued|Stall|L2 Hit|L1/TEX Hit|Shared Memory Configuration|Dynamic Shared|stalled" "$OUT/ncu_detail.log" | sed 's/  */ /g' | tail -${NCU_LINES:-120} | tee -a "$summary" ;;
     mathacc)
       $G/lockstep mathacc --device cuda:0 --stride ${MATH_STRIDE:-1} > "$OUT/mathacc.log" 2>&1; rc=$?
       echo "mathacc rc=$rc" | tee -a "$summary"; cat "$OUT/mathacc.log" | tee -a "$summary" ;;
