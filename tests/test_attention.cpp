@@ -158,13 +158,6 @@ TEST_P(Attention, DecodeScheduleVariantsGiveTheSameBytes) {
         EXPECT_TRUE(same(a, e4)) << "registers vs a ring of 4 async 16-row tiles";
         EXPECT_TRUE(same(a, f3)) << "registers vs a ring of 3 async tiles, one head per block";
         EXPECT_TRUE(same(a, g4)) << "registers vs a ring of 4 async tiles, two heads per block";
-        // Note [decode occupancy]: compiled for 5 or 6 blocks per multiprocessor.
-        const auto o5 = run_decode_variant<DecodeChunk<D, 4, 1, 4, 5>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-        const auto o6 = run_decode_variant<DecodeChunk<D, 4, 1, 3, 6>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-        const auto o1 = run_decode_variant<DecodeChunk<D, 1, 1, 4, 6>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-        EXPECT_TRUE(same(a, o5)) << "registers vs 5 blocks per multiprocessor";
-        EXPECT_TRUE(same(a, o6)) << "registers vs 6 blocks per multiprocessor";
-        EXPECT_TRUE(same(a, o1)) << "registers vs 6 blocks per multiprocessor, one head per block";
         // Note [merge slices]: 4 blocks per head, all chunks in one round trip.
         const auto m16 = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D, 16>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
         const auto sl = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D, 32, 4>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);

@@ -59,12 +59,6 @@ int stages_knob() {
   static const int ns = env_knob("LOCKSTEP_DECODE_STAGES", -1);
   return ns;
 }
-//   LOCKSTEP_DECODE_OCCUPANCY=5|6: the chunk kernel compiled for 5 or 6 blocks per multiprocessor
-//     (Note [decode occupancy]).
-int occupancy_knob() {
-  static const int occ = env_knob("LOCKSTEP_DECODE_OCCUPANCY", 0);
-  return occ;
-}
 template <class K>
 void launch_with_shared(Stream& s, const kernels::DecodeParams& p, Dim3 grid) {
   launch<K>(s, grid, K::kSharedBytes, p);
@@ -80,9 +74,6 @@ void launch_chunk_g(Stream& s, const kernels::DecodeParams& p, int g, Dim3 grid)
       return row_batch_knob() == 2 ? launch_with_shared<DecodeChunk<128, 1, 2>>(s, p, grid)
                                    : launch_with_shared<DecodeChunk<128, 1, 4>>(s, p, grid);
     if (stages_knob() == 3 && g == 4) return launch_with_shared<DecodeChunk<128, 4, 2, 3>>(s, p, grid);
-    if (occupancy_knob() == 5 && g == 4) return launch_with_shared<DecodeChunk<128, 4, 1, 4, 5>>(s, p, grid);
-    if (occupancy_knob() == 6 && g == 4) return launch_with_shared<DecodeChunk<128, 4, 1, 3, 6>>(s, p, grid);
-    if (occupancy_knob() >= 5 && g == 1) return launch_with_shared<DecodeChunk<128, 1, 1, 4, 6>>(s, p, grid);
   }
   if constexpr (D <= 64) {
     if (g == 8) return launch_with_shared<DecodeChunk<D, 8, 1, 4>>(s, p, grid);

@@ -65,8 +65,8 @@ for stage in "$@"; do
       echo "ncu rc=$rc" | tee -a "$summary"
       grep -E "entry<|gpu__time|dram__|warps_active|grid_size|registers" "$OUT/ncu.log" | sed 's/  */ /g' | head -150 | tee -a "$summary" ;;
     ncu_detail)  # why the chunk kernel is where it is: stall reasons, occupancy, memory (NCU_ENV: knobs)
-      for f in incremental_attention '^flash_decoding$'; do
-        env ${NCU_ENV:-} ncu --clock-control none --kernel-name-base demangled --kernel-name regex:"DecodeChunk<128, [14]" --launch-skip 1 --launch-count 1 \
+      for f in '^decode$' '^flash_decoding$'; do  # bench names: decode = incremental_attention
+        env ${NCU_ENV:-} ncu --clock-control none --kernel-name-base demangled --kernel-name regex:"DecodeChunk<\\(int\\)128, \\(int\\)[14]" --launch-skip 1 --launch-count 1 \
             --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
             --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio \
             $G/lockstep-bench --device cuda:0 --filter "$f" --reps 1 >> "$OUT/ncu_detail.log" 2>&1; rc=$?

@@ -72,15 +72,7 @@ constexpr int default_row_batch(int D, int G) {
 // is computed, and no registers hold loads in flight. The arithmetic reads the same values in the
 // same order as with NS = 0 (loads straight into registers), so the bits are the same (tested);
 // rows past the length are zero-filled, never read, as the masked loads give zeros.
-//
-// Note [decode occupancy]
-// OCC > 0 asks the compiler for at least OCC resident blocks per multiprocessor (CUDA launch
-// bounds: at most 65536 / (128 OCC) registers per thread, e.g. 96 at 5 and 80 at 6; ptxas shows
-// no spill for the variants in the registry). The scores, the probabilities and the per-warp
-// outputs share one shared-memory region (the outputs are written after the last read of the
-// probabilities, behind a barrier), so that 5 or 6 blocks also fit in shared memory. A schedule
-// choice like RB and NS: the same bits (tested). On the CPU it changes nothing.
-template <int D, int G, int RB = default_row_batch(D, G), int NS = 0, int OCC = 0>
+template <int D, int G, int RB = default_row_batch(D, G), int NS = 0>
 struct DecodeChunk {
   static_assert(D % 32 == 0 && D <= 256, "head_dim: a multiple of 32, at most 256");
   static_assert(G * D <= 512, "accumulators per thread: G * D / 8 <= 64");
@@ -101,12 +93,8 @@ struct DecodeChunk {
   static constexpr int kTileRows = 16 * RB;
   static constexpr int kTiles = kDecodeChunk / kTileRows;  // K tiles, then as many V tiles
   static_assert((kTileRows * D / 4) % kThreads == 0, "a tile is whole 16-byte copies per thread");
-  static constexpr int kMinBlocksPerSM = OCC;  // Note [decode occupancy]
-  static constexpr int kScoreFloats = 2 * G * kDecodeChunk;  // S and P
-  static constexpr int kOutFloats = kWarps * G * D;          // O, over S and P
-  static constexpr int kUnionFloats = kScoreFloats > kOutFloats ? kScoreFloats : kOutFloats;
   static constexpr std::size_t kSharedBytes =
-      (kUnionFloats + NS * kTileRows * D) * sizeof(float) + 96;
+      (2 * G * kDecodeChunk + kWarps * G * D + NS * kTileRows * D) * sizeof(float) + 96;
   using Params = DecodeParams;
 
   // Starts the copy of tile j (K tiles 0 .. kTiles - 1, then V) into ring slot j % NS; rows at or
@@ -135,10 +123,9 @@ struct DecodeChunk {
     using I = typename X::template Lanes<lane_int>;
     using B = typename X::template Lanes<bool>;
     using Q4 = decltype(x.load4(p.k, x.lane(), x.lane() < 0));
-    float* SPO = x.template shared<float>(kUnionFloats);      // Note [decode occupancy]
-    float* S = SPO;                                           // scores
-    float* P = SPO + G * kDecodeChunk;                        // exp(score - chunk max)
-    float* O = SPO;  // per-warp partial outputs, once P has been read
+    float* S = x.template shared<float>(G * kDecodeChunk);   // scores
+    float* P = x.template shared<float>(G * kDecodeChunk);   // exp(score - chunk max)
+    float* O = x.template shared<float>(kWarps * G * D);     // per-warp partial outputs
     float* ring = x.template shared<float>(NS * kTileRows * D);  // Note [async tiles]
 
     x.wait_prior_grids();
@@ -298,9 +285,7 @@ struct DecodeChunk {
           issue_tile(x, ring, kb, vb, kTiles + it / kTileRows + NS, live);
         }
       }
-      // The 4 row groups of a warp (lanes l8, l8 + 8, l8 + 16, l8 + 24), then the 4 warps. O
-      // overlays S and P: every warp has read its last P first.
-      x.sync();
+      // The 4 row groups of a warp (lanes l8, l8 + 8, l8 + 16, l8 + 24), then the 4 warps.
       LOCKSTEP_UNROLL
       for (int g = 0; g < G; ++g)
         LOCKSTEP_UNROLL
