@@ -44,8 +44,7 @@ int env_knob(const char* name, int fallback) {
 // [row batches], Note [merge slices]). At head_dim 128:
 //   LOCKSTEP_DECODE_STAGES=0: K and V loaded straight into registers, LOCKSTEP_DECODE_ROW_BATCH
 //     = 2|4 row groups in flight (the schedule before the async tiles); =3: 32-row tiles in a
-//     ring of 3 with four heads per block; =5|8: 16-row tiles in a ring of 5 or 8 with four
-//     heads per block (Note [bytes in flight]).
+//     ring of 3 with four heads per block.
 //   LOCKSTEP_DECODE_MERGE_BATCH=4|8|16: the merge without slices, with that many chunks per
 //     thread group in flight.
 int row_batch_knob() {
@@ -75,8 +74,6 @@ void launch_chunk_g(Stream& s, const kernels::DecodeParams& p, int g, Dim3 grid)
       return row_batch_knob() == 2 ? launch_with_shared<DecodeChunk<128, 1, 2>>(s, p, grid)
                                    : launch_with_shared<DecodeChunk<128, 1, 4>>(s, p, grid);
     if (stages_knob() == 3 && g == 4) return launch_with_shared<DecodeChunk<128, 4, 2, 3>>(s, p, grid);
-    if (stages_knob() == 5 && g == 4) return launch_with_shared<DecodeChunk<128, 4, 1, 5>>(s, p, grid);
-    if (stages_knob() == 8 && g == 4) return launch_with_shared<DecodeChunk<128, 4, 1, 8>>(s, p, grid);
   }
   if constexpr (D <= 64) {
     if (g == 8) return launch_with_shared<DecodeChunk<D, 8, 1, 4>>(s, p, grid);

@@ -72,15 +72,6 @@ constexpr int default_row_batch(int D, int G) {
 // is computed, and no registers hold loads in flight. The arithmetic reads the same values in the
 // same order as with NS = 0 (loads straight into registers), so the bits are the same (tested);
 // rows past the length are zero-filled, never read, as the masked loads give zeros.
-//
-// Note [bytes in flight]
-// The scores S, the probabilities P and the per-warp outputs O share one region of shared memory
-// (O is written after the last read of P, behind a barrier), which leaves room for deeper rings
-// at the same number of resident blocks. With four heads per block at head_dim 128, Nsight
-// Compute (run 26) shows the chunk kernel stalled mostly on outstanding loads (long scoreboard)
-// at 84-89% of peak DRAM throughput, with at most 3 tiles (24 KB) in flight per block, 96 KB per
-// SM; the read-ceiling kernel keeps about 256 KB per SM in flight. A ring of 5 keeps 4 tiles in
-// flight at 4 blocks per SM (4 x 48 KB of shared memory), a ring of 8 keeps 7 at 3 blocks per SM.
 template <int D, int G, int RB = default_row_batch(D, G), int NS = 0>
 struct DecodeChunk {
   static_assert(D % 32 == 0 && D <= 256, "head_dim: a multiple of 32, at most 256");
@@ -102,11 +93,8 @@ struct DecodeChunk {
   static constexpr int kTileRows = 16 * RB;
   static constexpr int kTiles = kDecodeChunk / kTileRows;  // K tiles, then as many V tiles
   static_assert((kTileRows * D / 4) % kThreads == 0, "a tile is whole 16-byte copies per thread");
-  static constexpr int kScoreFloats = 2 * G * kDecodeChunk;  // S and P (Note [bytes in flight])
-  static constexpr int kOutFloats = kWarps * G * D;          // O, over S and P
-  static constexpr int kUnionFloats = kScoreFloats > kOutFloats ? kScoreFloats : kOutFloats;
   static constexpr std::size_t kSharedBytes =
-      (kUnionFloats + NS * kTileRows * D) * sizeof(float) + 96;
+      (2 * G * kDecodeChunk + kWarps * G * D + NS * kTileRows * D) * sizeof(float) + 96;
   using Params = DecodeParams;
 
   // Starts the copy of tile j (K tiles 0 .. kTiles - 1, then V) into ring slot j % NS; rows at or
@@ -135,10 +123,9 @@ struct DecodeChunk {
     using I = typename X::template Lanes<lane_int>;
     using B = typename X::template Lanes<bool>;
     using Q4 = decltype(x.load4(p.k, x.lane(), x.lane() < 0));
-    float* SPO = x.template shared<float>(kUnionFloats);      // Note [bytes in flight]
-    float* S = SPO;                                           // scores
-    float* P = SPO + G * kDecodeChunk;                        // exp(score - chunk max)
-    float* O = SPO;  // per-warp partial outputs, once every warp has read its last P
+    float* S = x.template shared<float>(G * kDecodeChunk);   // scores
+    float* P = x.template shared<float>(G * kDecodeChunk);   // exp(score - chunk max)
+    float* O = x.template shared<float>(kWarps * G * D);     // per-warp partial outputs
     float* ring = x.template shared<float>(NS * kTileRows * D);  // Note [async tiles]
 
     x.wait_prior_grids();
@@ -298,9 +285,7 @@ struct DecodeChunk {
           issue_tile(x, ring, kb, vb, kTiles + it / kTileRows + NS, live);
         }
       }
-      // The 4 row groups of a warp (lanes l8, l8 + 8, l8 + 16, l8 + 24), then the 4 warps. O
-      // overlays S and P: every warp has read its last P first.
-      x.sync();
+      // The 4 row groups of a warp (lanes l8, l8 + 8, l8 + 16, l8 + 24), then the 4 warps.
       LOCKSTEP_UNROLL
       for (int g = 0; g < G; ++g)
         LOCKSTEP_UNROLL

@@ -38,8 +38,6 @@ using AllKernels = KernelList<
     // straight into registers, 32-row tiles in a ring of 3
     DecodeChunk<128, 4, 2>, DecodeChunk<128, 4, 4>, DecodeChunk<128, 1, 2>, DecodeChunk<128, 1, 4>,
     DecodeChunk<96, 4, 2>, DecodeChunk<128, 4, 2, 3>,
-    // deeper rings (Note [bytes in flight]; LOCKSTEP_DECODE_STAGES=5|8)
-    DecodeChunk<128, 4, 1, 5>, DecodeChunk<128, 4, 1, 8>,
     DecodeMerge<32>, DecodeMerge<64>, DecodeMerge<96>, DecodeMerge<128>, DecodeMerge<256>,
     DecodeMerge<128, 32, 4>,  // short rows (few merge blocks): Note [merge slices]
     DecodeMerge<128, 4>, DecodeMerge<128, 16>,  // schedule variants
