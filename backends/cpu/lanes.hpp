@@ -515,6 +515,11 @@ LS_INLINE void store_chunk(T* base, const VI& o, const chunk_t<T>& v, const VM& 
     return;
   }
   if (hn::AllFalse(DI(), m.m)) return;
+  if (hn::CountTrue(DI(), m.m) == 1) {  // e.g. one lane per row group writes a row's result
+    const std::size_t i = static_cast<std::size_t>(hn::FindFirstTrue(DI(), m.m));
+    base[hn::ExtractLane(o.v, i)] = hn::ExtractLane(v.v, i);
+    return;
+  }
   alignas(64) std::int32_t off[kL], act[kL];
   alignas(64) T val[kL];
   hn::Store(o.v, DI(), off);
@@ -642,6 +647,17 @@ class CpuExec {
         hn::Store(b, d, q.y.data() + c * kL);
         hn::Store(e, d, q.z.data() + c * kL);
         hn::Store(f, d, q.w.data() + c * kL);
+      } else if (hn::AllTrue(DI(), mc.m) && hn::AllTrue(DI(), hn::Eq(oc.v, hn::Set(DI(), o0)))) {
+        // Every lane reads the same quad (a broadcast).
+        hn::Store(hn::Set(d, base[o0]), d, q.x.data() + c * kL);
+        hn::Store(hn::Set(d, base[o0 + 1]), d, q.y.data() + c * kL);
+        hn::Store(hn::Set(d, base[o0 + 2]), d, q.z.data() + c * kL);
+        hn::Store(hn::Set(d, base[o0 + 3]), d, q.w.data() + c * kL);
+      } else if (hn::AllTrue(DI(), mc.m)) {
+        hn::Store(hn::GatherIndex(d, base, oc.v), d, q.x.data() + c * kL);
+        hn::Store(hn::GatherIndex(d, base + 1, oc.v), d, q.y.data() + c * kL);
+        hn::Store(hn::GatherIndex(d, base + 2, oc.v), d, q.z.data() + c * kL);
+        hn::Store(hn::GatherIndex(d, base + 3, oc.v), d, q.w.data() + c * kL);
       } else {
         alignas(64) std::int32_t off[kL], act[kL];
         hn::Store(oc.v, DI(), off);
@@ -699,10 +715,30 @@ class CpuExec {
   // --- asynchronous copies and overlapped launches: done at once / nothing to wait for --------
   // The CPU runs a block's statements in order and a stream's kernels one after another, so an
   // asynchronous copy is an ordinary copy (zeros where the mask is false) and the waits are
-  // empty (backends/cuda/cuda_exec.cuh has the GPU's meaning).
+  // empty (backends/cuda/cuda_exec.cuh has the GPU's meaning). A chunk of lanes whose quads form
+  // one dense run at both ends, every lane active (a tile row of the decode ring), is copied as
+  // a block, without de-interleaving it into lanes and back.
   template <class T, LaneExpr DO, LaneExpr SO, class M>
   void copy4_async(T* dst, DO&& doff, const T* src, SO&& soff, M&& mask) const {
-    store4(dst, std::forward<DO>(doff), load4(src, std::forward<SO>(soff), std::forward<M>(mask)));
+    const auto& od = wrap<std::int32_t>(std::forward<DO>(doff));
+    const auto& os = wrap<std::int32_t>(std::forward<SO>(soff));
+    const auto& m = wrap<bool>(std::forward<M>(mask));
+    const mem_tag_t<T> d;
+    for (int c = 0; c < N / kL; ++c) {
+      const VI dc = od.eval(c), sc = os.eval(c);
+      const VM mc = m.eval(c);
+      const std::int32_t d0 = hn::GetLane(dc.v), s0 = hn::GetLane(sc.v);
+      if (quads_contiguous(dc, mc, d0) && quads_contiguous(sc, mc, s0)) {
+        for (int k = 0; k < 4; ++k) hn::StoreU(hn::LoadU(d, src + s0 + k * kL), d, dst + d0 + k * kL);
+        continue;
+      }
+      alignas(64) std::int32_t doffs[kL], soffs[kL], act[kL];
+      hn::Store(dc.v, DI(), doffs);
+      hn::Store(sc.v, DI(), soffs);
+      hn::Store(hn::VecFromMask(DI(), mc.m), DI(), act);
+      for (int i = 0; i < kL; ++i)
+        for (int k = 0; k < 4; ++k) dst[doffs[i] + k] = act[i] ? src[soffs[i] + k] : T{};
+    }
   }
   void async_commit() const {}
   template <int P>
