@@ -69,15 +69,6 @@ struct FusedBlock {
 };
 
 // Grid: x = ceil(Sq / 32) query tiles, y = H, z = B. 4 warps; warp w owns rows 8w .. 8w + 7.
-//
-// Note [exact attention shared-memory traffic]
-// On the GPU the loop is bound by shared-memory wavefronts, not by the fma rate: one fma per
-// 32-bit shared load in Q.K^T gave 22 TFLOP/s on the H200, exactly what 128 bytes per clock per
-// SM allows. So both products read shared memory 16 bytes at a time: Q.K^T takes four head_dim
-// elements of the 8 rows (a broadcast) and of the lane's key per step, P.V four keys of P per
-// row (a broadcast). K rows are padded to D + 4 floats: 16-byte aligned, and a quarter warp's 8
-// lanes (keys) fall on distinct banks. Every sum keeps its order (over d, then over the keys in
-// order), so the bits are those of the 32-bit version.
 template <int D>
 struct FusedAttentionExact {
   static_assert(D % 32 == 0 && D <= 256, "head_dim: a multiple of 32, at most 256");
@@ -87,7 +78,7 @@ struct FusedAttentionExact {
   static constexpr int kRowsPerWarp = 8;
   static constexpr int kTile = 32;      // keys per tile
   static constexpr int kCols = D / 32;  // output columns per lane
-  static constexpr int kKPitch = D + 4; // K tile row pitch (Note [exact attention shared-memory traffic])
+  static constexpr int kKPitch = D + 1; // K tile row pitch: column reads avoid bank conflicts
   static constexpr std::size_t kSharedBytes =
       (kRows * D + kTile * kKPitch + kTile * D + kRows * kTile) * sizeof(float) + 128;
   using Params = FusedAttentionParams;
@@ -143,18 +134,15 @@ struct FusedAttentionExact {
           x.store(Vs, c + r * D, x.load(vt, c + r * v_ss, ok, 0.0f), c < D);
         }
       x.sync();
-      // Scores: lane j owns key j0 + j; each of the warp's rows is one fma chain over d, four
-      // elements of d per 16-byte load.
+      // Scores: lane j owns key j0 + j; each of the warp's rows is one fma chain over d.
       F s[kRowsPerWarp];
       LOCKSTEP_UNROLL
       for (int r = 0; r < kRowsPerWarp; ++r) s[r] = 0.0f;
-      for (int d = 0; d < D; d += 4) {
-        const auto kv = x.load4(Ks, lane * kKPitch + d);
+      for (int d = 0; d < D; ++d) {
+        const F kv = x.load(Ks, lane * kKPitch + d);
         LOCKSTEP_UNROLL
-        for (int r = 0; r < kRowsPerWarp; ++r) {
-          const auto qv = x.load4(Qs, (w * kRowsPerWarp + r) * D + d);
-          s[r] = x.fma(qv.w, kv.w, x.fma(qv.z, kv.z, x.fma(qv.y, kv.y, x.fma(qv.x, kv.x, s[r]))));
-        }
+        for (int r = 0; r < kRowsPerWarp; ++r)
+          s[r] = x.fma(x.load(Qs, (w * kRowsPerWarp + r) * D + d), kv, s[r]);
       }
       LOCKSTEP_UNROLL
       for (int r = 0; r < kRowsPerWarp; ++r) {
@@ -174,20 +162,16 @@ struct FusedAttentionExact {
         for (int c = 0; c < kCols; ++c) acc[r][c] = acc[r][c] * alpha;
       }
       x.sync();  // P is read by every lane of its warp (racecheck: a warp barrier is required)
-      // P x V: lane owns columns lane + 32 c; every key of the tile in order, four keys of P
-      // per 16-byte load.
-      for (int j = 0; j < kTile; j += 4) {
-        F vv[4][kCols];
+      // P x V: lane owns columns lane + 32 c; every key of the tile in order.
+      for (int j = 0; j < kTile; ++j) {
+        F vv[kCols];
         LOCKSTEP_UNROLL
-        for (int u = 0; u < 4; ++u)
-          LOCKSTEP_UNROLL
-          for (int c = 0; c < kCols; ++c) vv[u][c] = x.load(Vs, (j + u) * D + lane + 32 * c);
+        for (int c = 0; c < kCols; ++c) vv[c] = x.load(Vs, j * D + lane + 32 * c);
         LOCKSTEP_UNROLL
         for (int r = 0; r < kRowsPerWarp; ++r) {
-          const auto pr = x.load4(Ps, (w * kRowsPerWarp + r) * kTile + j);
+          const F pr = x.load(Ps, (w * kRowsPerWarp + r) * kTile + j);
           LOCKSTEP_UNROLL
-          for (int c = 0; c < kCols; ++c)
-            acc[r][c] = x.fma(pr.w, vv[3][c], x.fma(pr.z, vv[2][c], x.fma(pr.y, vv[1][c], x.fma(pr.x, vv[0][c], acc[r][c]))));
+          for (int c = 0; c < kCols; ++c) acc[r][c] = x.fma(pr, vv[c], acc[r][c]);
         }
       }
     }
