@@ -58,8 +58,8 @@ for stage in "$@"; do
         env $(echo "$cfg" | tr ',' ' ') $G/lockstep-bench --device cuda:0 --filter "${BENCH_FILTER:-decode}" --json "$OUT/bench_knob$i.json" > "$OUT/bench_knob$i.log" 2>&1; rc=$?
         echo "knobs $i: $cfg rc=$rc" | tee -a "$summary"; grep -E "^\| cuda" "$OUT/bench_knob$i.log" | tee -a "$summary"
       done ;;
-    ncu)  # per-kernel times of the decode kernels (hardware counters; clocks left alone)
-      ncu --clock-control none --kernel-name-base demangled --kernel-name regex:"${NCU_KERNELS:-Decode}" --launch-count ${NCU_COUNT:-24} \
+    ncu)  # per-kernel times of the head_dim-128 decode kernels (the whisper shape comes first and is skipped; clocks left alone)
+      ncu --clock-control none --kernel-name-base demangled --kernel-name regex:"${NCU_KERNELS:-Decode.*\(int\)128}" --launch-count ${NCU_COUNT:-8} \
           --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__registers_per_thread \
           $G/lockstep-bench --device cuda:0 --filter "${NCU_FILTER:-decode}" --reps 2 > "$OUT/ncu.log" 2>&1; rc=$?
       echo "ncu rc=$rc" | tee -a "$summary"
