@@ -25,18 +25,39 @@ std::string dshape(std::int64_t B, std::int64_t H, std::int64_t Hkv, std::int64_
          " D=" + std::to_string(D) + " L=" + std::to_string(L);
 }
 
-// Median host time of enqueueing `fn` (no synchronization inside), microseconds.
+// Host time of enqueueing `fn` (no synchronization inside), microseconds per call.
+// steady: calls enqueued back to back while the device works through them, as in a decode loop
+//   (the median over 5 batches of `reps` calls of the batch's mean);
+// cold: one call on an idle stream right after a synchronize (the median over `reps` calls): the
+//   figure reported before run 31, which also contains the cost of waking an idle stream.
+struct HostTime {
+  double steady, cold;
+};
 template <class F>
-double host_us(Stream& s, F&& fn, int reps) {
-  std::vector<double> us;
+HostTime host_us(Stream& s, F&& fn, int reps) {
+  using clock = std::chrono::steady_clock;
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::vector<double> cold, batches;
   for (int i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = clock::now();
     fn();
-    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    cold.push_back(std::chrono::duration<double, std::micro>(clock::now() - t0).count());
     s.synchronize();
   }
-  std::sort(us.begin(), us.end());
-  return us[us.size() / 2];
+  for (int b = 0; b < 5; ++b) {
+    const auto t0 = clock::now();
+    for (int i = 0; i < reps; ++i) fn();
+    batches.push_back(std::chrono::duration<double, std::micro>(clock::now() - t0).count() / reps);
+    s.synchronize();
+  }
+  return {median(batches), median(cold)};
+}
+void record_host_time(Result& r, const HostTime& h) {
+  r.extra["host_us_per_call"] = h.steady;
+  r.extra["host_us_per_call_cold"] = h.cold;
 }
 
 Result decode_single(Context& ctx, std::int64_t H, std::int64_t Hkv, std::int64_t D, std::int64_t L) {
@@ -55,7 +76,7 @@ Result decode_single(Context& ctx, std::int64_t H, std::int64_t Hkv, std::int64_
   r.bytes = double(2 * cache + 2 * std::size_t(H * D)) * 4;
   r.flops = 4.0 * double(H) * double(L) * double(D);
   r.launches = 2;
-  r.extra["host_us_per_call"] = host_us(ctx.stream(), call, std::max(5, ctx.reps));
+  record_host_time(r, host_us(ctx.stream(), call, std::max(5, ctx.reps)));
   r.note = "bytes = K + V + q + out";
   return r;
 }
@@ -100,7 +121,7 @@ Result flash(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t Hkv, std
   r.bytes = double(B) * double(2 * per_slot + 2 * std::size_t(H * D) + 2 * std::size_t(Hkv * D)) * 4;
   r.flops = 4.0 * double(B) * double(H) * double(L) * double(D);
   r.launches = 3;
-  r.extra["host_us_per_call"] = host_us(ctx.stream(), call, std::max(5, ctx.reps));
+  record_host_time(r, host_us(ctx.stream(), call, std::max(5, ctx.reps)));
   r.extra["bytes_per_token_per_layer"] = cache.bytes_per_token_per_layer();
   r.extra["cache_bytes"] = cache.bytes();
   r.note = "bytes = K + V (each slot's L tokens) + q + out + new K/V; 1 H2D copy + 3 launches";
@@ -144,9 +165,9 @@ Result flash_graph(Context& ctx, std::int64_t layers, std::int64_t B, std::int64
   r.bytes = double(layers) * double(B) * double(2 * per_slot + 2 * std::size_t(H * D) + 2 * std::size_t(Hkv * D)) * 4;
   r.flops = 4.0 * double(layers) * double(B) * double(H) * double(L) * double(D);
   r.launches = 1;
-  const double host_us_step = host_us(s, replay, std::max(5, ctx.reps));
-  r.extra["host_us_per_call"] = host_us_step;
-  r.extra["host_us_per_attention_call"] = host_us_step / double(layers);
+  const HostTime host_step = host_us(s, replay, std::max(5, ctx.reps));
+  record_host_time(r, host_step);
+  r.extra["host_us_per_attention_call"] = host_step.steady / double(layers);
   r.note = "one cudaGraphLaunch per step of " + std::to_string(layers) + " flash_decoding calls (3 kernels each)";
   (void)cudaGraphExecDestroy(exec);
   (void)cudaGraphDestroy(graph);
