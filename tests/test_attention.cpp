@@ -273,14 +273,7 @@ TEST_P(Attention, MultiheadAutoFollowsTheSeedRule) {
 }
 
 KvCacheConfig small_config() {
-  KvCacheConfig c;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 32;
-  c.max_len = 8;
-  c.slots = 3;
-  return c;
+  return {.num_layers = 2, .num_heads = 4, .num_kv_heads = 2, .head_dim = 32, .max_len = 8, .slots = 3};
 }
 
 TEST_P(Attention, KvCacheMemoryIsExactlyTheLayout) {
@@ -351,13 +344,7 @@ TEST_P(Attention, KvCacheDoneSlotsCostNothingAndGiveZeros) {
 // Note [device positions]: the graph-capturable call gives the host-positions call's bytes (out
 // and cache), skips -1 and out-of-range positions without writing, and records the latter.
 TEST_P(Attention, FlashDecodingWithDevicePositionsGivesTheSameBytes) {
-  KvCacheConfig c;
-  c.num_layers = 2;
-  c.num_heads = 8;
-  c.num_kv_heads = 2;
-  c.head_dim = 64;
-  c.max_len = 300;
-  c.slots = 3;
+  const KvCacheConfig c{.num_layers = 2, .num_heads = 8, .num_kv_heads = 2, .head_dim = 64, .max_len = 300, .slots = 3};
   KvCache a(dev, c), b(dev, c);
   const std::vector<std::int64_t> prefill{100, 0, 250};
   Lcg rng{7};

@@ -66,13 +66,7 @@ TEST_F(CudaInterop, OutOfMemoryIsTypedAndNotSticky) {
 // CUDA graph and replayed with new positions gives the bytes of the same steps run eagerly with
 // host positions (Note [device positions]).
 TEST_F(CudaInterop, DecodeStepReplaysAsACudaGraph) {
-  KvCacheConfig c;
-  c.num_layers = 3;
-  c.num_heads = 8;
-  c.num_kv_heads = 2;
-  c.head_dim = 128;
-  c.max_len = 700;
-  c.slots = 4;
+  const KvCacheConfig c{.num_layers = 3, .num_heads = 8, .num_kv_heads = 2, .head_dim = 128, .max_len = 700, .slots = 4};
   KvCache eager(dev, c), graphed(dev, c);
   cudaStream_t raw;
   ASSERT_EQ(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking), cudaSuccess);

@@ -647,29 +647,13 @@ class CpuExec {
         hn::Store(b, d, q.y.data() + c * kL);
         hn::Store(e, d, q.z.data() + c * kL);
         hn::Store(f, d, q.w.data() + c * kL);
-      } else if (hn::AllTrue(DI(), mc.m) && hn::AllTrue(DI(), hn::Eq(oc.v, hn::Set(DI(), o0)))) {
-        // Every lane reads the same quad (a broadcast).
-        hn::Store(hn::Set(d, base[o0]), d, q.x.data() + c * kL);
-        hn::Store(hn::Set(d, base[o0 + 1]), d, q.y.data() + c * kL);
-        hn::Store(hn::Set(d, base[o0 + 2]), d, q.z.data() + c * kL);
-        hn::Store(hn::Set(d, base[o0 + 3]), d, q.w.data() + c * kL);
-      } else if (hn::AllTrue(DI(), mc.m)) {
-        hn::Store(hn::GatherIndex(d, base, oc.v), d, q.x.data() + c * kL);
-        hn::Store(hn::GatherIndex(d, base + 1, oc.v), d, q.y.data() + c * kL);
-        hn::Store(hn::GatherIndex(d, base + 2, oc.v), d, q.z.data() + c * kL);
-        hn::Store(hn::GatherIndex(d, base + 3, oc.v), d, q.w.data() + c * kL);
       } else {
-        alignas(64) std::int32_t off[kL], act[kL];
-        hn::Store(oc.v, DI(), off);
-        hn::Store(hn::VecFromMask(DI(), mc.m), DI(), act);
-        for (int i = 0; i < kL; ++i) {
-          const int l = c * kL + i;
-          const T* p = base + off[i];
-          q.x.set(l, act[i] ? p[0] : T{});
-          q.y.set(l, act[i] ? p[1] : T{});
-          q.z.set(l, act[i] ? p[2] : T{});
-          q.w.set(l, act[i] ? p[3] : T{});
-        }
+        // Each of the four values as a lane load of its own: broadcast, gathered or masked
+        // (load_chunk's paths; masked-off lanes get zeros and are never read).
+        hn::Store(load_chunk<T>(base, oc, mc, T{}).v, d, q.x.data() + c * kL);
+        hn::Store(load_chunk<T>(base + 1, oc, mc, T{}).v, d, q.y.data() + c * kL);
+        hn::Store(load_chunk<T>(base + 2, oc, mc, T{}).v, d, q.z.data() + c * kL);
+        hn::Store(load_chunk<T>(base + 3, oc, mc, T{}).v, d, q.w.data() + c * kL);
       }
     }
     return q;
