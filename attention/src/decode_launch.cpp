@@ -55,6 +55,13 @@ int merge_batch_knob() {
   static const int mb = env_knob("LOCKSTEP_DECODE_MERGE_BATCH", 0);
   return mb;
 }
+// Measurement only, and it breaks the results: LOCKSTEP_DECODE_DIAG_ONLY=1 launches the chunk
+// kernel alone, =2 the merge alone (over stale partials), to split a decode's time between them
+// without hardware counters (docs/gpu-results.md, run 33).
+int diag_only_knob() {
+  static const int d = env_knob("LOCKSTEP_DECODE_DIAG_ONLY", 0);
+  return d;
+}
 int stages_knob() {
   static const int ns = env_knob("LOCKSTEP_DECODE_STAGES", -1);
   return ns;
@@ -89,7 +96,8 @@ void launch_chunk_g(Stream& s, const kernels::DecodeParams& p, int g, Dim3 grid)
 template <int D>
 void launch_chunk_and_merge(Stream& s, const kernels::DecodeParams& p, int g, Dim3 chunk_grid,
                             Dim3 merge_grid) {
-  launch_chunk_g<D>(s, p, g, chunk_grid);
+  if (diag_only_knob() != 2) launch_chunk_g<D>(s, p, g, chunk_grid);
+  if (diag_only_knob() == 1) return;
   if constexpr (D == 128) {
     const int mb = merge_batch_knob();
     if (mb == 4) return launch_with_shared<kernels::DecodeMerge<128, 4>>(s, p, merge_grid);
