@@ -41,12 +41,12 @@ int env_knob(const char* name, int fallback) {
   return v != nullptr ? std::atoi(v) : fallback;
 }
 // Schedule knobs for measurements (every value gives the same bits; Note [async tiles], Note
-// [row batches], Note [merge slices]). At head_dim 128:
+// [row batches], Note [merge schedule]). At head_dim 128:
 //   LOCKSTEP_DECODE_STAGES=0: K and V loaded straight into registers, LOCKSTEP_DECODE_ROW_BATCH
 //     = 2|4 row groups in flight (the schedule before the async tiles); =3: 32-row tiles in a
 //     ring of 3 with four heads per block.
 //   LOCKSTEP_DECODE_MERGE_BATCH=4|8|16: the merge without slices, with that many chunks per
-//     thread group in flight.
+//     thread group in flight (Note [merge schedule]).
 int row_batch_knob() {
   static const int rb = env_knob("LOCKSTEP_DECODE_ROW_BATCH", 0);
   return rb;
@@ -61,6 +61,11 @@ int merge_batch_knob() {
 int diag_only_knob() {
   static const int d = env_knob("LOCKSTEP_DECODE_DIAG_ONLY", 0);
   return d;
+}
+// LOCKSTEP_DECODE_CHUNK_BLOCKS=n: at most n blocks along the chunks of a row (Note [chunk loop]).
+int chunk_blocks_knob() {
+  static const int n = env_knob("LOCKSTEP_DECODE_CHUNK_BLOCKS", 0);
+  return n;
 }
 int stages_knob() {
   static const int ns = env_knob("LOCKSTEP_DECODE_STAGES", -1);
@@ -103,10 +108,13 @@ void launch_chunk_and_merge(Stream& s, const kernels::DecodeParams& p, int g, Di
     if (mb == 4) return launch_with_shared<kernels::DecodeMerge<128, 4>>(s, p, merge_grid);
     if (mb == 16) return launch_with_shared<kernels::DecodeMerge<128, 16>>(s, p, merge_grid);
     // Fewer merge blocks than multiprocessors (B = 1): 4 slices per head, a 128-chunk row in
-    // one round trip (Note [merge slices]). The bits do not depend on this choice.
-    using Sliced = kernels::DecodeMerge<128, 32, 4>;
+    // one round trip. Otherwise a batch just large enough for the cache's rows, so that few
+    // loads are masked off. The bits do not depend on these choices (Note [merge schedule]).
+    using Sliced = kernels::DecodeMerge<128, 32, 4, 1>;
     if (mb == 0 && std::int64_t{merge_grid.x} * merge_grid.y < s.device().caps().multiprocessors)
       return launch_with_shared<Sliced>(s, p, Dim3{merge_grid.x * Sliced::kSlices, merge_grid.y, 1});
+    if (mb == 0 && p.max_chunks <= 8) return launch_with_shared<kernels::DecodeMerge<128, 2>>(s, p, merge_grid);
+    if (mb == 0 && p.max_chunks <= 16) return launch_with_shared<kernels::DecodeMerge<128, 4>>(s, p, merge_grid);
   }
   launch_with_shared<kernels::DecodeMerge<D>>(s, p, merge_grid);
 }
@@ -132,7 +140,8 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
   p.part_o = workspace;
   p.part_ml = workspace + std::size_t(p.rows) * p.H * p.max_chunks * D;
   const std::uint32_t rows_grid = static_cast<std::uint32_t>(std::min<std::int32_t>(p.rows, 65535));
-  const Dim3 chunk_grid{static_cast<std::uint32_t>(p.max_chunks),
+  const int chunk_blocks = chunk_blocks_knob() > 0 ? std::min(chunk_blocks_knob(), p.max_chunks) : p.max_chunks;
+  const Dim3 chunk_grid{static_cast<std::uint32_t>(chunk_blocks),
                         static_cast<std::uint32_t>(p.Hkv * (group / g)), rows_grid};
   const Dim3 merge_grid{static_cast<std::uint32_t>(p.H), rows_grid, 1};
   switch (D) {

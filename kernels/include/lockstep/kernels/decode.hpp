@@ -56,6 +56,9 @@ LOCKSTEP_HD int row_length(X& x, const DecodeParams& p, int r) {
 
 // Grid: x = chunk, y = kv head * (H / Hkv / G) + subgroup, z = row (rows beyond 65535 loop).
 // Each block reads its chunk of K and V once for the G query heads it serves.
+// Note [chunk loop]: with fewer blocks in x than chunks, block x takes chunks x, x + grid_x, ...
+// in turn. Each chunk's partial result is the same whichever block computes it: the grid is a
+// schedule choice (LOCKSTEP_DECODE_CHUNK_BLOCKS), not part of the bits.
 // Note [row batches]: the default number of 16-row groups whose K (or V) loads are in flight
 // together: the largest power of two (at most 4) that keeps about 32 floats per lane in flight,
 // 64 with one query head per block (few registers are taken by q and the accumulators). Measured
@@ -134,183 +137,184 @@ struct DecodeChunk {
     const int subgroups = group / G;
     const int hk = x.block_y() / subgroups;
     const int h0 = hk * group + (x.block_y() % subgroups) * G;  // first query head served
-    const int chunk = x.block_x();
     const I lane = x.lane();
     const I l8 = lane & 7;                 // lane within the 8 lanes that share a row
     const I row_in_iter = x.warp() * 4 + (lane >> 3);  // 16 rows per block iteration
 
     for (int r = x.block_z(); r < p.rows; r += x.grid_z()) {
       const int len = row_length(x, p, r);
-      const int t0 = chunk * kDecodeChunk;
-      if (t0 >= len) continue;  // block-uniform: this chunk is past the sequence
-      const int slot = p.slots != nullptr ? x.load_uniform(p.slots + r) : r;
-      const std::int64_t kv_off = slot * p.slot_stride + hk * p.head_stride + std::int64_t{t0} * D;
-      const float* kb = p.k + kv_off;
-      const float* vb = p.v + kv_off;
-      const int live = static_cast<int>(imin(len - t0, kDecodeChunk));
-      if constexpr (NS > 0) {
-        LOCKSTEP_UNROLL
-        for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live);
-      }
-
-      // q of the G heads, in the lane layout of the K rows: lane l8 holds floats
-      // (qd * 8 + l8) * 4 .. +3 of each row.
-      typename X::template Lanes<float> qv[G][kQuads][4];
-      LOCKSTEP_UNROLL
-      for (int g = 0; g < G; ++g) {
-        const float* qrow = p.q + (std::int64_t{r} * p.H + h0 + g) * D;
-        LOCKSTEP_UNROLL
-        for (int qd = 0; qd < kQuads; ++qd) {
-          auto t = x.load4(qrow, (l8 + qd * 8) * 4);
-          qv[g][qd][0] = t.x;
-          qv[g][qd][1] = t.y;
-          qv[g][qd][2] = t.z;
-          qv[g][qd][3] = t.w;
-        }
-      }
-
-      // Phase 1: scores. Each group of 8 lanes takes one row; a warp 4 rows; the block 16. The
-      // loads of kRowBatch such 16-row groups are issued before any is used (Note [row batches]).
-      for (int it = 0; it < kDecodeChunk; it += 16 * kRowBatch) {
-        // K rows from the cache, or from the ring slot of tile it / kTileRows (rows numbered
-        // from the tile's first).
-        const float* kt = kb;
-        int kt_row0 = 0;
+      // Note [chunk loop]: block x takes chunks x, x + grid_x, ... of the row (block-uniform).
+      for (int chunk = x.block_x(); chunk * kDecodeChunk < len; chunk += x.grid_x()) {
+        const int t0 = chunk * kDecodeChunk;
+        const int slot = p.slots != nullptr ? x.load_uniform(p.slots + r) : r;
+        const std::int64_t kv_off = slot * p.slot_stride + hk * p.head_stride + std::int64_t{t0} * D;
+        const float* kb = p.k + kv_off;
+        const float* vb = p.v + kv_off;
+        const int live = static_cast<int>(imin(len - t0, kDecodeChunk));
         if constexpr (NS > 0) {
-          x.template async_wait<NS - 1>();
-          x.sync();
-          kt = ring + (it / kTileRows % NS) * kTileRows * D;
-          kt_row0 = it;
-        }
-        Q4 kq[kRowBatch][kQuads];
-        LOCKSTEP_UNROLL
-        for (int b = 0; b < kRowBatch; ++b) {
-          const I tl = row_in_iter + (it + 16 * b);
-          const B ok = tl < live;
           LOCKSTEP_UNROLL
-          for (int qd = 0; qd < kQuads; ++qd)
-            kq[b][qd] = x.load4(kt, (tl - kt_row0) * D + (l8 + qd * 8) * 4, ok);
+          for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live);
         }
+
+        // q of the G heads, in the lane layout of the K rows: lane l8 holds floats
+        // (qd * 8 + l8) * 4 .. +3 of each row.
+        typename X::template Lanes<float> qv[G][kQuads][4];
         LOCKSTEP_UNROLL
-        for (int b = 0; b < kRowBatch; ++b) {
-          const I tl = row_in_iter + (it + 16 * b);
-          const B ok = tl < live;
-          F dot[G];
-          LOCKSTEP_UNROLL
-          for (int g = 0; g < G; ++g) dot[g] = 0.0f;
+        for (int g = 0; g < G; ++g) {
+          const float* qrow = p.q + (std::int64_t{r} * p.H + h0 + g) * D;
           LOCKSTEP_UNROLL
           for (int qd = 0; qd < kQuads; ++qd) {
+            auto t = x.load4(qrow, (l8 + qd * 8) * 4);
+            qv[g][qd][0] = t.x;
+            qv[g][qd][1] = t.y;
+            qv[g][qd][2] = t.z;
+            qv[g][qd][3] = t.w;
+          }
+        }
+
+        // Phase 1: scores. Each group of 8 lanes takes one row; a warp 4 rows; the block 16. The
+        // loads of kRowBatch such 16-row groups are issued before any is used (Note [row batches]).
+        for (int it = 0; it < kDecodeChunk; it += 16 * kRowBatch) {
+          // K rows from the cache, or from the ring slot of tile it / kTileRows (rows numbered
+          // from the tile's first).
+          const float* kt = kb;
+          int kt_row0 = 0;
+          if constexpr (NS > 0) {
+            x.template async_wait<NS - 1>();
+            x.sync();
+            kt = ring + (it / kTileRows % NS) * kTileRows * D;
+            kt_row0 = it;
+          }
+          Q4 kq[kRowBatch][kQuads];
+          LOCKSTEP_UNROLL
+          for (int b = 0; b < kRowBatch; ++b) {
+            const I tl = row_in_iter + (it + 16 * b);
+            const B ok = tl < live;
             LOCKSTEP_UNROLL
-            for (int g = 0; g < G; ++g)  // one expression: one pass over the lanes on the CPU
-              dot[g] = x.fma(qv[g][qd][3], kq[b][qd].w,
-                             x.fma(qv[g][qd][2], kq[b][qd].z,
-                                   x.fma(qv[g][qd][1], kq[b][qd].y,
-                                         x.fma(qv[g][qd][0], kq[b][qd].x, dot[g]))));
+            for (int qd = 0; qd < kQuads; ++qd)
+              kq[b][qd] = x.load4(kt, (tl - kt_row0) * D + (l8 + qd * 8) * 4, ok);
           }
           LOCKSTEP_UNROLL
-          for (int g = 0; g < G; ++g) {
-            const F s = x.template warp_sum<8>(dot[g]) * p.scale;
-            x.store(S, tl + g * kDecodeChunk, x.select(ok, s, -kInf), l8 == 0);
-          }
-        }
-        if constexpr (NS > 0) {
-          x.sync();  // every warp is done with the slot before it is refilled
-          issue_tile(x, ring, kb, vb, it / kTileRows + NS, live);
-        }
-      }
-      x.sync();
-
-      // Phase 2: chunk max and sum per head (every warp computes them; warp 0 writes).
-      LOCKSTEP_UNROLL
-      for (int g = 0; g < G; ++g) {
-        const float* sg = S + g * kDecodeChunk;
-        F m = -kInf;
-        for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) m = x.max(m, x.load(sg, lane * 8 + i));
-        m = x.warp_max(m);
-        const B empty = m == -kInf;
-        F l = 0.0f;
-        for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) {
-          const F e = x.select(empty, 0.0f, x.exp(x.load(sg, lane * 8 + i) - m));
-          x.store(P + g * kDecodeChunk, lane * 8 + i, e, x.warp() == 0);
-          l = l + e;
-        }
-        l = x.warp_sum(l);
-        float* ml = p.part_ml + ((std::int64_t{r} * p.H + h0 + g) * p.max_chunks + chunk) * 2;
-        x.store(ml, lane, x.select(lane == 0, m, l), x.thread() < 2);
-      }
-      x.sync();
-
-      // Phase 3: P x V. Lane layout as in phase 1; each lane accumulates its 16 rows.
-      F acc[G][kQuads][4];
-      LOCKSTEP_UNROLL
-      for (int g = 0; g < G; ++g)
-        LOCKSTEP_UNROLL
-        for (int qd = 0; qd < kQuads; ++qd)
-          LOCKSTEP_UNROLL
-          for (int j = 0; j < 4; ++j) acc[g][qd][j] = 0.0f;
-      for (int it = 0; it < kDecodeChunk; it += 16 * kRowBatch) {
-        const float* vt = vb;
-        int vt_row0 = 0;
-        if constexpr (NS > 0) {
-          x.template async_wait<NS - 1>();
-          x.sync();
-          vt = ring + ((kTiles + it / kTileRows) % NS) * kTileRows * D;
-          vt_row0 = it;
-        }
-        Q4 vq[kRowBatch][kQuads];
-        F pg[kRowBatch][G];
-        LOCKSTEP_UNROLL
-        for (int b = 0; b < kRowBatch; ++b) {
-          const I tl = row_in_iter + (it + 16 * b);
-          const B ok = tl < live;
-          LOCKSTEP_UNROLL
-          for (int g = 0; g < G; ++g) pg[b][g] = x.load(P, tl + g * kDecodeChunk);
-          LOCKSTEP_UNROLL
-          for (int qd = 0; qd < kQuads; ++qd)
-            vq[b][qd] = x.load4(vt, (tl - vt_row0) * D + (l8 + qd * 8) * 4, ok);
-        }
-        LOCKSTEP_UNROLL
-        for (int b = 0; b < kRowBatch; ++b)  // rows in increasing order, as one group at a time
-          LOCKSTEP_UNROLL
-          for (int qd = 0; qd < kQuads; ++qd)
+          for (int b = 0; b < kRowBatch; ++b) {
+            const I tl = row_in_iter + (it + 16 * b);
+            const B ok = tl < live;
+            F dot[G];
+            LOCKSTEP_UNROLL
+            for (int g = 0; g < G; ++g) dot[g] = 0.0f;
+            LOCKSTEP_UNROLL
+            for (int qd = 0; qd < kQuads; ++qd) {
+              LOCKSTEP_UNROLL
+              for (int g = 0; g < G; ++g)  // one expression: one pass over the lanes on the CPU
+                dot[g] = x.fma(qv[g][qd][3], kq[b][qd].w,
+                               x.fma(qv[g][qd][2], kq[b][qd].z,
+                                     x.fma(qv[g][qd][1], kq[b][qd].y,
+                                           x.fma(qv[g][qd][0], kq[b][qd].x, dot[g]))));
+            }
             LOCKSTEP_UNROLL
             for (int g = 0; g < G; ++g) {
-              acc[g][qd][0] = x.fma(pg[b][g], vq[b][qd].x, acc[g][qd][0]);
-              acc[g][qd][1] = x.fma(pg[b][g], vq[b][qd].y, acc[g][qd][1]);
-              acc[g][qd][2] = x.fma(pg[b][g], vq[b][qd].z, acc[g][qd][2]);
-              acc[g][qd][3] = x.fma(pg[b][g], vq[b][qd].w, acc[g][qd][3]);
+              const F s = x.template warp_sum<8>(dot[g]) * p.scale;
+              x.store(S, tl + g * kDecodeChunk, x.select(ok, s, -kInf), l8 == 0);
             }
-        if constexpr (NS > 0) {
-          x.sync();
-          issue_tile(x, ring, kb, vb, kTiles + it / kTileRows + NS, live);
-        }
-      }
-      // The 4 row groups of a warp (lanes l8, l8 + 8, l8 + 16, l8 + 24), then the 4 warps.
-      LOCKSTEP_UNROLL
-      for (int g = 0; g < G; ++g)
-        LOCKSTEP_UNROLL
-        for (int qd = 0; qd < kQuads; ++qd)
-          LOCKSTEP_UNROLL
-          for (int j = 0; j < 4; ++j) {
-            F a = acc[g][qd][j];
-            a = a + x.shfl_xor(a, 8);
-            a = a + x.shfl_xor(a, 16);
-            x.store(O, (x.warp() * G + g) * D + (l8 + qd * 8) * 4 + j, a, lane < 8);
           }
-      x.sync();
-      LOCKSTEP_UNROLL
-      for (int g = 0; g < G; ++g) {
-        float* po = p.part_o + ((std::int64_t{r} * p.H + h0 + g) * p.max_chunks + chunk) * D;
-        for (int d0 = 0; d0 < D; d0 += kThreads) {
-          const I d = x.thread() + d0;
-          const B ok = d < D;
-          F o = x.load(O, g * D + d, ok, 0.0f);
-          LOCKSTEP_UNROLL
-          for (int w = 1; w < kWarps; ++w) o = o + x.load(O, (w * G + g) * D + d, ok, 0.0f);
-          x.store(po, d, o, ok);
+          if constexpr (NS > 0) {
+            x.sync();  // every warp is done with the slot before it is refilled
+            issue_tile(x, ring, kb, vb, it / kTileRows + NS, live);
+          }
         }
+        x.sync();
+
+        // Phase 2: chunk max and sum per head (every warp computes them; warp 0 writes).
+        LOCKSTEP_UNROLL
+        for (int g = 0; g < G; ++g) {
+          const float* sg = S + g * kDecodeChunk;
+          F m = -kInf;
+          for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) m = x.max(m, x.load(sg, lane * 8 + i));
+          m = x.warp_max(m);
+          const B empty = m == -kInf;
+          F l = 0.0f;
+          for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) {
+            const F e = x.select(empty, 0.0f, x.exp(x.load(sg, lane * 8 + i) - m));
+            x.store(P + g * kDecodeChunk, lane * 8 + i, e, x.warp() == 0);
+            l = l + e;
+          }
+          l = x.warp_sum(l);
+          float* ml = p.part_ml + ((std::int64_t{r} * p.H + h0 + g) * p.max_chunks + chunk) * 2;
+          x.store(ml, lane, x.select(lane == 0, m, l), x.thread() < 2);
+        }
+        x.sync();
+
+        // Phase 3: P x V. Lane layout as in phase 1; each lane accumulates its 16 rows.
+        F acc[G][kQuads][4];
+        LOCKSTEP_UNROLL
+        for (int g = 0; g < G; ++g)
+          LOCKSTEP_UNROLL
+          for (int qd = 0; qd < kQuads; ++qd)
+            LOCKSTEP_UNROLL
+            for (int j = 0; j < 4; ++j) acc[g][qd][j] = 0.0f;
+        for (int it = 0; it < kDecodeChunk; it += 16 * kRowBatch) {
+          const float* vt = vb;
+          int vt_row0 = 0;
+          if constexpr (NS > 0) {
+            x.template async_wait<NS - 1>();
+            x.sync();
+            vt = ring + ((kTiles + it / kTileRows) % NS) * kTileRows * D;
+            vt_row0 = it;
+          }
+          Q4 vq[kRowBatch][kQuads];
+          F pg[kRowBatch][G];
+          LOCKSTEP_UNROLL
+          for (int b = 0; b < kRowBatch; ++b) {
+            const I tl = row_in_iter + (it + 16 * b);
+            const B ok = tl < live;
+            LOCKSTEP_UNROLL
+            for (int g = 0; g < G; ++g) pg[b][g] = x.load(P, tl + g * kDecodeChunk);
+            LOCKSTEP_UNROLL
+            for (int qd = 0; qd < kQuads; ++qd)
+              vq[b][qd] = x.load4(vt, (tl - vt_row0) * D + (l8 + qd * 8) * 4, ok);
+          }
+          LOCKSTEP_UNROLL
+          for (int b = 0; b < kRowBatch; ++b)  // rows in increasing order, as one group at a time
+            LOCKSTEP_UNROLL
+            for (int qd = 0; qd < kQuads; ++qd)
+              LOCKSTEP_UNROLL
+              for (int g = 0; g < G; ++g) {
+                acc[g][qd][0] = x.fma(pg[b][g], vq[b][qd].x, acc[g][qd][0]);
+                acc[g][qd][1] = x.fma(pg[b][g], vq[b][qd].y, acc[g][qd][1]);
+                acc[g][qd][2] = x.fma(pg[b][g], vq[b][qd].z, acc[g][qd][2]);
+                acc[g][qd][3] = x.fma(pg[b][g], vq[b][qd].w, acc[g][qd][3]);
+              }
+          if constexpr (NS > 0) {
+            x.sync();
+            issue_tile(x, ring, kb, vb, kTiles + it / kTileRows + NS, live);
+          }
+        }
+        // The 4 row groups of a warp (lanes l8, l8 + 8, l8 + 16, l8 + 24), then the 4 warps.
+        LOCKSTEP_UNROLL
+        for (int g = 0; g < G; ++g)
+          LOCKSTEP_UNROLL
+          for (int qd = 0; qd < kQuads; ++qd)
+            LOCKSTEP_UNROLL
+            for (int j = 0; j < 4; ++j) {
+              F a = acc[g][qd][j];
+              a = a + x.shfl_xor(a, 8);
+              a = a + x.shfl_xor(a, 16);
+              x.store(O, (x.warp() * G + g) * D + (l8 + qd * 8) * 4 + j, a, lane < 8);
+            }
+        x.sync();
+        LOCKSTEP_UNROLL
+        for (int g = 0; g < G; ++g) {
+          float* po = p.part_o + ((std::int64_t{r} * p.H + h0 + g) * p.max_chunks + chunk) * D;
+          for (int d0 = 0; d0 < D; d0 += kThreads) {
+            const I d = x.thread() + d0;
+            const B ok = d < D;
+            F o = x.load(O, g * D + d, ok, 0.0f);
+            LOCKSTEP_UNROLL
+            for (int w = 1; w < kWarps; ++w) o = o + x.load(O, (w * G + g) * D + d, ok, 0.0f);
+            x.store(po, d, o, ok);
+          }
+        }
+        x.sync();  // S, P and O are reused by the next chunk or row
       }
-      x.sync();  // S, P and O are reused by the next row
     }
   }
 };
@@ -319,50 +323,65 @@ struct DecodeChunk {
 // length 0 gives zeros.
 //
 // Note [merge order]
-// The block's threads form kGroups groups of D (one thread per output element). The global
-// max M over the chunk maxima is order-free (math::max is exact and canonical on NaN). Group gi
-// folds chunks gi, gi + kGroups, gi + 2 kGroups, ... in increasing order into (L_gi, O_gi) with
-// weights exp(m_c - M); then the groups are added in order 0, 1, ... . Every sum's order depends
-// only on the row's own length, never on the batch or the device: batch invariance holds, and
-// CUDA and the CPU run this same schedule. A naive loop over the chunks waits one L2 round trip
-// per chunk (at B = 1 and 32768 tokens: 128 chunks, only H blocks, 20 us measured); here the
-// loads of kMergeBatch chunks per group are in flight together, and a row of at most
-// kGroups * kMergeBatch chunks needs a single round trip.
-template <int D, int MB = 8, int S = 1>
+// The global max M over the chunk maxima is order-free (math::max is exact and canonical on NaN).
+// Each chunk's weight is w_c = exp(m_c - M) (0 for an empty chunk). The chunks form kGroups
+// groups: group gi folds chunks gi, gi + kGroups, gi + 2 kGroups, ... in increasing order into
+// L_gi += l_c * w_c and O_gi[d] += o_c[d] * w_c (a product, then a sum; no fma); then the groups
+// are added in order 0, 1, ... and out = O / L. Every sum's order depends only on the row's own
+// length, never on the batch or the device: batch invariance holds, and CUDA and the CPU run this
+// same schedule. kGroups = 512 / D is part of this order, so of the bits.
+//
+// Note [merge schedule]
+// A thread owns VW consecutive output elements of one group (a block: kGroups groups of kSlice
+// elements). The weights are computed once per chunk, by one thread each, into shared memory
+// (before run 34 every thread computed every weight of its group: one exp per chunk and output
+// element, which made the merge instruction-bound: 13 us of a 268 us step at B = 32, 44 of 545
+// at B = 128). The partial outputs of kGroups * MB chunks (a batch) are loaded before they are
+// needed; for a row of one batch (the common case) they are in flight together with the chunk
+// maxima and sums, so the whole merge waits for one round trip. MB, S and VW move loads and
+// threads, never arithmetic: the same bits for every choice (tested).
+template <int D, int MB = D / 16, int S = 1, int VW = 4>
 struct DecodeMerge {
   static constexpr const char* kName = "decode_merge";
   static constexpr int kGroups = 512 / D;  // part of the fold order (Note [merge order]): fixed
-  static constexpr int kSlices = S;        // Note [merge slices]
+  static constexpr int kSlices = S;        // Note [merge schedule]
   static constexpr int kSlice = D / S;     // output elements per block
-  static constexpr int kThreads = kGroups * kSlice;
+  static constexpr int kVec = VW;          // output elements per thread
+  static constexpr int kLanes = kSlice / VW;  // threads per group
+  static constexpr int kActive = kGroups * kLanes;
+  static constexpr int kThreads = (kActive + kWarpSize - 1) / kWarpSize * kWarpSize;
   static constexpr int kWarps = kThreads / kWarpSize;
   static constexpr bool kOverlapsPrior = true;
-  static constexpr int kMergeBatch = MB;  // a schedule choice: the fold order, so the bits, do not depend on it
-  static constexpr std::size_t kSharedBytes = (kWarps + kGroups * (kSlice + 1)) * sizeof(float) + 64;
-  static_assert(D % S == 0 && kThreads % kWarpSize == 0, "whole warps");
+  static constexpr int kMergeBatch = MB;
+  static constexpr int kBatch = kGroups * MB;  // chunks per batch
+  static constexpr int kPer = (kBatch + kThreads - 1) / kThreads;  // weights per thread per batch
+  static constexpr std::size_t kSharedBytes =
+      (kWarps + 2 * kBatch + kGroups * (kSlice + 1)) * sizeof(float) + 64;
+  static_assert(D % S == 0 && kSlice % VW == 0 && (VW == 1 || VW == 4), "slices of whole vectors");
+  static_assert(VW == 1 || D % 4 == 0, "16-byte partials");
   using Params = DecodeParams;
 
-  // Group g's chunks g + c0 + u * kGroups (u < kMergeBatch): chunk max, chunk sum and output
-  // element d, with the neutral values (-inf, 0, 0) past the row's last chunk.
-  template <class X, class I, class F>
-  LOCKSTEP_HD static void load_batch(X& x, const float* ml, const float* po, const I& g, const I& d,
-                                     int c0, int chunks, F (&mc)[MB], F (&lc)[MB], F (&oc)[MB]) {
+  // The partial outputs of the thread's group in the batch from chunk c0: chunk g + c0 + u *
+  // kGroups, elements e .. e + VW - 1; zeros past the row's last chunk.
+  template <class X, class I, class B, class F>
+  LOCKSTEP_HD static void load_outputs(X& x, const float* po, const I& g, const I& e, const B& act,
+                                       int c0, int chunks, F (&oc)[MB][VW]) {
     LOCKSTEP_UNROLL
-    for (int u = 0; u < kMergeBatch; ++u) {
+    for (int u = 0; u < MB; ++u) {
       const I c = g + (c0 + u * kGroups);
-      const typename X::template Lanes<bool> ok = c < chunks;
-      mc[u] = x.load(ml, c * 2, ok, -kInf);
-      lc[u] = x.load(ml, c * 2 + 1, ok, 0.0f);
-      oc[u] = x.load(po, c * D + d, ok, 0.0f);
+      const B ok = act & (c < chunks);
+      if constexpr (VW == 4) {
+        const auto q = x.load4(po, c * D + e, ok);
+        oc[u][0] = q.x;
+        oc[u][1] = q.y;
+        oc[u][2] = q.z;
+        oc[u][3] = q.w;
+      } else {
+        oc[u][0] = x.load(po, c * D + e, ok, 0.0f);
+      }
     }
   }
 
-  // Note [merge slices]
-  // With S > 1 slices, block (h * S + s) computes output elements [s * D / S, (s + 1) * D / S) of
-  // head h: the same groups, folds and group sum per element as with S = 1 (every thread folds
-  // the chunk sums L itself, so each slice has the same L), hence the same bits (tested). It
-  // gives a short row (B = 1) S times more blocks and a quarter of the registers per thread, so
-  // that a whole 128-chunk row is loaded in one round trip (MB = 32).
   template <class X>
   LOCKSTEP_HD static void run(X& x, const Params& p) {
     using F = typename X::template Lanes<float>;
@@ -371,18 +390,21 @@ struct DecodeMerge {
     x.wait_prior_grids();
     x.allow_dependent_grids();
     float* red = x.template shared<float>(kWarps);
+    float* W = x.template shared<float>(kBatch);   // w_c of the batch's chunks
+    float* LW = x.template shared<float>(kBatch);  // l_c * w_c
     float* o_part = x.template shared<float>(kGroups * kSlice);
     float* l_part = x.template shared<float>(kGroups);
     const int h = x.block_x() / kSlices;
     const int d0 = (x.block_x() % kSlices) * kSlice;
     const I t = x.thread();
     const I zero = t * 0;
-    I g = zero;  // the thread's group; t = g * kSlice + dl
+    const B act = t < kActive;
+    I g = zero;  // the thread's group; t = g * kLanes + lane in group
     LOCKSTEP_UNROLL
-    for (int k = 1; k < kGroups; ++k) g = g + x.select(t >= k * kSlice, zero + 1, zero);
-    const I dl = t - g * kSlice;
-    const I d = dl + d0;
-    const B first = t < kSlice;  // the threads that combine the groups and write out
+    for (int k = 1; k < kGroups; ++k) g = g + x.select(t >= k * kLanes, zero + 1, zero);
+    const I dl = (t - g * kLanes) * VW;  // first element, within the slice
+    const I e = dl + d0;
+    const B first = t < kLanes;  // group 0's threads combine the groups and write out
     for (int r = x.block_y(); r < p.rows; r += x.grid_y()) {
       const int len = row_length(x, p, r);
       const int chunks = static_cast<int>(ceil_div(len, kDecodeChunk));
@@ -391,54 +413,84 @@ struct DecodeMerge {
       const float* po = p.part_o + base * p.max_chunks * D;
       float* out = p.out + base * D;
 
-      // The global max M. A row of at most kGroups * kMergeBatch chunks (the common case) loads
-      // everything in one round trip and keeps it in registers; a longer row loads the maxima
-      // first, with every thread, then streams the partials in batches.
-      const bool one_batch = chunks <= kGroups * kMergeBatch;  // depends on the row only
-      F mc[kMergeBatch], lc[kMergeBatch], oc[kMergeBatch];
-      int n_red = kWarps;
+      // A row of one batch (depends on the row only) loads its partial outputs, chunk maxima and
+      // sums at once; a longer row takes the maxima first, then streams batches.
+      const bool one_batch = chunks <= kBatch;
+      F oc[MB][VW];
+      F mcr[kPer], lcr[kPer];
+      F m = -kInf;
       if (one_batch) {
-        load_batch(x, ml, po, g, d, 0, chunks, mc, lc, oc);
-        F m = mc[0];
+        load_outputs(x, po, g, e, act, 0, chunks, oc);
         LOCKSTEP_UNROLL
-        for (int u = 1; u < kMergeBatch; ++u) m = x.max(m, mc[u]);
-        x.store(red, g, m, dl == 0);  // the same in every thread of the group
-        n_red = kGroups;
+        for (int k = 0; k < kPer; ++k) {
+          const I c = t + k * kThreads;
+          const B ok = c < chunks;
+          mcr[k] = x.load(ml, c * 2, ok, -kInf);
+          lcr[k] = x.load(ml, c * 2 + 1, ok, 0.0f);
+          m = x.max(m, mcr[k]);
+        }
       } else {
-        F m = -kInf;
         for (int c0 = 0; c0 < chunks; c0 += kThreads) {
           const I c = t + c0;
           m = x.max(m, x.load(ml, c * 2, c < chunks, -kInf));
         }
-        m = x.warp_max(m);
-        x.store(red, zero + x.warp(), m, x.lane() == 0);
       }
+      m = x.warp_max(m);
+      x.store(red, zero + x.warp(), m, x.lane() == 0);
       x.sync();
       F M = x.load(red, zero);
-      for (int w = 1; w < n_red; ++w) M = x.max(M, x.load(red, zero + w));
+      for (int w = 1; w < kWarps; ++w) M = x.max(M, x.load(red, zero + w));
 
-      F L = 0.0f, O = 0.0f;
-      for (int c0 = 0; c0 < chunks; c0 += kGroups * kMergeBatch) {
-        if (!one_batch) load_batch(x, ml, po, g, d, c0, chunks, mc, lc, oc);
+      F L = 0.0f;
+      F O[VW];
+      LOCKSTEP_UNROLL
+      for (int j = 0; j < VW; ++j) O[j] = 0.0f;
+      for (int c0 = 0; c0 < chunks; c0 += kBatch) {
+        if (!one_batch) load_outputs(x, po, g, e, act, c0, chunks, oc);
+        // The batch's weights, one chunk per thread.
         LOCKSTEP_UNROLL
-        for (int u = 0; u < kMergeBatch; ++u) {
-          const B ok = g + (c0 + u * kGroups) < chunks;
-          const F w = x.select(mc[u] == -kInf, 0.0f, x.exp(mc[u] - M));
-          L = x.select(ok, L + lc[u] * w, L);
-          O = x.select(ok, O + oc[u] * w, O);
+        for (int k = 0; k < kPer; ++k) {
+          const I i = t + k * kThreads;
+          const I c = i + c0;
+          const B ok = (i < kBatch) & (c < chunks);
+          F mc = -kInf, lc = 0.0f;
+          if (one_batch) {
+            mc = mcr[k];
+            lc = lcr[k];
+          } else {
+            mc = x.load(ml, c * 2, ok, -kInf);
+            lc = x.load(ml, c * 2 + 1, ok, 0.0f);
+          }
+          const F w = x.select(mc == -kInf, 0.0f, x.exp(mc - M));
+          x.store(W, i, w, i < kBatch);
+          x.store(LW, i, lc * w, i < kBatch);
         }
+        x.sync();
+        LOCKSTEP_UNROLL
+        for (int u = 0; u < MB; ++u) {
+          const I i = g + u * kGroups;
+          const B ok = act & (i + c0 < chunks);
+          const F w = x.load(W, i, ok, 0.0f);
+          L = x.select(ok, L + x.load(LW, i, ok, 0.0f), L);
+          LOCKSTEP_UNROLL
+          for (int j = 0; j < VW; ++j) O[j] = x.select(ok, O[j] + oc[u][j] * w, O[j]);
+        }
+        x.sync();  // W and LW are refilled by the next batch
       }
-      x.store(o_part, t, O);
-      x.store(l_part, g, L, dl == 0);
+      LOCKSTEP_UNROLL
+      for (int j = 0; j < VW; ++j) x.store(o_part, g * kSlice + dl + j, O[j], act);
+      x.store(l_part, g, L, act & (dl == 0));
       x.sync();
-      F Ot = x.load(o_part, t, first, 0.0f);
       F Lt = x.load(l_part, zero);
       LOCKSTEP_UNROLL
-      for (int k = 1; k < kGroups; ++k) {
-        Ot = Ot + x.load(o_part, t + k * kSlice, first, 0.0f);
-        Lt = Lt + x.load(l_part, zero + k);
+      for (int k = 1; k < kGroups; ++k) Lt = Lt + x.load(l_part, zero + k);
+      LOCKSTEP_UNROLL
+      for (int j = 0; j < VW; ++j) {
+        F Ot = x.load(o_part, dl + j, first, 0.0f);
+        LOCKSTEP_UNROLL
+        for (int k = 1; k < kGroups; ++k) Ot = Ot + x.load(o_part, dl + (k * kSlice + j), first, 0.0f);
+        x.store(out, e + j, x.select(M == -kInf, 0.0f, Ot / Lt), first);
       }
-      x.store(out, d, x.select(M == -kInf, 0.0f, Ot / Lt), first);
       x.sync();  // red and the partials are reused by the next row
     }
   }
