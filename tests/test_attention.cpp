@@ -183,8 +183,36 @@ TEST_P(Attention, DecodeScheduleVariantsGiveTheSameBytes) {
         const auto c = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
         EXPECT_TRUE(same(a, b)) << "registers, 4 query heads per block vs async tiles, 1";
         EXPECT_TRUE(same(a, c)) << "registers vs async tiles, 4 query heads per block";
+        // Note [merge schedule]: one element per thread, 3 slices, 10-chunk batches (so several
+        // batches at length 9000) vs the default (4 elements per thread, 120 of 128 threads).
+        const auto m = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D, 2, 3, 1>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        EXPECT_TRUE(same(a, m)) << "merge: 4 elements per thread, one slice vs 1, 3 slices";
       }
     }
+  }
+}
+
+// Note [block signals]: incremental_attention's merge waits on counters that the chunk blocks
+// count up; it gives the bytes of the same kernels without counters (the merge then waits for
+// the whole chunk kernel), and leaves the stream's counters zero for the next call, call after
+// call (a counter left non-zero would let a later merge read partials before they are written).
+TEST_P(Attention, DecodeSignalsGiveTheSameBytesAndLeaveCountersZero) {
+  using kernels::DecodeChunk;
+  using kernels::DecodeMerge;
+  constexpr int D = 128, L = 5000, H = 8, Hkv = 2;
+  DecodeInputs<D> in(dev, s(), H, Hkv, L, 2024u);
+  const DecodeShape sh{H, Hkv, D, L};
+  Buffer<float> out(dev, std::size_t(H) * D);
+  for (int len : {4999, 1, 0, 700, 5000}) {
+    SCOPED_TRACE("length " + std::to_string(len));
+    incremental_attention(s(), in.q, in.k, in.v, len, out, sh);
+    const auto plain = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+    EXPECT_TRUE(same(out.to_vector(s()), plain));
+    std::vector<std::int32_t> counters(64, -1);
+    auto* c = detail::StreamAccess::counters(s(), counters.size());
+    detail::StreamAccess::copy_d2h(s(), counters.data(), c, counters.size() * sizeof(std::int32_t));
+    s().synchronize();
+    for (std::size_t i = 0; i < counters.size(); ++i) ASSERT_EQ(counters[i], 0) << "counter " << i;
   }
 }
 
@@ -511,32 +539,6 @@ TEST_P(Attention, FusedEdgeCasesAndBadInput) {
 }
 
 LOCKSTEP_INSTANTIATE_BACKENDS(Attention);
-
-// TEMPORARY (run 34): the rewritten merge gives the bytes of the previous one.
-template <int D, class NewMerge>
-void compare_old_new(Stream& s, const std::shared_ptr<Device>& dev, int H, int Hkv, int L) {
-  using kernels::DecodeChunk;
-  DecodeInputs<D> in(dev, s, H, Hkv, L, 4242u + D);
-  for (int len : {0, 1, 255, 256, 300, 3000, 9000, L}) {
-    if (len > L) continue;
-    const auto a = run_decode_variant<DecodeChunk<D, 2, 1, 4>, kernels::DecodeMergeOld<D>>(s, dev, in.q, in.k, in.v, H, Hkv, L, len);
-    const auto b = run_decode_variant<DecodeChunk<D, 2, 1, 4>, NewMerge>(s, dev, in.q, in.k, in.v, H, Hkv, L, len);
-    EXPECT_TRUE(a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0) << "D " << D << " len " << len;
-  }
-}
-TEST_P(Attention, TmpMergeRewriteKeepsBits) {
-  using kernels::DecodeMerge;
-  compare_old_new<32, DecodeMerge<32>>(s(), dev, 2, 1, 9000);
-  compare_old_new<64, DecodeMerge<64>>(s(), dev, 2, 1, 9000);
-  compare_old_new<96, DecodeMerge<96>>(s(), dev, 2, 1, 9000);
-  compare_old_new<96, DecodeMerge<96, 2, 3, 1>>(s(), dev, 2, 1, 9000);
-  compare_old_new<256, DecodeMerge<256>>(s(), dev, 2, 1, 9000);
-  compare_old_new<128, DecodeMerge<128>>(s(), dev, 2, 1, 40000);
-  compare_old_new<128, DecodeMerge<128, 2>>(s(), dev, 2, 1, 40000);
-  compare_old_new<128, DecodeMerge<128, 16>>(s(), dev, 2, 1, 40000);
-  compare_old_new<128, DecodeMerge<128, 32, 4, 1>>(s(), dev, 2, 1, 40000);
-  compare_old_new<128, DecodeMerge<128, 32, 4>>(s(), dev, 2, 1, 40000);
-}
 
 
 }  // namespace

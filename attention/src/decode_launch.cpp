@@ -67,6 +67,11 @@ int chunk_blocks_knob() {
   static const int n = env_knob("LOCKSTEP_DECODE_CHUNK_BLOCKS", 0);
   return n;
 }
+// LOCKSTEP_DECODE_SIGNALS=0: the merge waits for the whole chunk kernel (Note [block signals]).
+int signals_knob() {
+  static const int n = env_knob("LOCKSTEP_DECODE_SIGNALS", 1);
+  return n;
+}
 int stages_knob() {
   static const int ns = env_knob("LOCKSTEP_DECODE_STAGES", -1);
   return ns;
@@ -139,6 +144,12 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
   p.max_chunks = static_cast<std::int32_t>(std::max<std::int64_t>(1, kernels::ceil_div(max_len, kDecodeChunk)));
   p.part_o = workspace;
   p.part_ml = workspace + std::size_t(p.rows) * p.H * p.max_chunks * D;
+  // Note [block signals]: a counter pair per (row, block y of the chunk grid). Off for the
+  // measurement-only knob, which launches one kernel without the other.
+  p.heads_per_block = g;
+  p.counters = diag_only_knob() == 0 && signals_knob() != 0
+                   ? detail::StreamAccess::counters(s, std::size_t(p.rows) * (p.H / g) * 2)
+                   : nullptr;
   const std::uint32_t rows_grid = static_cast<std::uint32_t>(std::min<std::int32_t>(p.rows, 65535));
   const int chunk_blocks = chunk_blocks_knob() > 0 ? std::min(chunk_blocks_knob(), p.max_chunks) : p.max_chunks;
   const Dim3 chunk_grid{static_cast<std::uint32_t>(chunk_blocks),

@@ -18,12 +18,14 @@
 
 #include <hwy/highway.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <tuple>
 #include <type_traits>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "lockstep/error.hpp"
@@ -729,6 +731,20 @@ class CpuExec {
   void async_wait() const {}
   void wait_prior_grids() const {}
   void allow_dependent_grids() const {}
+  // Block signals (Note [block signals] in kernels/decode.hpp). Kernels run one after another here,
+  // so a wait finds its signals already given; the atomics order blocks of one launch, which
+  // run in parallel.
+  void signal(std::int32_t* c) const {
+    std::atomic_ref<std::int32_t>(*c).fetch_add(1, std::memory_order_acq_rel);
+  }
+  void wait_signals(std::int32_t* c, int target, int readers) const {
+    std::atomic_ref<std::int32_t> count(c[0]), acks(c[1]);
+    while (count.load(std::memory_order_acquire) < target) std::this_thread::yield();
+    if (acks.fetch_add(1, std::memory_order_acq_rel) == readers - 1) {
+      acks.store(0, std::memory_order_release);
+      count.store(0, std::memory_order_release);
+    }
+  }
 
   // --- fp16 storage and warp-level 16x16x16 matrix tiles (the tensor-core operations) ---------
   // half_t is fp16 storage (bits). A tile operation is executed by every warp of the block; the

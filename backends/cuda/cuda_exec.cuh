@@ -121,6 +121,29 @@ struct CudaExec {
 #endif
   }
 
+  // Block signals (Note [block signals] in kernels/decode.hpp). signal: the block's global writes so
+  // far are released, then *c += 1 (once per block). wait_signals: returns once *c >= target,
+  // with the writes released before those signals visible to every thread of the block; the
+  // last of the `readers` blocks that wait on c resets c[0] and c[1] to zero.
+  __device__ __forceinline__ void signal(std::int32_t* c) const {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      atomicAdd(c, 1);
+    }
+  }
+  __device__ __forceinline__ void wait_signals(std::int32_t* c, int target, int readers) const {
+    if (threadIdx.x == 0) {
+      while (*static_cast<volatile std::int32_t*>(c) < target) __nanosleep(32);
+      __threadfence();
+      if (atomicAdd(c + 1, 1) == readers - 1) {
+        atomicExch(c + 1, 0);
+        atomicExch(c, 0);
+      }
+    }
+    __syncthreads();
+  }
+
   // fp16 storage and warp-level 16x16x16 tiles on the tensor cores (WMMA).
   using half_t = __half;
   struct AccTile {

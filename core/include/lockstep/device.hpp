@@ -138,6 +138,12 @@ class Stream {
   };
   void* scratch(std::size_t bytes);
   std::vector<ScratchBlock> scratch_;
+  // Note [stream counters]: int32 zeros for kernels that count among their blocks (Note [block
+  // signals] in kernels/decode.hpp). The kernels that use them leave them zero when they finish,
+  // so consecutive calls share them; a larger request allocates a new block, zero-filled on the
+  // stream (an ordered fill, enqueued once), and keeps the old one until the stream is destroyed.
+  std::int32_t* counters(std::size_t count);
+  std::vector<ScratchBlock> counters_;
 };
 
 class Event {
@@ -218,6 +224,7 @@ struct StreamAccess {
   }
   static void launch(Stream& s, const KernelLaunch& l) { s.launch(l); }
   static void* scratch(Stream& s, std::size_t bytes) { return s.scratch(bytes); }
+  static std::int32_t* counters(Stream& s, std::size_t count) { return s.counters(count); }
 };
 }  // namespace detail
 

@@ -39,7 +39,24 @@ struct DecodeParams {
   // row whose length falls outside [0, max_len] attends nothing (zeros).
   std::int32_t length_bias;
   std::int32_t max_len;
+  // Note [block signals]: null, or [rows, H / heads_per_block, 2] zeros that the chunk kernel
+  // counts up and the merge resets; heads_per_block is the chunk kernel's G.
+  std::int32_t* counters;
+  std::int32_t heads_per_block;
 };
+
+// Note [block signals]
+// The merge of a row's head needs every chunk of that row and kv head, not the whole chunk
+// grid. With counters, each chunk block signals its (row, block y) counter once its partials are
+// written (x.signal: a release, then an atomic add), and each merge block waits for its counter
+// to reach the row's chunk count (x.wait_signals) instead of waiting for the chunk kernel to
+// finish (x.wait_prior_grids): with programmatic launch, the merges of heads whose chunks are
+// done run while the last chunks are still being read. This cannot deadlock: merge blocks are
+// scheduled only once every chunk block has started (each chunk block allows dependent grids
+// after its own wait, Note [overlapped launches]); without programmatic launch, and on the CPU,
+// the merge starts after the chunk kernel and never waits. The last merge block to pass a counter
+// resets it, so the counters are zeros again for the next call on the stream (the next kernel
+// waits for this merge). Only when and where the merge runs changes: never its arithmetic.
 
 // Note [device positions]
 // flash_decoding with positions in device memory (a step that a CUDA graph can replay) reads
@@ -314,6 +331,8 @@ struct DecodeChunk {
           }
         }
         x.sync();  // S, P and O are reused by the next chunk or row
+        if (p.counters != nullptr)  // Note [block signals]
+          x.signal(p.counters + (std::int64_t{r} * x.grid_y() + x.block_y()) * 2);
       }
     }
   }
@@ -387,7 +406,7 @@ struct DecodeMerge {
     using F = typename X::template Lanes<float>;
     using I = typename X::template Lanes<lane_int>;
     using B = typename X::template Lanes<bool>;
-    x.wait_prior_grids();
+    if (p.counters == nullptr) x.wait_prior_grids();  // else Note [block signals]
     x.allow_dependent_grids();
     float* red = x.template shared<float>(kWarps);
     float* W = x.template shared<float>(kBatch);   // w_c of the batch's chunks
@@ -412,6 +431,10 @@ struct DecodeMerge {
       const float* ml = p.part_ml + base * p.max_chunks * 2;
       const float* po = p.part_o + base * p.max_chunks * D;
       float* out = p.out + base * D;
+      if (p.counters != nullptr) {
+        const int G = p.heads_per_block;
+        x.wait_signals(p.counters + (std::int64_t{r} * (p.H / G) + h / G) * 2, chunks, G * kSlices);
+      }
 
       // A row of one batch (depends on the row only) loads its partial outputs, chunk maxima and
       // sums at once; a longer row takes the maxima first, then streams batches.

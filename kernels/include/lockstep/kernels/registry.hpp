@@ -5,7 +5,6 @@
 
 #include "lockstep/kernels/ceilings.hpp"
 #include "lockstep/kernels/decode.hpp"
-#include "lockstep/kernels/decode_old_tmp.hpp"
 #include "lockstep/kernels/elementwise.hpp"
 #include "lockstep/kernels/fused_attention.hpp"
 #include "lockstep/kernels/gemm_tc.hpp"
@@ -42,8 +41,7 @@ using AllKernels = KernelList<
     DecodeMerge<32>, DecodeMerge<64>, DecodeMerge<96>, DecodeMerge<128>, DecodeMerge<256>,
     DecodeMerge<128, 32, 4, 1>,  // short rows (few merge blocks): Note [merge schedule]
     DecodeMerge<128, 2>, DecodeMerge<128, 4>, DecodeMerge<128, 16>,  // schedule variants
-    DecodeMerge<128, 32, 4>, DecodeMerge<96, 2, 3, 1>,
-    DecodeMergeOld<32>, DecodeMergeOld<64>, DecodeMergeOld<96>, DecodeMergeOld<128>, DecodeMergeOld<256>,
+    DecodeMerge<96, 2, 3, 1>,
     FusedAttentionExact<32>, FusedAttentionExact<64>, FusedAttentionExact<96>,
     FusedAttentionExact<128>, FusedAttentionExact<256>,
     FusedAttentionTensorCore<32>, FusedAttentionTensorCore<64>, FusedAttentionTensorCore<96>,
