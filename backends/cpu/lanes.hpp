@@ -737,13 +737,15 @@ class CpuExec {
   void signal(std::int32_t* c) const {
     std::atomic_ref<std::int32_t>(*c).fetch_add(1, std::memory_order_acq_rel);
   }
-  void wait_signals(std::int32_t* c, int target, int readers) const {
-    std::atomic_ref<std::int32_t> count(c[0]), acks(c[1]);
+  int wait_signals(std::int32_t* c, int target) const {
+    std::atomic_ref<std::int32_t> count(c[0]);
     while (count.load(std::memory_order_acquire) < target) std::this_thread::yield();
-    if (acks.fetch_add(1, std::memory_order_acq_rel) == readers - 1) {
-      acks.store(0, std::memory_order_release);
-      count.store(0, std::memory_order_release);
-    }
+    return std::atomic_ref<std::int32_t>(c[1]).fetch_add(1, std::memory_order_acq_rel);
+  }
+  void release_signals(std::int32_t* c, int ticket, int readers) const {
+    if (ticket != readers - 1) return;
+    std::atomic_ref<std::int32_t>(c[1]).store(0, std::memory_order_release);
+    std::atomic_ref<std::int32_t>(c[0]).store(0, std::memory_order_release);
   }
 
   // --- fp16 storage and warp-level 16x16x16 matrix tiles (the tensor-core operations) ---------

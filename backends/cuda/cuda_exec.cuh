@@ -123,8 +123,9 @@ struct CudaExec {
 
   // Block signals (Note [block signals] in kernels/decode.hpp). signal: the block's global writes so
   // far are released, then *c += 1 (once per block). wait_signals: returns once *c >= target,
-  // with the writes released before those signals visible to every thread of the block; the
-  // last of the `readers` blocks that wait on c resets c[0] and c[1] to zero.
+  // with the writes released before those signals visible to every thread of the block, and a
+  // ticket for release_signals: the last of the `readers` blocks that waited on c resets c[0] and
+  // c[1] to zero there (the ticket's atomic is in flight meanwhile).
   __device__ __forceinline__ void signal(std::int32_t* c) const {
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -132,16 +133,21 @@ struct CudaExec {
       atomicAdd(c, 1);
     }
   }
-  __device__ __forceinline__ void wait_signals(std::int32_t* c, int target, int readers) const {
+  __device__ __forceinline__ int wait_signals(std::int32_t* c, int target) const {
+    int ticket = 0;
     if (threadIdx.x == 0) {
       while (*static_cast<volatile std::int32_t*>(c) < target) __nanosleep(32);
       __threadfence();
-      if (atomicAdd(c + 1, 1) == readers - 1) {
-        atomicExch(c + 1, 0);
-        atomicExch(c, 0);
-      }
+      ticket = atomicAdd(c + 1, 1);
     }
     __syncthreads();
+    return ticket;
+  }
+  __device__ __forceinline__ void release_signals(std::int32_t* c, int ticket, int readers) const {
+    if (threadIdx.x == 0 && ticket == readers - 1) {
+      atomicExch(c + 1, 0);
+      atomicExch(c, 0);
+    }
   }
 
   // fp16 storage and warp-level 16x16x16 tiles on the tensor cores (WMMA).

@@ -54,9 +54,11 @@ struct DecodeParams {
 // done run while the last chunks are still being read. This cannot deadlock: merge blocks are
 // scheduled only once every chunk block has started (each chunk block allows dependent grids
 // after its own wait, Note [overlapped launches]); without programmatic launch, and on the CPU,
-// the merge starts after the chunk kernel and never waits. The last merge block to pass a counter
-// resets it, so the counters are zeros again for the next call on the stream (the next kernel
-// waits for this merge). Only when and where the merge runs changes: never its arithmetic.
+// the merge starts after the chunk kernel and never waits. Each waiting block takes a ticket
+// (an atomic add on the pair's second word, in flight while it merges); the last of the G * S
+// blocks that read a counter resets the pair at the end of its row (x.release_signals), so the
+// counters are zeros again for the next call on the stream (the next kernel waits for this
+// merge). Only when and where the merge runs changes: never its arithmetic.
 
 // Note [device positions]
 // flash_decoding with positions in device memory (a step that a CUDA graph can replay) reads
@@ -431,9 +433,11 @@ struct DecodeMerge {
       const float* ml = p.part_ml + base * p.max_chunks * 2;
       const float* po = p.part_o + base * p.max_chunks * D;
       float* out = p.out + base * D;
+      std::int32_t* counter = nullptr;  // Note [block signals]
+      int ticket = 0;
       if (p.counters != nullptr) {
-        const int G = p.heads_per_block;
-        x.wait_signals(p.counters + (std::int64_t{r} * (p.H / G) + h / G) * 2, chunks, G * kSlices);
+        counter = p.counters + (std::int64_t{r} * (p.H / p.heads_per_block) + h / p.heads_per_block) * 2;
+        ticket = x.wait_signals(counter, chunks);
       }
 
       // A row of one batch (depends on the row only) loads its partial outputs, chunk maxima and
@@ -514,6 +518,7 @@ struct DecodeMerge {
         for (int k = 1; k < kGroups; ++k) Ot = Ot + x.load(o_part, dl + (k * kSlice + j), first, 0.0f);
         x.store(out, e + j, x.select(M == -kInf, 0.0f, Ot / Lt), first);
       }
+      if (counter != nullptr) x.release_signals(counter, ticket, p.heads_per_block * kSlices);
       x.sync();  // red and the partials are reused by the next row
     }
   }
