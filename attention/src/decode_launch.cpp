@@ -62,11 +62,6 @@ int diag_only_knob() {
   static const int d = env_knob("LOCKSTEP_DECODE_DIAG_ONLY", 0);
   return d;
 }
-// LOCKSTEP_DECODE_CHUNK_BLOCKS=n: at most n blocks along the chunks of a row (Note [chunk loop]).
-int chunk_blocks_knob() {
-  static const int n = env_knob("LOCKSTEP_DECODE_CHUNK_BLOCKS", 0);
-  return n;
-}
 // LOCKSTEP_DECODE_SIGNALS=0: the merge waits for the whole chunk kernel (Note [block signals]).
 int signals_knob() {
   static const int n = env_knob("LOCKSTEP_DECODE_SIGNALS", 1);
@@ -151,8 +146,7 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
                    ? detail::StreamAccess::counters(s, std::size_t(p.rows) * (p.H / g) * 2)
                    : nullptr;
   const std::uint32_t rows_grid = static_cast<std::uint32_t>(std::min<std::int32_t>(p.rows, 65535));
-  const int chunk_blocks = chunk_blocks_knob() > 0 ? std::min(chunk_blocks_knob(), p.max_chunks) : p.max_chunks;
-  const Dim3 chunk_grid{static_cast<std::uint32_t>(chunk_blocks),
+  const Dim3 chunk_grid{static_cast<std::uint32_t>(p.max_chunks),
                         static_cast<std::uint32_t>(p.Hkv * (group / g)), rows_grid};
   const Dim3 merge_grid{static_cast<std::uint32_t>(p.H), rows_grid, 1};
   switch (D) {

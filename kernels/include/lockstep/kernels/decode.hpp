@@ -75,9 +75,6 @@ LOCKSTEP_HD int row_length(X& x, const DecodeParams& p, int r) {
 
 // Grid: x = chunk, y = kv head * (H / Hkv / G) + subgroup, z = row (rows beyond 65535 loop).
 // Each block reads its chunk of K and V once for the G query heads it serves.
-// Note [chunk loop]: with fewer blocks in x than chunks, block x takes chunks x, x + grid_x, ...
-// in turn. Each chunk's partial result is the same whichever block computes it: the grid is a
-// schedule choice (LOCKSTEP_DECODE_CHUNK_BLOCKS), not part of the bits.
 // Note [row batches]: the default number of 16-row groups whose K (or V) loads are in flight
 // together: the largest power of two (at most 4) that keeps about 32 floats per lane in flight,
 // 64 with one query head per block (few registers are taken by q and the accumulators). Measured
@@ -156,186 +153,185 @@ struct DecodeChunk {
     const int subgroups = group / G;
     const int hk = x.block_y() / subgroups;
     const int h0 = hk * group + (x.block_y() % subgroups) * G;  // first query head served
+    const int chunk = x.block_x();
     const I lane = x.lane();
     const I l8 = lane & 7;                 // lane within the 8 lanes that share a row
     const I row_in_iter = x.warp() * 4 + (lane >> 3);  // 16 rows per block iteration
 
     for (int r = x.block_z(); r < p.rows; r += x.grid_z()) {
       const int len = row_length(x, p, r);
-      // Note [chunk loop]: block x takes chunks x, x + grid_x, ... of the row (block-uniform).
-      for (int chunk = x.block_x(); chunk * kDecodeChunk < len; chunk += x.grid_x()) {
-        const int t0 = chunk * kDecodeChunk;
-        const int slot = p.slots != nullptr ? x.load_uniform(p.slots + r) : r;
-        const std::int64_t kv_off = slot * p.slot_stride + hk * p.head_stride + std::int64_t{t0} * D;
-        const float* kb = p.k + kv_off;
-        const float* vb = p.v + kv_off;
-        const int live = static_cast<int>(imin(len - t0, kDecodeChunk));
-        if constexpr (NS > 0) {
-          LOCKSTEP_UNROLL
-          for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live);
-        }
-
-        // q of the G heads, in the lane layout of the K rows: lane l8 holds floats
-        // (qd * 8 + l8) * 4 .. +3 of each row.
-        typename X::template Lanes<float> qv[G][kQuads][4];
+      const int t0 = chunk * kDecodeChunk;
+      if (t0 >= len) continue;  // block-uniform: this chunk is past the sequence
+      const int slot = p.slots != nullptr ? x.load_uniform(p.slots + r) : r;
+      const std::int64_t kv_off = slot * p.slot_stride + hk * p.head_stride + std::int64_t{t0} * D;
+      const float* kb = p.k + kv_off;
+      const float* vb = p.v + kv_off;
+      const int live = static_cast<int>(imin(len - t0, kDecodeChunk));
+      if constexpr (NS > 0) {
         LOCKSTEP_UNROLL
-        for (int g = 0; g < G; ++g) {
-          const float* qrow = p.q + (std::int64_t{r} * p.H + h0 + g) * D;
+        for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live);
+      }
+
+      // q of the G heads, in the lane layout of the K rows: lane l8 holds floats
+      // (qd * 8 + l8) * 4 .. +3 of each row.
+      typename X::template Lanes<float> qv[G][kQuads][4];
+      LOCKSTEP_UNROLL
+      for (int g = 0; g < G; ++g) {
+        const float* qrow = p.q + (std::int64_t{r} * p.H + h0 + g) * D;
+        LOCKSTEP_UNROLL
+        for (int qd = 0; qd < kQuads; ++qd) {
+          auto t = x.load4(qrow, (l8 + qd * 8) * 4);
+          qv[g][qd][0] = t.x;
+          qv[g][qd][1] = t.y;
+          qv[g][qd][2] = t.z;
+          qv[g][qd][3] = t.w;
+        }
+      }
+
+      // Phase 1: scores. Each group of 8 lanes takes one row; a warp 4 rows; the block 16. The
+      // loads of kRowBatch such 16-row groups are issued before any is used (Note [row batches]).
+      for (int it = 0; it < kDecodeChunk; it += 16 * kRowBatch) {
+        // K rows from the cache, or from the ring slot of tile it / kTileRows (rows numbered
+        // from the tile's first).
+        const float* kt = kb;
+        int kt_row0 = 0;
+        if constexpr (NS > 0) {
+          x.template async_wait<NS - 1>();
+          x.sync();
+          kt = ring + (it / kTileRows % NS) * kTileRows * D;
+          kt_row0 = it;
+        }
+        Q4 kq[kRowBatch][kQuads];
+        LOCKSTEP_UNROLL
+        for (int b = 0; b < kRowBatch; ++b) {
+          const I tl = row_in_iter + (it + 16 * b);
+          const B ok = tl < live;
+          LOCKSTEP_UNROLL
+          for (int qd = 0; qd < kQuads; ++qd)
+            kq[b][qd] = x.load4(kt, (tl - kt_row0) * D + (l8 + qd * 8) * 4, ok);
+        }
+        LOCKSTEP_UNROLL
+        for (int b = 0; b < kRowBatch; ++b) {
+          const I tl = row_in_iter + (it + 16 * b);
+          const B ok = tl < live;
+          F dot[G];
+          LOCKSTEP_UNROLL
+          for (int g = 0; g < G; ++g) dot[g] = 0.0f;
           LOCKSTEP_UNROLL
           for (int qd = 0; qd < kQuads; ++qd) {
-            auto t = x.load4(qrow, (l8 + qd * 8) * 4);
-            qv[g][qd][0] = t.x;
-            qv[g][qd][1] = t.y;
-            qv[g][qd][2] = t.z;
-            qv[g][qd][3] = t.w;
+            LOCKSTEP_UNROLL
+            for (int g = 0; g < G; ++g)  // one expression: one pass over the lanes on the CPU
+              dot[g] = x.fma(qv[g][qd][3], kq[b][qd].w,
+                             x.fma(qv[g][qd][2], kq[b][qd].z,
+                                   x.fma(qv[g][qd][1], kq[b][qd].y,
+                                         x.fma(qv[g][qd][0], kq[b][qd].x, dot[g]))));
+          }
+          LOCKSTEP_UNROLL
+          for (int g = 0; g < G; ++g) {
+            const F s = x.template warp_sum<8>(dot[g]) * p.scale;
+            x.store(S, tl + g * kDecodeChunk, x.select(ok, s, -kInf), l8 == 0);
           }
         }
+        if constexpr (NS > 0) {
+          x.sync();  // every warp is done with the slot before it is refilled
+          issue_tile(x, ring, kb, vb, it / kTileRows + NS, live);
+        }
+      }
+      x.sync();
 
-        // Phase 1: scores. Each group of 8 lanes takes one row; a warp 4 rows; the block 16. The
-        // loads of kRowBatch such 16-row groups are issued before any is used (Note [row batches]).
-        for (int it = 0; it < kDecodeChunk; it += 16 * kRowBatch) {
-          // K rows from the cache, or from the ring slot of tile it / kTileRows (rows numbered
-          // from the tile's first).
-          const float* kt = kb;
-          int kt_row0 = 0;
-          if constexpr (NS > 0) {
-            x.template async_wait<NS - 1>();
-            x.sync();
-            kt = ring + (it / kTileRows % NS) * kTileRows * D;
-            kt_row0 = it;
-          }
-          Q4 kq[kRowBatch][kQuads];
+      // Phase 2: chunk max and sum per head (every warp computes them; warp 0 writes).
+      LOCKSTEP_UNROLL
+      for (int g = 0; g < G; ++g) {
+        const float* sg = S + g * kDecodeChunk;
+        F m = -kInf;
+        for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) m = x.max(m, x.load(sg, lane * 8 + i));
+        m = x.warp_max(m);
+        const B empty = m == -kInf;
+        F l = 0.0f;
+        for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) {
+          const F e = x.select(empty, 0.0f, x.exp(x.load(sg, lane * 8 + i) - m));
+          x.store(P + g * kDecodeChunk, lane * 8 + i, e, x.warp() == 0);
+          l = l + e;
+        }
+        l = x.warp_sum(l);
+        float* ml = p.part_ml + ((std::int64_t{r} * p.H + h0 + g) * p.max_chunks + chunk) * 2;
+        x.store(ml, lane, x.select(lane == 0, m, l), x.thread() < 2);
+      }
+      x.sync();
+
+      // Phase 3: P x V. Lane layout as in phase 1; each lane accumulates its 16 rows.
+      F acc[G][kQuads][4];
+      LOCKSTEP_UNROLL
+      for (int g = 0; g < G; ++g)
+        LOCKSTEP_UNROLL
+        for (int qd = 0; qd < kQuads; ++qd)
           LOCKSTEP_UNROLL
-          for (int b = 0; b < kRowBatch; ++b) {
-            const I tl = row_in_iter + (it + 16 * b);
-            const B ok = tl < live;
-            LOCKSTEP_UNROLL
-            for (int qd = 0; qd < kQuads; ++qd)
-              kq[b][qd] = x.load4(kt, (tl - kt_row0) * D + (l8 + qd * 8) * 4, ok);
-          }
+          for (int j = 0; j < 4; ++j) acc[g][qd][j] = 0.0f;
+      for (int it = 0; it < kDecodeChunk; it += 16 * kRowBatch) {
+        const float* vt = vb;
+        int vt_row0 = 0;
+        if constexpr (NS > 0) {
+          x.template async_wait<NS - 1>();
+          x.sync();
+          vt = ring + ((kTiles + it / kTileRows) % NS) * kTileRows * D;
+          vt_row0 = it;
+        }
+        Q4 vq[kRowBatch][kQuads];
+        F pg[kRowBatch][G];
+        LOCKSTEP_UNROLL
+        for (int b = 0; b < kRowBatch; ++b) {
+          const I tl = row_in_iter + (it + 16 * b);
+          const B ok = tl < live;
           LOCKSTEP_UNROLL
-          for (int b = 0; b < kRowBatch; ++b) {
-            const I tl = row_in_iter + (it + 16 * b);
-            const B ok = tl < live;
-            F dot[G];
-            LOCKSTEP_UNROLL
-            for (int g = 0; g < G; ++g) dot[g] = 0.0f;
-            LOCKSTEP_UNROLL
-            for (int qd = 0; qd < kQuads; ++qd) {
-              LOCKSTEP_UNROLL
-              for (int g = 0; g < G; ++g)  // one expression: one pass over the lanes on the CPU
-                dot[g] = x.fma(qv[g][qd][3], kq[b][qd].w,
-                               x.fma(qv[g][qd][2], kq[b][qd].z,
-                                     x.fma(qv[g][qd][1], kq[b][qd].y,
-                                           x.fma(qv[g][qd][0], kq[b][qd].x, dot[g]))));
-            }
+          for (int g = 0; g < G; ++g) pg[b][g] = x.load(P, tl + g * kDecodeChunk);
+          LOCKSTEP_UNROLL
+          for (int qd = 0; qd < kQuads; ++qd)
+            vq[b][qd] = x.load4(vt, (tl - vt_row0) * D + (l8 + qd * 8) * 4, ok);
+        }
+        LOCKSTEP_UNROLL
+        for (int b = 0; b < kRowBatch; ++b)  // rows in increasing order, as one group at a time
+          LOCKSTEP_UNROLL
+          for (int qd = 0; qd < kQuads; ++qd)
             LOCKSTEP_UNROLL
             for (int g = 0; g < G; ++g) {
-              const F s = x.template warp_sum<8>(dot[g]) * p.scale;
-              x.store(S, tl + g * kDecodeChunk, x.select(ok, s, -kInf), l8 == 0);
+              acc[g][qd][0] = x.fma(pg[b][g], vq[b][qd].x, acc[g][qd][0]);
+              acc[g][qd][1] = x.fma(pg[b][g], vq[b][qd].y, acc[g][qd][1]);
+              acc[g][qd][2] = x.fma(pg[b][g], vq[b][qd].z, acc[g][qd][2]);
+              acc[g][qd][3] = x.fma(pg[b][g], vq[b][qd].w, acc[g][qd][3]);
             }
-          }
-          if constexpr (NS > 0) {
-            x.sync();  // every warp is done with the slot before it is refilled
-            issue_tile(x, ring, kb, vb, it / kTileRows + NS, live);
-          }
+        if constexpr (NS > 0) {
+          x.sync();
+          issue_tile(x, ring, kb, vb, kTiles + it / kTileRows + NS, live);
         }
-        x.sync();
-
-        // Phase 2: chunk max and sum per head (every warp computes them; warp 0 writes).
-        LOCKSTEP_UNROLL
-        for (int g = 0; g < G; ++g) {
-          const float* sg = S + g * kDecodeChunk;
-          F m = -kInf;
-          for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) m = x.max(m, x.load(sg, lane * 8 + i));
-          m = x.warp_max(m);
-          const B empty = m == -kInf;
-          F l = 0.0f;
-          for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) {
-            const F e = x.select(empty, 0.0f, x.exp(x.load(sg, lane * 8 + i) - m));
-            x.store(P + g * kDecodeChunk, lane * 8 + i, e, x.warp() == 0);
-            l = l + e;
-          }
-          l = x.warp_sum(l);
-          float* ml = p.part_ml + ((std::int64_t{r} * p.H + h0 + g) * p.max_chunks + chunk) * 2;
-          x.store(ml, lane, x.select(lane == 0, m, l), x.thread() < 2);
-        }
-        x.sync();
-
-        // Phase 3: P x V. Lane layout as in phase 1; each lane accumulates its 16 rows.
-        F acc[G][kQuads][4];
-        LOCKSTEP_UNROLL
-        for (int g = 0; g < G; ++g)
-          LOCKSTEP_UNROLL
-          for (int qd = 0; qd < kQuads; ++qd)
-            LOCKSTEP_UNROLL
-            for (int j = 0; j < 4; ++j) acc[g][qd][j] = 0.0f;
-        for (int it = 0; it < kDecodeChunk; it += 16 * kRowBatch) {
-          const float* vt = vb;
-          int vt_row0 = 0;
-          if constexpr (NS > 0) {
-            x.template async_wait<NS - 1>();
-            x.sync();
-            vt = ring + ((kTiles + it / kTileRows) % NS) * kTileRows * D;
-            vt_row0 = it;
-          }
-          Q4 vq[kRowBatch][kQuads];
-          F pg[kRowBatch][G];
-          LOCKSTEP_UNROLL
-          for (int b = 0; b < kRowBatch; ++b) {
-            const I tl = row_in_iter + (it + 16 * b);
-            const B ok = tl < live;
-            LOCKSTEP_UNROLL
-            for (int g = 0; g < G; ++g) pg[b][g] = x.load(P, tl + g * kDecodeChunk);
-            LOCKSTEP_UNROLL
-            for (int qd = 0; qd < kQuads; ++qd)
-              vq[b][qd] = x.load4(vt, (tl - vt_row0) * D + (l8 + qd * 8) * 4, ok);
-          }
-          LOCKSTEP_UNROLL
-          for (int b = 0; b < kRowBatch; ++b)  // rows in increasing order, as one group at a time
-            LOCKSTEP_UNROLL
-            for (int qd = 0; qd < kQuads; ++qd)
-              LOCKSTEP_UNROLL
-              for (int g = 0; g < G; ++g) {
-                acc[g][qd][0] = x.fma(pg[b][g], vq[b][qd].x, acc[g][qd][0]);
-                acc[g][qd][1] = x.fma(pg[b][g], vq[b][qd].y, acc[g][qd][1]);
-                acc[g][qd][2] = x.fma(pg[b][g], vq[b][qd].z, acc[g][qd][2]);
-                acc[g][qd][3] = x.fma(pg[b][g], vq[b][qd].w, acc[g][qd][3]);
-              }
-          if constexpr (NS > 0) {
-            x.sync();
-            issue_tile(x, ring, kb, vb, kTiles + it / kTileRows + NS, live);
-          }
-        }
-        // The 4 row groups of a warp (lanes l8, l8 + 8, l8 + 16, l8 + 24), then the 4 warps.
-        LOCKSTEP_UNROLL
-        for (int g = 0; g < G; ++g)
-          LOCKSTEP_UNROLL
-          for (int qd = 0; qd < kQuads; ++qd)
-            LOCKSTEP_UNROLL
-            for (int j = 0; j < 4; ++j) {
-              F a = acc[g][qd][j];
-              a = a + x.shfl_xor(a, 8);
-              a = a + x.shfl_xor(a, 16);
-              x.store(O, (x.warp() * G + g) * D + (l8 + qd * 8) * 4 + j, a, lane < 8);
-            }
-        x.sync();
-        LOCKSTEP_UNROLL
-        for (int g = 0; g < G; ++g) {
-          float* po = p.part_o + ((std::int64_t{r} * p.H + h0 + g) * p.max_chunks + chunk) * D;
-          for (int d0 = 0; d0 < D; d0 += kThreads) {
-            const I d = x.thread() + d0;
-            const B ok = d < D;
-            F o = x.load(O, g * D + d, ok, 0.0f);
-            LOCKSTEP_UNROLL
-            for (int w = 1; w < kWarps; ++w) o = o + x.load(O, (w * G + g) * D + d, ok, 0.0f);
-            x.store(po, d, o, ok);
-          }
-        }
-        x.sync();  // S, P and O are reused by the next chunk or row
-        if (p.counters != nullptr)  // Note [block signals]
-          x.signal(p.counters + (std::int64_t{r} * x.grid_y() + x.block_y()) * 2);
       }
+      // The 4 row groups of a warp (lanes l8, l8 + 8, l8 + 16, l8 + 24), then the 4 warps.
+      LOCKSTEP_UNROLL
+      for (int g = 0; g < G; ++g)
+        LOCKSTEP_UNROLL
+        for (int qd = 0; qd < kQuads; ++qd)
+          LOCKSTEP_UNROLL
+          for (int j = 0; j < 4; ++j) {
+            F a = acc[g][qd][j];
+            a = a + x.shfl_xor(a, 8);
+            a = a + x.shfl_xor(a, 16);
+            x.store(O, (x.warp() * G + g) * D + (l8 + qd * 8) * 4 + j, a, lane < 8);
+          }
+      x.sync();
+      LOCKSTEP_UNROLL
+      for (int g = 0; g < G; ++g) {
+        float* po = p.part_o + ((std::int64_t{r} * p.H + h0 + g) * p.max_chunks + chunk) * D;
+        for (int d0 = 0; d0 < D; d0 += kThreads) {
+          const I d = x.thread() + d0;
+          const B ok = d < D;
+          F o = x.load(O, g * D + d, ok, 0.0f);
+          LOCKSTEP_UNROLL
+          for (int w = 1; w < kWarps; ++w) o = o + x.load(O, (w * G + g) * D + d, ok, 0.0f);
+          x.store(po, d, o, ok);
+        }
+      }
+      x.sync();  // S, P and O are reused by the next row
+      if (p.counters != nullptr)  // Note [block signals]
+        x.signal(p.counters + (std::int64_t{r} * x.grid_y() + x.block_y()) * 2);
     }
   }
 };
