@@ -196,7 +196,7 @@ TEST_P(Attention, DecodeScheduleVariantsGiveTheSameBytes) {
 TEST_P(Attention, DecodeSignalsGiveTheSameBytesAndLeaveCountersZero) {
   using kernels::DecodeChunk;
   using kernels::DecodeMerge;
-  constexpr int D = 128, L = 5000, H = 8, Hkv = 2;
+  constexpr int D = 128, L = 5000, H = 16, Hkv = 2;  // 8 query heads per kv head: 2 blocks of 4
   DecodeInputs<D> in(dev, s(), H, Hkv, L, 2024u);
   const DecodeShape sh{H, Hkv, D, L};
   Buffer<float> out(dev, std::size_t(H) * D);
@@ -210,6 +210,27 @@ TEST_P(Attention, DecodeSignalsGiveTheSameBytesAndLeaveCountersZero) {
     detail::StreamAccess::copy_d2h(s(), counters.data(), c, counters.size() * sizeof(std::int32_t));
     s().synchronize();
     for (std::size_t i = 0; i < counters.size(); ++i) ASSERT_EQ(counters[i], 0) << "counter " << i;
+  }
+  // Several rows of different lengths, one of them done, through flash_decoding, twice.
+  KvCacheConfig cfg{.num_layers = 1, .num_heads = 8, .num_kv_heads = 2, .head_dim = 64, .max_len = 1100, .slots = 3};
+  KvCache cache(dev, cfg);
+  Lcg rng{77u};
+  for (std::int64_t slot : {0, 2}) {
+    const std::int64_t n = slot == 0 ? 1000 : 300;
+    const auto kh = rng.floats(std::size_t(2) * n * 64), vh = rng.floats(kh.size());
+    cache.write_from_host(s(), slot, 0, kh, vh, n);
+  }
+  cache.mark_done(1);
+  Buffer<float> fq(dev, 3 * 8 * 64), fk(dev, 3 * 2 * 64), fv(dev, 3 * 2 * 64), fo(dev, 3 * 8 * 64);
+  for (auto* b : {&fq, &fk, &fv}) b->copy_from_host(s(), rng.floats(b->size()));
+  for (int step = 0; step < 2; ++step) {
+    flash_decoding(s(), cache, 0, fq, fk, fv, std::vector<std::int64_t>{1000 + step, -1, 300 + step}, fo);
+    std::vector<std::int32_t> counters(64, -1);
+    auto* c = detail::StreamAccess::counters(s(), counters.size());
+    detail::StreamAccess::copy_d2h(s(), counters.data(), c, counters.size() * sizeof(std::int32_t));
+    s().synchronize();
+    for (std::size_t i = 0; i < counters.size(); ++i) ASSERT_EQ(counters[i], 0) << "step " << step << ", counter " << i;
+    for (float v : fo.to_vector(s())) ASSERT_TRUE(std::isfinite(v));
   }
 }
 

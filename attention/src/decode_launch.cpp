@@ -149,13 +149,21 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
   const Dim3 chunk_grid{static_cast<std::uint32_t>(p.max_chunks),
                         static_cast<std::uint32_t>(p.Hkv * (group / g)), rows_grid};
   const Dim3 merge_grid{static_cast<std::uint32_t>(p.H), rows_grid, 1};
-  switch (D) {
-    case 32: launch_chunk_and_merge<32>(s, p, g, chunk_grid, merge_grid); break;
-    case 64: launch_chunk_and_merge<64>(s, p, g, chunk_grid, merge_grid); break;
-    case 96: launch_chunk_and_merge<96>(s, p, g, chunk_grid, merge_grid); break;
-    case 128: launch_chunk_and_merge<128>(s, p, g, chunk_grid, merge_grid); break;
-    case 256: launch_chunk_and_merge<256>(s, p, g, chunk_grid, merge_grid); break;
-    default: check_head_dim("decode", D);
+  try {
+    switch (D) {
+      case 32: launch_chunk_and_merge<32>(s, p, g, chunk_grid, merge_grid); break;
+      case 64: launch_chunk_and_merge<64>(s, p, g, chunk_grid, merge_grid); break;
+      case 96: launch_chunk_and_merge<96>(s, p, g, chunk_grid, merge_grid); break;
+      case 128: launch_chunk_and_merge<128>(s, p, g, chunk_grid, merge_grid); break;
+      case 256: launch_chunk_and_merge<256>(s, p, g, chunk_grid, merge_grid); break;
+      default: check_head_dim("decode", D);
+    }
+  } catch (...) {
+    // A chunk kernel enqueued without its merge would leave counts behind that a later merge
+    // would pass too early or wait on forever: zero them after it (Note [block signals]).
+    if (p.counters != nullptr)
+      StreamAccess::fill32(s, p.counters, 0, std::size_t(p.rows) * (p.H / g) * 2);
+    throw;
   }
   return 2;
 }

@@ -25,7 +25,6 @@
 #include <tuple>
 #include <type_traits>
 #include <string>
-#include <thread>
 #include <utility>
 
 #include "lockstep/error.hpp"
@@ -737,9 +736,12 @@ class CpuExec {
   void signal(std::int32_t* c) const {
     std::atomic_ref<std::int32_t>(*c).fetch_add(1, std::memory_order_acq_rel);
   }
+  // The signalling kernel has finished here, so the count is final: anything but the target is
+  // a counter left over by an interrupted call, which the GPU could only wait on forever (or pass
+  // too early); it is reported as a bug instead.
   int wait_signals(std::int32_t* c, int target) const {
-    std::atomic_ref<std::int32_t> count(c[0]);
-    while (count.load(std::memory_order_acquire) < target) std::this_thread::yield();
+    const std::int32_t count = std::atomic_ref<std::int32_t>(c[0]).load(std::memory_order_acquire);
+    if (count != target) signals_mismatch(count, target);
     return std::atomic_ref<std::int32_t>(c[1]).fetch_add(1, std::memory_order_acq_rel);
   }
   void release_signals(std::int32_t* c, int ticket, int readers) const {
@@ -942,6 +944,7 @@ class CpuExec {
     }
   }
   [[noreturn]] static void shared_overflow(std::size_t need, std::size_t have);
+  [[noreturn]] static void signals_mismatch(int count, int target);
 
   BlockCoords blk_;
   char* smem_;
@@ -956,6 +959,15 @@ void CpuExec<N>::shared_overflow(std::size_t need, std::size_t have) {
                                        ("kernel carved " + std::to_string(need) +
                                         " bytes of shared memory but was launched with " +
                                         std::to_string(have))
+                                           .c_str());
+}
+
+template <int N>
+void CpuExec<N>::signals_mismatch(int count, int target) {
+  ::lockstep::detail::assertion_failed("block signals == target when the waiting kernel runs",
+                                       __FILE__, __LINE__,
+                                       ("counter at " + std::to_string(count) + ", expected " +
+                                        std::to_string(target) + " (Note [block signals])")
                                            .c_str());
 }
 

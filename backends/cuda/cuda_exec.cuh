@@ -136,7 +136,11 @@ struct CudaExec {
   __device__ __forceinline__ int wait_signals(std::int32_t* c, int target) const {
     int ticket = 0;
     if (threadIdx.x == 0) {
-      while (*static_cast<volatile std::int32_t*>(c) < target) __nanosleep(32);
+      while (*static_cast<volatile std::int32_t*>(c) < target) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+        __nanosleep(32);
+#endif
+      }
       __threadfence();
       ticket = atomicAdd(c + 1, 1);
     }

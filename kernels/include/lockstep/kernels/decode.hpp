@@ -48,10 +48,13 @@ struct DecodeParams {
 // Note [block signals]
 // The merge of a row's head needs every chunk of that row and kv head, not the whole chunk
 // grid. With counters, each chunk block signals its (row, block y) counter once its partials are
-// written (x.signal: a release, then an atomic add), and each merge block waits for its counter
-// to reach the row's chunk count (x.wait_signals) instead of waiting for the chunk kernel to
-// finish (x.wait_prior_grids): with programmatic launch, the merges of heads whose chunks are
-// done run while the last chunks are still being read. This cannot deadlock: merge blocks are
+// written, or at once when its chunk is past the row's length (x.signal: a release, then an
+// atomic add), and each merge block waits for its counter to reach max_chunks, the chunk grid's
+// width (x.wait_signals), instead of waiting for the chunk kernel to finish
+// (x.wait_prior_grids, which it calls at its very end instead): with programmatic launch, the
+// merges of heads whose chunks are done run while the last chunks are still being read. The
+// merge reads the row's length after its wait, so that read is ordered after the chunk blocks'
+// (which follow their own wait for the kernels that wrote it). This cannot deadlock: merge blocks are
 // scheduled only once every chunk block has started (each chunk block allows dependent grids
 // after its own wait, Note [overlapped launches]); without programmatic launch, and on the CPU,
 // the merge starts after the chunk kernel and never waits. Each waiting block takes a ticket
@@ -161,7 +164,11 @@ struct DecodeChunk {
     for (int r = x.block_z(); r < p.rows; r += x.grid_z()) {
       const int len = row_length(x, p, r);
       const int t0 = chunk * kDecodeChunk;
-      if (t0 >= len) continue;  // block-uniform: this chunk is past the sequence
+      if (t0 >= len) {  // block-uniform: this chunk is past the sequence
+        if (p.counters != nullptr)  // Note [block signals]: every chunk block signals
+          x.signal(p.counters + (std::int64_t{r} * x.grid_y() + x.block_y()) * 2);
+        continue;
+      }
       const int slot = p.slots != nullptr ? x.load_uniform(p.slots + r) : r;
       const std::int64_t kv_off = slot * p.slot_stride + hk * p.head_stride + std::int64_t{t0} * D;
       const float* kb = p.k + kv_off;
@@ -372,8 +379,8 @@ struct DecodeMerge {
   static constexpr int kMergeBatch = MB;
   static constexpr int kBatch = kGroups * MB;  // chunks per batch
   static constexpr int kPer = (kBatch + kThreads - 1) / kThreads;  // weights per thread per batch
-  static constexpr std::size_t kSharedBytes =
-      (kWarps + 2 * kBatch + kGroups * (kSlice + 1)) * sizeof(float) + 64;
+  static constexpr std::size_t kSharedBytes =  // + 32 per carving: its alignment
+      (kWarps + 2 * kBatch + kGroups * (kSlice + 1)) * sizeof(float) + 5 * 32;
   static_assert(D % S == 0 && kSlice % VW == 0 && (VW == 1 || VW == 4), "slices of whole vectors");
   static_assert(VW == 1 || D % 4 == 0, "16-byte partials");
   using Params = DecodeParams;
@@ -423,18 +430,21 @@ struct DecodeMerge {
     const I e = dl + d0;
     const B first = t < kLanes;  // group 0's threads combine the groups and write out
     for (int r = x.block_y(); r < p.rows; r += x.grid_y()) {
+      // Note [block signals]: all max_chunks chunk blocks of (row, kv head group) signal, so the
+      // wait needs no length; the length is read after it (ordered after the chunk blocks' own
+      // reads of it).
+      std::int32_t* counter = nullptr;
+      int ticket = 0;
+      if (p.counters != nullptr) {
+        counter = p.counters + (std::int64_t{r} * (p.H / p.heads_per_block) + h / p.heads_per_block) * 2;
+        ticket = x.wait_signals(counter, p.max_chunks);
+      }
       const int len = row_length(x, p, r);
       const int chunks = static_cast<int>(ceil_div(len, kDecodeChunk));
       const std::int64_t base = std::int64_t{r} * p.H + h;
       const float* ml = p.part_ml + base * p.max_chunks * 2;
       const float* po = p.part_o + base * p.max_chunks * D;
       float* out = p.out + base * D;
-      std::int32_t* counter = nullptr;  // Note [block signals]
-      int ticket = 0;
-      if (p.counters != nullptr) {
-        counter = p.counters + (std::int64_t{r} * (p.H / p.heads_per_block) + h / p.heads_per_block) * 2;
-        ticket = x.wait_signals(counter, chunks);
-      }
 
       // A row of one batch (depends on the row only) loads its partial outputs, chunk maxima and
       // sums at once; a longer row takes the maxima first, then streams batches.
@@ -517,6 +527,9 @@ struct DecodeMerge {
       if (counter != nullptr) x.release_signals(counter, ticket, p.heads_per_block * kSlices);
       x.sync();  // red and the partials are reused by the next row
     }
+    // With signals the chunk kernel may still be retiring; waiting for it here keeps the rule
+    // that a kernel completes after the one before it (Note [overlapped launches]).
+    if (p.counters != nullptr) x.wait_prior_grids();
   }
 };
 
