@@ -142,9 +142,8 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
   // Note [block signals]: a counter pair per (row, block y of the chunk grid). Off for the
   // measurement-only knob, which launches one kernel without the other.
   p.heads_per_block = g;
-  p.counters = diag_only_knob() == 0 && signals_knob() != 0
-                   ? detail::StreamAccess::counters(s, std::size_t(p.rows) * (p.H / g) * 2)
-                   : nullptr;
+  const std::size_t counter_ints = std::size_t(p.rows) * (p.H / g) * 2;
+  p.counters = diag_only_knob() == 0 && signals_knob() != 0 ? StreamAccess::counters(s, counter_ints) : nullptr;
   const std::uint32_t rows_grid = static_cast<std::uint32_t>(std::min<std::int32_t>(p.rows, 65535));
   const Dim3 chunk_grid{static_cast<std::uint32_t>(p.max_chunks),
                         static_cast<std::uint32_t>(p.Hkv * (group / g)), rows_grid};
@@ -161,8 +160,7 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
   } catch (...) {
     // A chunk kernel enqueued without its merge would leave counts behind that a later merge
     // would pass too early or wait on forever: zero them after it (Note [block signals]).
-    if (p.counters != nullptr)
-      StreamAccess::fill32(s, p.counters, 0, std::size_t(p.rows) * (p.H / g) * 2);
+    if (p.counters != nullptr) StreamAccess::fill32(s, p.counters, 0, counter_ints);
     throw;
   }
   return 2;

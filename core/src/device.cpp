@@ -14,28 +14,31 @@ void Stream::release_scratch() noexcept {
   counters_.clear();
 }
 
-void* Stream::scratch(std::size_t bytes) {
-  if (bytes == 0) bytes = 1;
-  if (!scratch_.empty() && scratch_.back().bytes >= bytes) return scratch_.back().ptr;
-  std::size_t size = std::size_t(1) << 20;
+namespace {
+// The last block of `blocks` if it holds `bytes`, else a new one of the smallest power-of-two
+// multiple of `min_size` that does (the old blocks stay: queued work may still use them).
+template <class Block>
+Block& block_for(std::vector<Block>& blocks, Device& dev, std::size_t bytes, std::size_t min_size,
+                 bool& fresh) {
+  fresh = blocks.empty() || blocks.back().bytes < bytes;
+  if (!fresh) return blocks.back();
+  std::size_t size = min_size;
   while (size < bytes) size *= 2;
-  Device& dev = device();
-  void* p = detail::DeviceAccess::allocate(dev, size);
-  scratch_.push_back(ScratchBlock{&dev, p, size});
-  return p;
+  blocks.push_back(Block{&dev, detail::DeviceAccess::allocate(dev, size), size});
+  return blocks.back();
+}
+}  // namespace
+
+void* Stream::scratch(std::size_t bytes) {
+  bool fresh = false;
+  return block_for(scratch_, device(), std::max<std::size_t>(bytes, 1), std::size_t(1) << 20, fresh).ptr;
 }
 
 std::int32_t* Stream::counters(std::size_t count) {
-  const std::size_t bytes = std::max<std::size_t>(count, 1) * sizeof(std::int32_t);
-  if (!counters_.empty() && counters_.back().bytes >= bytes)
-    return static_cast<std::int32_t*>(counters_.back().ptr);
-  std::size_t size = 4096;
-  while (size < bytes) size *= 2;
-  Device& dev = device();
-  void* p = detail::DeviceAccess::allocate(dev, size);
-  counters_.push_back(ScratchBlock{&dev, p, size});
-  fill32(p, 0, size / sizeof(std::int32_t));
-  return static_cast<std::int32_t*>(p);
+  bool fresh = false;
+  const auto& b = block_for(counters_, device(), std::max<std::size_t>(count, 1) * sizeof(std::int32_t), 4096, fresh);
+  if (fresh) fill32(b.ptr, 0, b.bytes / sizeof(std::int32_t));
+  return static_cast<std::int32_t*>(b.ptr);
 }
 
 }  // namespace lockstep

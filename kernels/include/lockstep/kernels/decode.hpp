@@ -164,9 +164,11 @@ struct DecodeChunk {
     for (int r = x.block_z(); r < p.rows; r += x.grid_z()) {
       const int len = row_length(x, p, r);
       const int t0 = chunk * kDecodeChunk;
+      // Note [block signals]: every chunk block signals its (row, block y) counter once.
+      std::int32_t* const counter =
+          p.counters != nullptr ? p.counters + (std::int64_t{r} * x.grid_y() + x.block_y()) * 2 : nullptr;
       if (t0 >= len) {  // block-uniform: this chunk is past the sequence
-        if (p.counters != nullptr)  // Note [block signals]: every chunk block signals
-          x.signal(p.counters + (std::int64_t{r} * x.grid_y() + x.block_y()) * 2);
+        if (counter != nullptr) x.signal(counter);
         continue;
       }
       const int slot = p.slots != nullptr ? x.load_uniform(p.slots + r) : r;
@@ -337,8 +339,7 @@ struct DecodeChunk {
         }
       }
       x.sync();  // S, P and O are reused by the next row
-      if (p.counters != nullptr)  // Note [block signals]
-        x.signal(p.counters + (std::int64_t{r} * x.grid_y() + x.block_y()) * 2);
+      if (counter != nullptr) x.signal(counter);
     }
   }
 };
