@@ -475,6 +475,125 @@ TEST_P(Attention, FlashDecodingWithDevicePositionsGivesTheSameBytes) {
   expect_all(oc, 42.0f);
 }
 
+// Note [fused append]: flash_decoding appends each slot's new token in its chunk kernel. The cache
+// then holds what KvCache::append (the KvScatter kernel) writes, and the attention takes the new
+// token from k_new / v_new, never from the cache (a NaN left at the position changes no bit). At
+// head_dim 128 with 8 query heads per kv head, two chunk blocks share each kv head's chunk (one
+// of them writes). Positions: a chunk's first row, its last row, 0; then one further.
+TEST_P(Attention, FlashDecodingAppendsInItsChunkKernel) {
+  constexpr int H = 16, Hkv = 2, D = 128, M = 700;
+  const KvCacheConfig c{.num_layers = 1, .num_heads = H, .num_kv_heads = Hkv, .head_dim = D, .max_len = M, .slots = 3};
+  KvCache fused(dev, c), scattered(dev, c), poisoned(dev, c);
+  const std::vector<std::int64_t> prefill{256, 511, 0};
+  Lcg rng{31};
+  for (std::int64_t slot = 0; slot < 3; ++slot) {
+    const std::int64_t n = prefill[std::size_t(slot)];
+    const auto hk = rng.floats(std::size_t(Hkv * n * D)), hv = rng.floats(hk.size());
+    fused.write_from_host(s(), slot, 0, hk, hv, n);
+    scattered.write_from_host(s(), slot, 0, hk, hv, n);
+    // The poisoned cache holds NaN at the position the call appends to.
+    std::vector<float> pk(std::size_t(Hkv * (n + 1) * D), std::numeric_limits<float>::quiet_NaN()), pv = pk;
+    for (std::int64_t hk_i = 0; hk_i < Hkv; ++hk_i)
+      for (std::int64_t i = 0; i < n * D; ++i) {
+        pk[std::size_t(hk_i * (n + 1) * D + i)] = hk[std::size_t(hk_i * n * D + i)];
+        pv[std::size_t(hk_i * (n + 1) * D + i)] = hv[std::size_t(hk_i * n * D + i)];
+      }
+    poisoned.write_from_host(s(), slot, 0, pk, pv, n + 1);
+    poisoned.set_length(slot, n);
+  }
+  auto written = [&](const KvCache& kc, bool v) {  // tokens [0, length) of every slot and kv head
+    const auto h = (v ? kc.v(0) : kc.k(0)).to_vector(s());
+    std::vector<float> w;
+    for (std::int64_t slot = 0; slot < 3; ++slot)
+      for (std::int64_t hk = 0; hk < Hkv; ++hk) {
+        const auto* base = h.data() + std::size_t((slot * Hkv + hk) * M * D);
+        w.insert(w.end(), base, base + kc.length(slot) * D);
+      }
+    return w;
+  };
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const std::vector<std::int64_t> pos{prefill[0] + step, prefill[1] + step, prefill[2] + step};
+    Buffer<float> q(dev, 3 * H * D), kn(dev, 3 * Hkv * D), vn(dev, 3 * Hkv * D);
+    for (auto* b : {&q, &kn, &vn}) b->copy_from_host(s(), rng.floats(b->size()));
+    auto of = filled(3 * H * D, 42.0f), op = filled(3 * H * D, 42.0f);
+    flash_decoding(s(), fused, 0, q, kn, vn, pos, of);
+    flash_decoding(s(), poisoned, 0, q, kn, vn, pos, op);
+    scattered.append(s(), 0, kn, vn, pos);
+    const auto o = of.to_vector(s());
+    for (float x : o) ASSERT_TRUE(std::isfinite(x));
+    EXPECT_TRUE(same(o, op.to_vector(s()))) << "a NaN at the appended position reached the output";
+    EXPECT_EQ(fused.lengths(), scattered.lengths());
+    // The same bytes as incremental_attention over each slot of the scattered cache.
+    const auto qh = q.to_vector(s()), sk = scattered.k(0).to_vector(s()), sv = scattered.v(0).to_vector(s());
+    for (std::int64_t slot = 0; slot < 3; ++slot) {
+      const auto at = [&](const std::vector<float>& h, std::int64_t off, std::int64_t n) {
+        return std::vector<float>(h.begin() + off, h.begin() + off + n);
+      };
+      Buffer<float> q1(dev, H * D), k1(dev, std::size_t(Hkv * M * D)), v1(dev, std::size_t(Hkv * M * D)), o1(dev, H * D);
+      q1.copy_from_host(s(), at(qh, slot * H * D, H * D));
+      k1.copy_from_host(s(), at(sk, slot * Hkv * M * D, Hkv * M * D));
+      v1.copy_from_host(s(), at(sv, slot * Hkv * M * D, Hkv * M * D));
+      incremental_attention(s(), q1, k1, v1, pos[std::size_t(slot)] + 1, o1, DecodeShape{H, Hkv, D, M});
+      EXPECT_TRUE(same(o1.to_vector(s()), at(o, slot * H * D, H * D))) << "slot " << slot;
+    }
+    for (bool v : {false, true}) {
+      const auto ws = written(scattered, v);
+      EXPECT_TRUE(same(written(fused, v), ws)) << (v ? "V" : "K") << ": the fused append differs from KvScatter's";
+      EXPECT_TRUE(same(written(poisoned, v), ws)) << (v ? "V" : "K") << ": the poisoned row was not overwritten";
+    }
+    // The appended rows hold k_new / v_new.
+    const auto kh = kn.to_vector(s()), kc = fused.k(0).to_vector(s());
+    for (std::int64_t slot = 0; slot < 3; ++slot)
+      for (std::int64_t hk = 0; hk < Hkv; ++hk)
+        for (std::int64_t d = 0; d < D; ++d)
+          ASSERT_EQ(bits(kc[std::size_t(((slot * Hkv + hk) * M + pos[std::size_t(slot)]) * D + d)]),
+                    bits(kh[std::size_t((slot * Hkv + hk) * D + d)]));
+  }
+}
+
+// Note [inline positions]: up to kInlineRows slots' positions travel in the launch's parameters;
+// more are staged in device memory. Both give the bytes of the device-positions call.
+TEST_P(Attention, FlashDecodingPastTheInlineRowsGivesTheSameBytes) {
+  for (std::int64_t slots : {std::int64_t{kernels::kInlineRows}, std::int64_t{kernels::kInlineRows} + 2}) {
+    SCOPED_TRACE("slots " + std::to_string(slots));
+    const KvCacheConfig c{.num_layers = 1, .num_heads = 4, .num_kv_heads = 2, .head_dim = 32, .max_len = 40, .slots = slots};
+    KvCache a(dev, c), b(dev, c), d(dev, c);
+    Lcg rng{std::uint32_t(slots)};
+    std::vector<std::int64_t> pos(static_cast<std::size_t>(slots));
+    std::vector<std::int32_t> dpos(pos.size());
+    for (std::int64_t slot = 0; slot < slots; ++slot) {
+      const std::int64_t n = slot % 37;
+      const auto hk = rng.floats(std::size_t(2 * n * 32)), hv = rng.floats(hk.size());
+      for (KvCache* kc : {&a, &b, &d}) kc->write_from_host(s(), slot, 0, hk, hv, n);
+      pos[std::size_t(slot)] = n;
+      dpos[std::size_t(slot)] = std::int32_t(n);
+    }
+    Buffer<float> q(dev, std::size_t(slots) * 4 * 32), kn(dev, std::size_t(slots) * 2 * 32), vn(dev, kn.size());
+    for (auto* buf : {&q, &kn, &vn}) buf->copy_from_host(s(), rng.floats(buf->size()));
+    Buffer<std::int32_t> dp(dev, dpos.size());
+    dp.copy_from_host(s(), dpos);
+    auto oa = filled(q.size(), 42.0f), ob = filled(q.size(), 42.0f);
+    flash_decoding(s(), a, 0, q, kn, vn, pos, oa);
+    flash_decoding(s(), b, 0, q, kn, vn, dp, ob);
+    d.append(s(), 0, kn, vn, pos);
+    auto written = [&](const Buffer<float>& buf) {  // tokens [0, position] (the rest is not written)
+      const auto h = buf.to_vector(s());
+      std::vector<float> w;
+      for (std::int64_t slot = 0; slot < slots; ++slot)
+        for (std::int64_t hk = 0; hk < 2; ++hk) {
+          const auto* base = h.data() + std::size_t((slot * 2 + hk) * 40 * 32);
+          w.insert(w.end(), base, base + (pos[std::size_t(slot)] + 1) * 32);
+        }
+      return w;
+    };
+    EXPECT_TRUE(same(oa.to_vector(s()), ob.to_vector(s())));
+    EXPECT_TRUE(same(written(a.k(0)), written(b.k(0))));
+    EXPECT_TRUE(same(written(a.v(0)), written(d.v(0)))) << "KvCache::append";
+    EXPECT_TRUE(same(written(a.k(0)), written(d.k(0)))) << "KvCache::append";
+  }
+}
+
 TEST_P(Attention, KvCacheGrowKeepsContentsAndCopySlotWorks) {
   KvCache cache(dev, small_config());
   auto kn = filled(3 * 2 * 32, 1.5f), vn = filled(3 * 2 * 32, 2.5f);

@@ -75,55 +75,97 @@ template <class K>
 void launch_with_shared(Stream& s, const kernels::DecodeParams& p, Dim3 grid) {
   launch<K>(s, grid, K::kSharedBytes, p);
 }
-template <int D>
-void launch_chunk_g(Stream& s, const kernels::DecodeParams& p, int g, Dim3 grid) {
+// Calls f.template operator()<K>() with the chunk kernel variant for g query heads per block.
+template <int D, class F>
+void with_chunk_variant(int g, F&& f) {
   using kernels::DecodeChunk;
   if constexpr (D == 128) {
     if (stages_knob() == 0 && g == 4)
-      return row_batch_knob() == 4 ? launch_with_shared<DecodeChunk<128, 4, 4>>(s, p, grid)
-                                   : launch_with_shared<DecodeChunk<128, 4, 2>>(s, p, grid);
+      return row_batch_knob() == 4 ? f.template operator()<DecodeChunk<128, 4, 4>>()
+                                   : f.template operator()<DecodeChunk<128, 4, 2>>();
     if (stages_knob() == 0 && g == 1)
-      return row_batch_knob() == 2 ? launch_with_shared<DecodeChunk<128, 1, 2>>(s, p, grid)
-                                   : launch_with_shared<DecodeChunk<128, 1, 4>>(s, p, grid);
-    if (stages_knob() == 3 && g == 4) return launch_with_shared<DecodeChunk<128, 4, 2, 3>>(s, p, grid);
+      return row_batch_knob() == 2 ? f.template operator()<DecodeChunk<128, 1, 2>>()
+                                   : f.template operator()<DecodeChunk<128, 1, 4>>();
+    if (stages_knob() == 3 && g == 4) return f.template operator()<DecodeChunk<128, 4, 2, 3>>();
   }
   if constexpr (D <= 64) {
-    if (g == 8) return launch_with_shared<DecodeChunk<D, 8, 1, 4>>(s, p, grid);
+    if (g == 8) return f.template operator()<DecodeChunk<D, 8, 1, 4>>();
   }
   if constexpr (D <= 128) {
-    if (g == 4) return launch_with_shared<DecodeChunk<D, 4, 1, 4>>(s, p, grid);
+    if (g == 4) return f.template operator()<DecodeChunk<D, 4, 1, 4>>();
   }
-  if (g == 2) return launch_with_shared<DecodeChunk<D, 2, 1, 4>>(s, p, grid);
+  if (g == 2) return f.template operator()<DecodeChunk<D, 2, 1, 4>>();
   // One query head per block: at head_dim 128, 32-row tiles in a ring of 3 (measured).
   using One = std::conditional_t<D == 128, DecodeChunk<128, 1, 2, 3>, DecodeChunk<D, 1, 1, 4>>;
-  return launch_with_shared<One>(s, p, grid);
+  return f.template operator()<One>();
 }
+// The scatter of p's new tokens (Note [fused append]) as its own launch: positions are the
+// lengths with a bias of 1.
+kernels::KvScatterParams append_as_scatter(const kernels::DecodeParams& p, int D) {
+  LOCKSTEP_ASSERT(p.length_bias == 1 && (p.lengths != nullptr || p.inline_lengths.count > 0),
+                  "fused append: lengths are positions + 1");
+  kernels::KvScatterParams sp{};
+  sp.src_k = p.k_new;
+  sp.src_v = p.v_new;
+  sp.k = p.k_append;
+  sp.v = p.v_append;
+  sp.positions = p.lengths;
+  sp.inline_positions = p.inline_lengths;
+  sp.slots = p.slots;
+  sp.slot_stride = p.slot_stride;
+  sp.head_stride = p.head_stride;
+  sp.rows = p.rows;
+  sp.Hkv = p.Hkv;
+  sp.D = D;
+  sp.max_len = p.max_len;
+  sp.status = p.status;
+  return sp;
+}
+// Enqueues the chunk kernel and the merge; returns the launches.
 template <int D>
-void launch_chunk_and_merge(Stream& s, const kernels::DecodeParams& p, int g, Dim3 chunk_grid,
-                            Dim3 merge_grid) {
-  if (diag_only_knob() != 2) launch_chunk_g<D>(s, p, g, chunk_grid);
-  if (diag_only_knob() == 1) return;
+int launch_chunk_and_merge(Stream& s, kernels::DecodeParams p, int g, Dim3 chunk_grid,
+                           Dim3 merge_grid) {
+  int launches = 0;
+  if (diag_only_knob() != 2) {
+    with_chunk_variant<D>(g, [&]<class K>() {
+      if (p.k_new != nullptr && K::kStages == 0) {  // Note [fused append]: no fresh rows
+        launch_kv_scatter(s, append_as_scatter(p, D));
+        ++launches;
+        p.k_new = p.v_new = nullptr;
+        p.k_append = p.v_append = nullptr;
+        p.status = nullptr;
+      }
+      launch_with_shared<K>(s, p, chunk_grid);
+      ++launches;
+    });
+  }
+  if (diag_only_knob() == 1) return launches;
+  ++launches;
   if constexpr (D == 128) {
     const int mb = merge_batch_knob();
-    if (mb == 4) return launch_with_shared<kernels::DecodeMerge<128, 4>>(s, p, merge_grid);
-    if (mb == 16) return launch_with_shared<kernels::DecodeMerge<128, 16>>(s, p, merge_grid);
+    if (mb == 4) return launch_with_shared<kernels::DecodeMerge<128, 4>>(s, p, merge_grid), launches;
+    if (mb == 16) return launch_with_shared<kernels::DecodeMerge<128, 16>>(s, p, merge_grid), launches;
     // Fewer merge blocks than multiprocessors (B = 1): 4 slices per head, a 128-chunk row in
     // one round trip. Otherwise a batch just large enough for the cache's rows, so that few
     // loads are masked off. The bits do not depend on these choices (Note [merge schedule]).
     using Sliced = kernels::DecodeMerge<128, 32, 4, 1>;
     if (mb == 0 && std::int64_t{merge_grid.x} * merge_grid.y < s.device().caps().multiprocessors)
-      return launch_with_shared<Sliced>(s, p, Dim3{merge_grid.x * Sliced::kSlices, merge_grid.y, 1});
-    if (mb == 0 && p.max_chunks <= 8) return launch_with_shared<kernels::DecodeMerge<128, 2>>(s, p, merge_grid);
-    if (mb == 0 && p.max_chunks <= 16) return launch_with_shared<kernels::DecodeMerge<128, 4>>(s, p, merge_grid);
+      return launch_with_shared<Sliced>(s, p, Dim3{merge_grid.x * Sliced::kSlices, merge_grid.y, 1}), launches;
+    if (mb == 0 && p.max_chunks <= 8)
+      return launch_with_shared<kernels::DecodeMerge<128, 2>>(s, p, merge_grid), launches;
+    if (mb == 0 && p.max_chunks <= 16)
+      return launch_with_shared<kernels::DecodeMerge<128, 4>>(s, p, merge_grid), launches;
   }
   launch_with_shared<kernels::DecodeMerge<D>>(s, p, merge_grid);
+  return launches;
 }
 }  // namespace
 
 int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int64_t head_dim,
                   std::int64_t max_len) {
   if (p.rows == 0) return 0;
-  LOCKSTEP_ASSERT(p.max_len > 0 || p.lengths == nullptr, "DecodeParams::max_len unset");
+  LOCKSTEP_ASSERT(p.max_len > 0 || (p.lengths == nullptr && p.inline_lengths.count == 0),
+                  "DecodeParams::max_len unset");
   const int D = static_cast<int>(head_dim);
   const int group = p.H / p.Hkv;
   // Query heads per block: more reuse of each K/V byte against more registers per thread. Each
@@ -148,13 +190,14 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
   const Dim3 chunk_grid{static_cast<std::uint32_t>(p.max_chunks),
                         static_cast<std::uint32_t>(p.Hkv * (group / g)), rows_grid};
   const Dim3 merge_grid{static_cast<std::uint32_t>(p.H), rows_grid, 1};
+  int launches = 0;
   try {
     switch (D) {
-      case 32: launch_chunk_and_merge<32>(s, p, g, chunk_grid, merge_grid); break;
-      case 64: launch_chunk_and_merge<64>(s, p, g, chunk_grid, merge_grid); break;
-      case 96: launch_chunk_and_merge<96>(s, p, g, chunk_grid, merge_grid); break;
-      case 128: launch_chunk_and_merge<128>(s, p, g, chunk_grid, merge_grid); break;
-      case 256: launch_chunk_and_merge<256>(s, p, g, chunk_grid, merge_grid); break;
+      case 32: launches = launch_chunk_and_merge<32>(s, p, g, chunk_grid, merge_grid); break;
+      case 64: launches = launch_chunk_and_merge<64>(s, p, g, chunk_grid, merge_grid); break;
+      case 96: launches = launch_chunk_and_merge<96>(s, p, g, chunk_grid, merge_grid); break;
+      case 128: launches = launch_chunk_and_merge<128>(s, p, g, chunk_grid, merge_grid); break;
+      case 256: launches = launch_chunk_and_merge<256>(s, p, g, chunk_grid, merge_grid); break;
       default: check_head_dim("decode", D);
     }
   } catch (...) {
@@ -163,7 +206,7 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
     if (p.counters != nullptr) StreamAccess::fill32(s, p.counters, 0, counter_ints);
     throw;
   }
-  return 2;
+  return launches;
 }
 
 void launch_kv_scatter(Stream& s, const kernels::KvScatterParams& p) {

@@ -12,7 +12,10 @@ std::size_t decode_workspace_floats(std::int64_t rows, std::int64_t H, std::int6
                                     std::int64_t max_len);
 
 // Launches DecodeChunk + DecodeMerge for p (q, k, v, lengths/length, slots, out, strides, rows,
-// H, Hkv, scale set); the partials are carved from `workspace`. Returns the launches enqueued.
+// H, Hkv, scale set); the partials are carved from `workspace`. With p.k_new set, each row's new
+// token is appended as well (Note [fused append]; lengths are then positions, length_bias 1):
+// by the chunk kernel, or by a KvScatter launch first for a variant without async tiles.
+// Returns the launches enqueued.
 int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int64_t head_dim,
                   std::int64_t max_len);
 

@@ -144,6 +144,16 @@ static void check_token_buffer(std::string_view where, std::string_view name, co
                      "slots * heads * head_dim");
 }
 
+// Note [inline positions]: per-slot ints carried in the launch's parameters.
+static kernels::InlineInts inline_ints(const std::vector<std::int32_t>& v) {
+  LOCKSTEP_ASSERT(!v.empty() && v.size() <= std::size_t(kernels::kInlineRows), "inline ints: 1 to kInlineRows");
+  kernels::InlineInts r{};
+  r.count = static_cast<std::int32_t>(v.size());
+  std::copy(v.begin(), v.end(), r.v);
+  return r;
+}
+static bool fits_inline(const std::vector<std::int32_t>& v) { return v.size() <= std::size_t(kernels::kInlineRows); }
+
 static kernels::KvScatterParams scatter_params(const KvCache& c, std::int64_t layer,
                                                const Buffer<float>& kn, const Buffer<float>& vn,
                                                const std::int32_t* positions) {
@@ -173,8 +183,14 @@ void KvCache::append(Stream& stream, std::int64_t layer, const Buffer<float>& k_
   check_token_buffer(w, "k_new", k_new, stream, cfg_, cfg_.num_kv_heads);
   check_token_buffer(w, "v_new", v_new, stream, cfg_, cfg_.num_kv_heads);
   const auto pos = checked_positions(w, *this, positions);
-  const Staged st = stage(stream, pos, 0);
-  detail::launch_kv_scatter(stream, scatter_params(*this, layer, k_new, v_new, st.ints));
+  if (fits_inline(pos)) {  // Note [inline positions]: no copy
+    kernels::KvScatterParams p = scatter_params(*this, layer, k_new, v_new, nullptr);
+    p.inline_positions = inline_ints(pos);
+    detail::launch_kv_scatter(stream, p);
+  } else {
+    const Staged st = stage(stream, pos, 0);
+    detail::launch_kv_scatter(stream, scatter_params(*this, layer, k_new, v_new, st.ints));
+  }
   for (std::size_t s = 0; s < pos.size(); ++s)
     if (pos[s] >= 0) len_[s] = pos[s] + 1;
 }
@@ -216,6 +232,15 @@ kernels::DecodeParams flash_params(const KvCache& cache, std::int64_t layer, con
   p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   return p;
 }
+// The new tokens flash_decoding appends (Note [fused append]).
+void with_append(kernels::DecodeParams& p, KvCache& cache, std::int64_t layer, const Buffer<float>& k_new,
+                 const Buffer<float>& v_new, std::int32_t* status) {
+  p.k_new = k_new.data().get();
+  p.v_new = v_new.data().get();
+  p.k_append = const_cast<float*>(cache.k(layer).data().get());  // as scatter_params
+  p.v_append = const_cast<float*>(cache.v(layer).data().get());
+  p.status = status;
+}
 }  // namespace
 
 void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,
@@ -225,18 +250,18 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
   const auto& c = cache.config();
   check_flash_args(w, stream, cache, layer, q, k_new, v_new, out);
   const auto pos = checked_positions(w, cache, positions);
-  // One staging copy: positions, then attention lengths (0 for done slots).
-  std::vector<std::int32_t> ints(pos);
+  // The positions (-1 for done slots) in the launch's parameters (Note [inline positions]), or
+  // one staging copy when there are more slots; a slot attends position + 1 tokens.
   std::int64_t longest = 1;
-  for (std::size_t s = 0; s < pos.size(); ++s) {
-    ints.push_back(pos[s] >= 0 ? pos[s] + 1 : 0);
-    longest = std::max<std::int64_t>(longest, pos[s] + 1);
-  }
+  for (std::size_t s = 0; s < pos.size(); ++s) longest = std::max<std::int64_t>(longest, pos[s] + 1);
   const std::size_t ws_floats = detail::decode_workspace_floats(c.slots, c.num_heads, c.head_dim, longest);
-  const Staged st = stage(stream, ints, ws_floats);
-  detail::launch_kv_scatter(stream, scatter_params(cache, layer, k_new, v_new, st.ints));
-  detail::launch_decode(stream, flash_params(cache, layer, q, out, st.ints + c.slots, 0), st.floats,
-                        c.head_dim, longest);
+  const bool inl = fits_inline(pos);
+  const Staged st = stage(stream, inl ? std::vector<std::int32_t>{} : pos, ws_floats);
+  // The append and the attention in one chunk launch (Note [fused append]).
+  kernels::DecodeParams p = flash_params(cache, layer, q, out, inl ? nullptr : st.ints, 1);
+  if (inl) p.inline_lengths = inline_ints(pos);
+  with_append(p, cache, layer, k_new, v_new, nullptr);
+  detail::launch_decode(stream, p, st.floats, c.head_dim, longest);
   for (std::size_t s = 0; s < pos.size(); ++s)
     if (pos[s] >= 0) cache.len_[s] = pos[s] + 1;
 }
@@ -257,12 +282,11 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
   // The workspace for max_len (the lengths are on the device): the same size every call.
   const std::size_t ws_floats = detail::decode_workspace_floats(c.slots, c.num_heads, c.head_dim, c.max_len);
   const Staged st = stage(stream, {}, ws_floats);
-  kernels::KvScatterParams sp = scatter_params(cache, layer, k_new, v_new, positions.data().get());
-  sp.status = status != nullptr ? status->data().get() : nullptr;
-  detail::launch_kv_scatter(stream, sp);
-  // A slot's position p: p + 1 tokens; -1 (done): 0 (Note [device positions]).
-  detail::launch_decode(stream, flash_params(cache, layer, q, out, positions.data().get(), 1), st.floats,
-                        c.head_dim, c.max_len);
+  // A slot's position p: p + 1 tokens; -1 (done): 0 (Note [device positions]); the append and
+  // the attention in one chunk launch (Note [fused append]).
+  kernels::DecodeParams p = flash_params(cache, layer, q, out, positions.data().get(), 1);
+  with_append(p, cache, layer, k_new, v_new, status != nullptr ? status->data().get() : nullptr);
+  detail::launch_decode(stream, p, st.floats, c.head_dim, c.max_len);
 }
 
 void KvCache::copy_slot_from(Stream& stream, std::int64_t slot, const KvCache& src,

@@ -21,6 +21,17 @@ namespace lockstep::kernels {
 
 inline constexpr int kDecodeChunk = 256;
 
+// Note [inline positions]
+// Up to kInlineRows per-row ints from the host (flash_decoding's and KvCache::append's positions)
+// travel in the launch's parameters instead of device memory: no host-to-device copy is enqueued
+// before the launch, one call fewer on the host (a pageable copy costs several microseconds
+// there). Row r reads v[r] when count > 0; more rows than kInlineRows are staged in device memory.
+inline constexpr int kInlineRows = 128;
+struct InlineInts {
+  std::int32_t count;  // 0: not used
+  std::int32_t v[kInlineRows];
+};
+
 struct DecodeParams {
   const float* q;               // [rows, H, D]
   const float* k;               // cache base (a layer's K)
@@ -43,7 +54,28 @@ struct DecodeParams {
   // counts up and the merge resets; heads_per_block is the chunk kernel's G.
   std::int32_t* counters;
   std::int32_t heads_per_block;
+  // Note [fused append]: null, or each row's new token, [rows, Hkv, D] (flash_decoding): the
+  // row's last attended token (index length - 1) is taken from here, not from the cache, and
+  // written into the cache (k_append, v_append: p.k and p.v, writable). status: null, or set to
+  // 1 + a row whose length falls outside [0, max_len] (as KvScatterParams::status).
+  const float* k_new;
+  const float* v_new;
+  float* k_append;
+  float* v_append;
+  std::int32_t* status;
+  InlineInts inline_lengths;  // when lengths is null and count > 0 (Note [inline positions])
 };
+
+// Note [fused append]
+// flash_decoding appends each row's new K/V at its position p and attends p + 1 tokens. With
+// async tiles (NS >= 2) the chunk kernel does both, one launch instead of a scatter and the
+// attention: the block whose chunk holds token p (the row's last) copies the new K and V rows
+// into shared memory beside its ring (in the first copy group), zero-fills that row's place in
+// the ring tiles, and its loads of row p read the new rows instead; block y's first subgroup of
+// the kv head also stores them into the cache. No block reads cache row p in that launch, so the
+// store races with nothing; the values read are the values the scatter would have written, so
+// the bits are those of a scatter followed by the attention (tested). A variant without async
+// tiles (a measurement knob) gets a separate KvScatter launch first.
 
 // Note [block signals]
 // The merge of a row's head needs every chunk of that row and kv head, not the whole chunk
@@ -70,9 +102,15 @@ struct DecodeParams {
 // nothing and attends nothing (the row's output is zeros), and the scatter records the row in a
 // status word. -1 is a done slot.
 template <class X>
+LOCKSTEP_HD int raw_length(X& x, const DecodeParams& p, int r) {  // before the range check
+  if (p.lengths != nullptr) return x.load_uniform(p.lengths + r) + p.length_bias;
+  if (p.inline_lengths.count > 0) return p.inline_lengths.v[r] + p.length_bias;
+  return p.length;
+}
+template <class X>
 LOCKSTEP_HD int row_length(X& x, const DecodeParams& p, int r) {
-  if (p.lengths == nullptr) return p.length;
-  const int len = x.load_uniform(p.lengths + r) + p.length_bias;
+  if (p.lengths == nullptr && p.inline_lengths.count == 0) return p.length;
+  const int len = raw_length(x, p, r);
   return (len < 0 || len > p.max_len) ? 0 : len;
 }
 
@@ -116,7 +154,9 @@ struct DecodeChunk {
   static constexpr int kTiles = kDecodeChunk / kTileRows;  // K tiles, then as many V tiles
   static_assert((kTileRows * D / 4) % kThreads == 0, "a tile is whole 16-byte copies per thread");
   static constexpr std::size_t kSharedBytes =
-      (2 * G * kDecodeChunk + kWarps * G * D + NS * kTileRows * D) * sizeof(float) + 96;
+      (2 * G * kDecodeChunk + kWarps * G * D + NS * kTileRows * D + (NS > 0 ? 2 * D : 0)) *
+          sizeof(float) +
+      128;  // + 32 per carving: its alignment
   using Params = DecodeParams;
 
   // Starts the copy of tile j (K tiles 0 .. kTiles - 1, then V) into ring slot j % NS; rows at or
@@ -149,6 +189,8 @@ struct DecodeChunk {
     float* P = x.template shared<float>(G * kDecodeChunk);   // exp(score - chunk max)
     float* O = x.template shared<float>(kWarps * G * D);     // per-warp partial outputs
     float* ring = x.template shared<float>(NS * kTileRows * D);  // Note [async tiles]
+    [[maybe_unused]] float* fresh = nullptr;  // Note [fused append]: the new K row, then the new V row
+    if constexpr (NS > 0) fresh = x.template shared<float>(2 * D);
 
     x.wait_prior_grids();
     x.allow_dependent_grids();
@@ -167,6 +209,10 @@ struct DecodeChunk {
       // Note [block signals]: every chunk block signals its (row, block y) counter once.
       std::int32_t* const counter =
           p.counters != nullptr ? p.counters + (std::int64_t{r} * x.grid_y() + x.block_y()) * 2 : nullptr;
+      if (p.status != nullptr && chunk == 0 && x.block_y() == 0) {
+        const int raw = raw_length(x, p, r);  // Note [device positions]
+        if (raw < 0 || raw > p.max_len) x.store(p.status, x.thread() * 0, r + 1, x.thread() == 0);
+      }
       if (t0 >= len) {  // block-uniform: this chunk is past the sequence
         if (counter != nullptr) x.signal(counter);
         continue;
@@ -176,9 +222,31 @@ struct DecodeChunk {
       const float* kb = p.k + kv_off;
       const float* vb = p.v + kv_off;
       const int live = static_cast<int>(imin(len - t0, kDecodeChunk));
+      // Note [fused append]: this chunk ends the row, so it holds the new token, row live - 1,
+      // which the tiles zero-fill (live_cache rows from the cache) and the loads take from fresh.
+      const bool appends = NS > 0 && p.k_new != nullptr && t0 + live == len;
+      [[maybe_unused]] const int nrow = appends ? live - 1 : -1;
+      const int live_cache = appends ? live - 1 : live;
       if constexpr (NS > 0) {
         LOCKSTEP_UNROLL
-        for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live);
+        for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live_cache);
+        if (appends) {  // block-uniform; the tiles are in flight meanwhile
+          const std::int64_t src = (std::int64_t{r} * p.Hkv + hk) * D;
+          const std::int64_t dst = kv_off + std::int64_t{nrow} * D;
+          const bool stores = x.block_y() % subgroups == 0;  // one block per kv head writes
+          for (int d0 = 0; d0 < D; d0 += kThreads) {
+            const I d = x.thread() + d0;
+            const B ok = d < D;
+            const F kn = x.load(p.k_new + src, d, ok, 0.0f);
+            const F vn = x.load(p.v_new + src, d, ok, 0.0f);
+            x.store(fresh, d, kn, ok);
+            x.store(fresh, d + D, vn, ok);
+            if (stores) {
+              x.store(p.k_append + dst, d, kn, ok);
+              x.store(p.v_append + dst, d, vn, ok);
+            }
+          }
+        }
       }
 
       // q of the G heads, in the lane layout of the K rows: lane l8 holds floats
@@ -215,9 +283,10 @@ struct DecodeChunk {
         for (int b = 0; b < kRowBatch; ++b) {
           const I tl = row_in_iter + (it + 16 * b);
           const B ok = tl < live;
+          I ro = (tl - kt_row0) * D;
+          if constexpr (NS > 0) ro = x.select(tl == nrow, ro * 0 + static_cast<int>(fresh - kt), ro);
           LOCKSTEP_UNROLL
-          for (int qd = 0; qd < kQuads; ++qd)
-            kq[b][qd] = x.load4(kt, (tl - kt_row0) * D + (l8 + qd * 8) * 4, ok);
+          for (int qd = 0; qd < kQuads; ++qd) kq[b][qd] = x.load4(kt, ro + (l8 + qd * 8) * 4, ok);
         }
         LOCKSTEP_UNROLL
         for (int b = 0; b < kRowBatch; ++b) {
@@ -243,7 +312,7 @@ struct DecodeChunk {
         }
         if constexpr (NS > 0) {
           x.sync();  // every warp is done with the slot before it is refilled
-          issue_tile(x, ring, kb, vb, it / kTileRows + NS, live);
+          issue_tile(x, ring, kb, vb, it / kTileRows + NS, live_cache);
         }
       }
       x.sync();
@@ -293,9 +362,10 @@ struct DecodeChunk {
           const B ok = tl < live;
           LOCKSTEP_UNROLL
           for (int g = 0; g < G; ++g) pg[b][g] = x.load(P, tl + g * kDecodeChunk);
+          I ro = (tl - vt_row0) * D;
+          if constexpr (NS > 0) ro = x.select(tl == nrow, ro * 0 + static_cast<int>(fresh + D - vt), ro);
           LOCKSTEP_UNROLL
-          for (int qd = 0; qd < kQuads; ++qd)
-            vq[b][qd] = x.load4(vt, (tl - vt_row0) * D + (l8 + qd * 8) * 4, ok);
+          for (int qd = 0; qd < kQuads; ++qd) vq[b][qd] = x.load4(vt, ro + (l8 + qd * 8) * 4, ok);
         }
         LOCKSTEP_UNROLL
         for (int b = 0; b < kRowBatch; ++b)  // rows in increasing order, as one group at a time
@@ -310,7 +380,7 @@ struct DecodeChunk {
             }
         if constexpr (NS > 0) {
           x.sync();
-          issue_tile(x, ring, kb, vb, kTiles + it / kTileRows + NS, live);
+          issue_tile(x, ring, kb, vb, kTiles + it / kTileRows + NS, live_cache);
         }
       }
       // The 4 row groups of a warp (lanes l8, l8 + 8, l8 + 16, l8 + 24), then the 4 warps.
@@ -547,6 +617,7 @@ struct KvScatterParams {
   std::int32_t rows, Hkv, D, position;
   std::int32_t max_len;          // positions at or past it (or below -1) write nothing
   std::int32_t* status;          // null, or set to 1 + a row whose position was out of range
+  InlineInts inline_positions;   // when positions is null and count > 0 (Note [inline positions])
 };
 
 struct KvScatter {
@@ -567,7 +638,9 @@ struct KvScatter {
     float* cache = is_v ? p.v : p.k;
     if (src == nullptr) return;
     for (int r = x.block_y(); r < p.rows; r += x.grid_y()) {
-      const int pos = p.positions != nullptr ? x.load_uniform(p.positions + r) : p.position;
+      const int pos = p.positions != nullptr           ? x.load_uniform(p.positions + r)
+                      : p.inline_positions.count > 0 ? p.inline_positions.v[r]
+                                                     : p.position;
       if (pos < 0 || pos >= p.max_len) {  // a done slot (-1), or out of range: nothing to write
         if ((pos < -1 || pos >= p.max_len) && p.status != nullptr)
           x.store(p.status, x.thread() * 0, r + 1, x.thread() == 0);  // Note [device positions]
