@@ -209,8 +209,10 @@ struct DecodeChunk {
       // Note [block signals]: every chunk block signals its (row, block y) counter once.
       std::int32_t* const counter =
           p.counters != nullptr ? p.counters + (std::int64_t{r} * x.grid_y() + x.block_y()) * 2 : nullptr;
-      if (p.status != nullptr && chunk == 0 && x.block_y() == 0) {
-        const int raw = raw_length(x, p, r);  // Note [device positions]
+      // Note [device positions], with the append (Note [fused append]; a variant without async
+      // tiles leaves the status to its separate scatter).
+      if (NS > 0 && p.status != nullptr && chunk == 0 && x.block_y() == 0) {
+        const int raw = raw_length(x, p, r);
         if (raw < 0 || raw > p.max_len) x.store(p.status, x.thread() * 0, r + 1, x.thread() == 0);
       }
       if (t0 >= len) {  // block-uniform: this chunk is past the sequence
