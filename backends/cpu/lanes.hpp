@@ -725,6 +725,24 @@ class CpuExec {
         for (int k = 0; k < 4; ++k) dst[doffs[i] + k] = act[i] ? src[soffs[i] + k] : T{};
     }
   }
+  // As copy4_async, but lanes whose mask is false write nothing (backends/cuda/cuda_exec.cuh).
+  template <class T, LaneExpr DO, LaneExpr SO, class M>
+  void copy4_async_some(T* dst, DO&& doff, const T* src, SO&& soff, M&& mask) const {
+    const auto& od = wrap<std::int32_t>(std::forward<DO>(doff));
+    const auto& os = wrap<std::int32_t>(std::forward<SO>(soff));
+    const auto& m = wrap<bool>(std::forward<M>(mask));
+    for (int c = 0; c < N / kL; ++c) {
+      const VM mc = m.eval(c);
+      if (hn::AllFalse(DI(), mc.m)) continue;
+      alignas(64) std::int32_t doffs[kL], soffs[kL], act[kL];
+      hn::Store(od.eval(c).v, DI(), doffs);
+      hn::Store(os.eval(c).v, DI(), soffs);
+      hn::Store(hn::VecFromMask(DI(), mc.m), DI(), act);
+      for (int i = 0; i < kL; ++i)
+        if (act[i])
+          for (int k = 0; k < 4; ++k) dst[doffs[i] + k] = src[soffs[i] + k];
+    }
+  }
   void async_commit() const {}
   template <int P>
   void async_wait() const {}

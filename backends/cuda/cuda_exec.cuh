@@ -94,6 +94,19 @@ struct CudaExec {
     store4(dst, doff, load4(src, soff, m));
 #endif
   }
+  // As copy4_async, but a lane whose mask is false issues nothing (no zero fill): two such
+  // copies with disjoint masks may fill one tile from two sources.
+  __device__ __forceinline__ void copy4_async_some(float* dst, int doff, const float* src, int soff,
+                                                   bool m) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (m) {
+      const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst + doff));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src + soff) : "memory");
+    }
+#else
+    if (m) store4(dst, doff, load4(src, soff, true));
+#endif
+  }
   __device__ __forceinline__ void async_commit() const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;\n" ::: "memory");

@@ -69,13 +69,14 @@ struct DecodeParams {
 // Note [fused append]
 // flash_decoding appends each row's new K/V at its position p and attends p + 1 tokens. With
 // async tiles (NS >= 2) the chunk kernel does both, one launch instead of a scatter and the
-// attention: the block whose chunk holds token p (the row's last) copies the new K and V rows
-// into shared memory beside its ring (in the first copy group), zero-fills that row's place in
-// the ring tiles, and its loads of row p read the new rows instead; block y's first subgroup of
-// the kv head also stores them into the cache. No block reads cache row p in that launch, so the
-// store races with nothing; the values read are the values the scatter would have written, so
-// the bits are those of a scatter followed by the attention (tested). A variant without async
-// tiles (a measurement knob) gets a separate KvScatter launch first.
+// attention: in the block whose chunk holds token p (the row's last), the ring tile that holds
+// row p is filled by two copies with disjoint lanes, that row from k_new / v_new and the rows
+// before it from the cache (Note [async tiles]); the block of the kv head's first subgroup also
+// stores the new rows into the cache. No block reads cache row p in that launch, so the store
+// races with nothing; the arithmetic reads the values the scatter would have written, so the
+// bits are those of a scatter followed by the attention (tested), and the loops that read the
+// tiles are unchanged. A variant without async tiles (a measurement knob) gets a separate
+// KvScatter launch first.
 
 // Note [block signals]
 // The merge of a row's head needs every chunk of that row and kv head, not the whole chunk
@@ -154,26 +155,38 @@ struct DecodeChunk {
   static constexpr int kTiles = kDecodeChunk / kTileRows;  // K tiles, then as many V tiles
   static_assert((kTileRows * D / 4) % kThreads == 0, "a tile is whole 16-byte copies per thread");
   static constexpr std::size_t kSharedBytes =
-      (2 * G * kDecodeChunk + kWarps * G * D + NS * kTileRows * D + (NS > 0 ? 2 * D : 0)) *
-          sizeof(float) +
-      128;  // + 32 per carving: its alignment
+      (2 * G * kDecodeChunk + kWarps * G * D + NS * kTileRows * D) * sizeof(float) + 96;
   using Params = DecodeParams;
 
   // Starts the copy of tile j (K tiles 0 .. kTiles - 1, then V) into ring slot j % NS; rows at or
   // past `live` are zero-filled. Past the last tile: an empty group, so that every thread
   // commits one group per step and async_wait<NS - 1> always means "tile j has landed".
+  // Note [fused append]: the tile that holds row nrow (>= 0) takes that row from kn (K) or vn
+  // (V), the others from the cache, by two copies with disjoint lanes; its rows past nrow are
+  // past the length (nrow is the row's last token) and left unwritten, never read.
   template <class X>
   LOCKSTEP_HD static void issue_tile(X& x, float* ring, const float* kb, const float* vb, int j,
-                                     int live) {
+                                     int live, int nrow, const float* kn, const float* vn) {
     if (j < 2 * kTiles) {
       const float* src = j < kTiles ? kb : vb;
       const int row0 = (j % kTiles) * kTileRows;
       float* dst = ring + (j % NS) * kTileRows * D;
-      const int lim = (live - row0) * (D / 4);  // 16-byte pieces of the tile's live rows
-      LOCKSTEP_UNROLL
-      for (int v0 = 0; v0 < kTileRows * D / 4; v0 += kThreads) {
-        const auto v = x.thread() + v0;
-        x.copy4_async(dst, v * 4, src, v * 4 + row0 * D, v < lim);
+      if (nrow >= row0 && nrow < row0 + kTileRows) {  // block-uniform
+        const float* fresh = j < kTiles ? kn : vn;
+        const int a = (nrow - row0) * (D / 4);  // the new row's first 16-byte piece
+        LOCKSTEP_UNROLL
+        for (int v0 = 0; v0 < kTileRows * D / 4; v0 += kThreads) {
+          const auto v = x.thread() + v0;
+          x.copy4_async_some(dst, v * 4, src, v * 4 + row0 * D, v < a);
+          x.copy4_async_some(dst, v * 4, fresh, (v - a) * 4, (v >= a) & (v < a + D / 4));
+        }
+      } else {
+        const int lim = (live - row0) * (D / 4);  // 16-byte pieces of the tile's live rows
+        LOCKSTEP_UNROLL
+        for (int v0 = 0; v0 < kTileRows * D / 4; v0 += kThreads) {
+          const auto v = x.thread() + v0;
+          x.copy4_async(dst, v * 4, src, v * 4 + row0 * D, v < lim);
+        }
       }
     }
     x.async_commit();
@@ -189,8 +202,6 @@ struct DecodeChunk {
     float* P = x.template shared<float>(G * kDecodeChunk);   // exp(score - chunk max)
     float* O = x.template shared<float>(kWarps * G * D);     // per-warp partial outputs
     float* ring = x.template shared<float>(NS * kTileRows * D);  // Note [async tiles]
-    [[maybe_unused]] float* fresh = nullptr;  // Note [fused append]: the new K row, then the new V row
-    if constexpr (NS > 0) fresh = x.template shared<float>(2 * D);
 
     x.wait_prior_grids();
     x.allow_dependent_grids();
@@ -225,28 +236,22 @@ struct DecodeChunk {
       const float* vb = p.v + kv_off;
       const int live = static_cast<int>(imin(len - t0, kDecodeChunk));
       // Note [fused append]: this chunk ends the row, so it holds the new token, row live - 1,
-      // which the tiles zero-fill (live_cache rows from the cache) and the loads take from fresh.
+      // which its tiles take from k_new / v_new.
       const bool appends = NS > 0 && p.k_new != nullptr && t0 + live == len;
       [[maybe_unused]] const int nrow = appends ? live - 1 : -1;
-      const int live_cache = appends ? live - 1 : live;
+      const std::int64_t new_off = (std::int64_t{r} * p.Hkv + hk) * D;
+      [[maybe_unused]] const float* kn = appends ? p.k_new + new_off : nullptr;
+      [[maybe_unused]] const float* vn = appends ? p.v_new + new_off : nullptr;
       if constexpr (NS > 0) {
         LOCKSTEP_UNROLL
-        for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live_cache);
-        if (appends) {  // block-uniform; the tiles are in flight meanwhile
-          const std::int64_t src = (std::int64_t{r} * p.Hkv + hk) * D;
+        for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live, nrow, kn, vn);
+        if (appends && x.block_y() % subgroups == 0) {  // one block per kv head writes the cache
           const std::int64_t dst = kv_off + std::int64_t{nrow} * D;
-          const bool stores = x.block_y() % subgroups == 0;  // one block per kv head writes
           for (int d0 = 0; d0 < D; d0 += kThreads) {
             const I d = x.thread() + d0;
             const B ok = d < D;
-            const F kn = x.load(p.k_new + src, d, ok, 0.0f);
-            const F vn = x.load(p.v_new + src, d, ok, 0.0f);
-            x.store(fresh, d, kn, ok);
-            x.store(fresh, d + D, vn, ok);
-            if (stores) {
-              x.store(p.k_append + dst, d, kn, ok);
-              x.store(p.v_append + dst, d, vn, ok);
-            }
+            x.store(p.k_append + dst, d, x.load(kn, d, ok, 0.0f), ok);
+            x.store(p.v_append + dst, d, x.load(vn, d, ok, 0.0f), ok);
           }
         }
       }
@@ -285,10 +290,9 @@ struct DecodeChunk {
         for (int b = 0; b < kRowBatch; ++b) {
           const I tl = row_in_iter + (it + 16 * b);
           const B ok = tl < live;
-          I ro = (tl - kt_row0) * D;
-          if constexpr (NS > 0) ro = x.select(tl == nrow, ro * 0 + static_cast<int>(fresh - kt), ro);
           LOCKSTEP_UNROLL
-          for (int qd = 0; qd < kQuads; ++qd) kq[b][qd] = x.load4(kt, ro + (l8 + qd * 8) * 4, ok);
+          for (int qd = 0; qd < kQuads; ++qd)
+            kq[b][qd] = x.load4(kt, (tl - kt_row0) * D + (l8 + qd * 8) * 4, ok);
         }
         LOCKSTEP_UNROLL
         for (int b = 0; b < kRowBatch; ++b) {
@@ -314,7 +318,7 @@ struct DecodeChunk {
         }
         if constexpr (NS > 0) {
           x.sync();  // every warp is done with the slot before it is refilled
-          issue_tile(x, ring, kb, vb, it / kTileRows + NS, live_cache);
+          issue_tile(x, ring, kb, vb, it / kTileRows + NS, live, nrow, kn, vn);
         }
       }
       x.sync();
@@ -364,10 +368,9 @@ struct DecodeChunk {
           const B ok = tl < live;
           LOCKSTEP_UNROLL
           for (int g = 0; g < G; ++g) pg[b][g] = x.load(P, tl + g * kDecodeChunk);
-          I ro = (tl - vt_row0) * D;
-          if constexpr (NS > 0) ro = x.select(tl == nrow, ro * 0 + static_cast<int>(fresh + D - vt), ro);
           LOCKSTEP_UNROLL
-          for (int qd = 0; qd < kQuads; ++qd) vq[b][qd] = x.load4(vt, ro + (l8 + qd * 8) * 4, ok);
+          for (int qd = 0; qd < kQuads; ++qd)
+            vq[b][qd] = x.load4(vt, (tl - vt_row0) * D + (l8 + qd * 8) * 4, ok);
         }
         LOCKSTEP_UNROLL
         for (int b = 0; b < kRowBatch; ++b)  // rows in increasing order, as one group at a time
@@ -382,7 +385,7 @@ struct DecodeChunk {
             }
         if constexpr (NS > 0) {
           x.sync();
-          issue_tile(x, ring, kb, vb, kTiles + it / kTileRows + NS, live_cache);
+          issue_tile(x, ring, kb, vb, kTiles + it / kTileRows + NS, live, nrow, kn, vn);
         }
       }
       // The 4 row groups of a warp (lanes l8, l8 + 8, l8 + 16, l8 + 24), then the 4 warps.
