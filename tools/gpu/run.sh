@@ -45,7 +45,7 @@ for stage in "$@"; do
       echo "racecheck on properties (${SAN_CASES:-25} cases each) rc=$rc2" | tee -a "$summary"
       echo "racecheck rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/racecheck.log" | tail -2 | tr '\n' ' ')" | tee -a "$summary"
       grep -E "^\[  (PASSED|FAILED) " "$OUT/racecheck.log" | tee -a "$summary" ;;
-    bench)
+    bench)  # benchmark names (BENCH_FILTER): decode (= incremental_attention), flash_decoding, flash_decoding_graph_step, ...
       $G/lockstep-bench --device cuda:0 --json "$OUT/bench_cuda.json" ${BENCH_FILTER:+--filter "$BENCH_FILTER"} > "$OUT/bench.log" 2>&1; rc=$?
       echo "bench rc=$rc" | tee -a "$summary"; grep -E "ceilings|^\|" "$OUT/bench.log" | tee -a "$summary" ;;
     bench_g2)  # decode with at most 2 query heads per block (same bits, different schedule)
