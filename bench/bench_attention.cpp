@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include "bench_common.hpp"
@@ -76,7 +77,9 @@ Result decode_single(Context& ctx, std::int64_t H, std::int64_t Hkv, std::int64_
   r.extra["idle_stream_ms"] = median_ms(*ctx.dev, ctx.stream(), call, 1, ctx.reps);
   r.bytes = double(2 * cache + 2 * std::size_t(H * D)) * 4;
   r.flops = 4.0 * double(H) * double(L) * double(D);
-  r.launches = 2;
+  // Chunk kernel (with the append) and merge; the knob LOCKSTEP_DECODE_STAGES=0 adds a KvScatter.
+  const char* stages = std::getenv("LOCKSTEP_DECODE_STAGES");
+  r.launches = stages != nullptr && std::string(stages) == "0" ? 3 : 2;
   record_host_time(r, host_us(ctx.stream(), call, std::max(5, ctx.reps)));
   r.note = "bytes = K + V + q + out";
   return r;
@@ -121,7 +124,9 @@ Result flash(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t Hkv, std
   r.extra["idle_stream_ms"] = median_ms(*ctx.dev, ctx.stream(), call, 1, ctx.reps);
   r.bytes = double(B) * double(2 * per_slot + 2 * std::size_t(H * D) + 2 * std::size_t(Hkv * D)) * 4;
   r.flops = 4.0 * double(B) * double(H) * double(L) * double(D);
-  r.launches = 2;
+  // Chunk kernel (with the append) and merge; the knob LOCKSTEP_DECODE_STAGES=0 adds a KvScatter.
+  const char* stages = std::getenv("LOCKSTEP_DECODE_STAGES");
+  r.launches = stages != nullptr && std::string(stages) == "0" ? 3 : 2;
   record_host_time(r, host_us(ctx.stream(), call, std::max(5, ctx.reps)));
   r.extra["bytes_per_token_per_layer"] = cache.bytes_per_token_per_layer();
   r.extra["cache_bytes"] = cache.bytes();

@@ -589,9 +589,39 @@ TEST_P(Attention, FlashDecodingPastTheInlineRowsGivesTheSameBytes) {
     };
     EXPECT_TRUE(same(oa.to_vector(s()), ob.to_vector(s())));
     EXPECT_TRUE(same(written(a.k(0)), written(b.k(0))));
+    EXPECT_TRUE(same(written(a.v(0)), written(b.v(0))));
     EXPECT_TRUE(same(written(a.v(0)), written(d.v(0)))) << "KvCache::append";
     EXPECT_TRUE(same(written(a.k(0)), written(d.k(0)))) << "KvCache::append";
   }
+}
+
+// The decode kernels read q, the caches and the new tokens as 16-byte vectors: a wrapped pointer
+// that is not 16-byte aligned is a typed error naming it, and nothing is written.
+TEST_P(Attention, DecodeRejectsMisalignedWrappedBuffers) {
+  const KvCacheConfig c{.num_layers = 1, .num_heads = 4, .num_kv_heads = 2, .head_dim = 32, .max_len = 8, .slots = 1};
+  KvCache cache(dev, c);
+  auto q = filled(4 * 32 + 4, 0.5f), kn = filled(2 * 32 + 4, 1.0f), vn = filled(2 * 32 + 4, 2.0f);
+  auto out = filled(4 * 32, 42.0f);
+  auto shifted = [&](Buffer<float>& b, std::size_t n) { return Buffer<float>::wrap(dev, b.data().get() + 1, n); };
+  auto q1 = shifted(q, 4 * 32), k1 = shifted(kn, 2 * 32), v1 = shifted(vn, 2 * 32);
+  Buffer<float> k0 = Buffer<float>::wrap(dev, kn.data().get(), 2 * 32), v0 = Buffer<float>::wrap(dev, vn.data().get(), 2 * 32);
+  Buffer<float> q0 = Buffer<float>::wrap(dev, q.data().get(), 4 * 32);
+  const std::vector<std::int64_t> pos{0};
+  expect_invalid([&] { flash_decoding(s(), cache, 0, q1, k0, v0, pos, out); }, "q.data()");
+  expect_invalid([&] { flash_decoding(s(), cache, 0, q0, k1, v0, pos, out); }, "k_new.data()");
+  expect_invalid([&] { flash_decoding(s(), cache, 0, q0, k0, v1, pos, out); }, "v_new.data()");
+  expect_all(out, 42.0f);
+  EXPECT_EQ(cache.length(0), 0);
+  // incremental_attention: q and the caches.
+  auto kc = filled(2 * 8 * 32 + 4, 1.0f), vc = filled(2 * 8 * 32 + 4, 1.0f);
+  auto kc1 = shifted(kc, 2 * 8 * 32), kc0 = Buffer<float>::wrap(dev, kc.data().get(), 2 * 8 * 32);
+  auto vc0 = Buffer<float>::wrap(dev, vc.data().get(), 2 * 8 * 32);
+  const DecodeShape sh{4, 2, 32, 8};
+  expect_invalid([&] { incremental_attention(s(), q1, kc0, vc0, 4, out, sh); }, "q.data()");
+  expect_invalid([&] { incremental_attention(s(), q0, kc1, vc0, 4, out, sh); }, "k_cache.data()");
+  expect_all(out, 42.0f);
+  incremental_attention(s(), q0, kc0, vc0, 4, out, sh);  // aligned wraps are accepted
+  for (float x : out.to_vector(s())) ASSERT_EQ(x, 1.0f);
 }
 
 TEST_P(Attention, KvCacheGrowKeepsContentsAndCopySlotWorks) {

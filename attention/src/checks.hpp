@@ -31,6 +31,15 @@ void check_on(std::string_view where, std::string_view name, const Buffer<T>& b,
             "the stream's device " + s.device().id().str());
 }
 
+// The decode kernels read q, the caches and the new tokens as 16-byte vectors (load4,
+// cp.async): a wrapped pointer must be 16-byte aligned (allocated buffers always are).
+template <class T>
+void check_aligned16(std::string_view where, std::string_view name, const Buffer<T>& b) {
+  const auto addr = reinterpret_cast<std::uintptr_t>(b.data().get());
+  LOCKSTEP_CHECK_ARG(addr % 16 == 0, where, std::string(name) + ".data()", "address " + std::to_string(addr),
+            "a multiple of 16 bytes");
+}
+
 // Buffer `b` must hold exactly `expected` elements (the product of the named dims).
 template <class T>
 void check_size(std::string_view where, std::string_view name, const Buffer<T>& b,

@@ -166,6 +166,8 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
   if (p.rows == 0) return 0;
   LOCKSTEP_ASSERT(p.max_len > 0 || (p.lengths == nullptr && p.inline_lengths.count == 0),
                   "DecodeParams::max_len unset");
+  LOCKSTEP_ASSERT(p.inline_lengths.count == 0 || p.rows <= p.inline_lengths.count,
+                  "inline lengths: one per row");
   const int D = static_cast<int>(head_dim);
   const int group = p.H / p.Hkv;
   // Query heads per block: more reuse of each K/V byte against more registers per thread. Each
@@ -212,6 +214,8 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
 void launch_kv_scatter(Stream& s, const kernels::KvScatterParams& p) {
   if (p.rows == 0) return;
   LOCKSTEP_ASSERT(p.max_len > 0, "KvScatterParams::max_len unset");
+  LOCKSTEP_ASSERT(p.inline_positions.count == 0 || p.rows <= p.inline_positions.count,
+                  "inline positions: one per row");
   const Dim3 grid{static_cast<std::uint32_t>(p.Hkv),
                   static_cast<std::uint32_t>(std::min<std::int32_t>(p.rows, 65535)), 2};
   launch<kernels::KvScatter>(s, grid, 0, p);

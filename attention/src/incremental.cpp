@@ -21,6 +21,9 @@ void incremental_attention(Stream& stream, const Buffer<float>& q, const Buffer<
              D = std::uint64_t(shape.head_dim), L = std::uint64_t(shape.max_seq_len);
   detail::check_size(w, "q", q, H * D, "n_heads * head_dim");
   detail::check_size(w, "out", out, H * D, "n_heads * head_dim");
+  detail::check_aligned16(w, "q", q);
+  detail::check_aligned16(w, "k_cache", k_cache);
+  detail::check_aligned16(w, "v_cache", v_cache);
   const auto cache = checked_product({Hk, L, D}, w, "n_kv_heads * max_seq_len * head_dim");
   detail::check_size(w, "k_cache", k_cache, cache, "n_kv_heads * max_seq_len * head_dim");
   detail::check_size(w, "v_cache", v_cache, cache, "n_kv_heads * max_seq_len * head_dim");

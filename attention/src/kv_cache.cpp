@@ -209,6 +209,9 @@ void check_flash_args(std::string_view w, Stream& stream, const KvCache& cache, 
   check_token_buffer(w, "out", out, stream, c, c.num_heads);
   check_token_buffer(w, "k_new", k_new, stream, c, c.num_kv_heads);
   check_token_buffer(w, "v_new", v_new, stream, c, c.num_kv_heads);
+  detail::check_aligned16(w, "q", q);  // 16-byte loads and copies (not out: scalar stores)
+  detail::check_aligned16(w, "k_new", k_new);
+  detail::check_aligned16(w, "v_new", v_new);
 }
 // Split-K attention of q over every slot of `layer`, `lengths` (+ length_bias) tokens per slot.
 kernels::DecodeParams flash_params(const KvCache& cache, std::int64_t layer, const Buffer<float>& q,
