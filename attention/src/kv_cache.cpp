@@ -144,15 +144,28 @@ static void check_token_buffer(std::string_view where, std::string_view name, co
                      "slots * heads * head_dim");
 }
 
-// Note [inline positions]: per-slot ints carried in the launch's parameters.
-static kernels::InlineInts inline_ints(const std::vector<std::int32_t>& v) {
-  LOCKSTEP_ASSERT(!v.empty() && v.size() <= std::size_t(kernels::kInlineRows), "inline ints: 1 to kInlineRows");
-  kernels::InlineInts r{};
-  r.count = static_cast<std::int32_t>(v.size());
-  std::copy(v.begin(), v.end(), r.v);
+// Per-slot positions for a launch: in its parameters for up to kInlineRows slots (Note [inline
+// positions]; `ints` null), else staged in the stream's scratch (`inline_ints.count` 0); and
+// `extra_floats` floats of workspace.
+struct StagedPositions {
+  const std::int32_t* ints;
+  kernels::InlineInts inline_ints;
+  float* floats;
+};
+static StagedPositions stage_positions(Stream& s, const std::vector<std::int32_t>& pos,
+                                       std::size_t extra_floats) {
+  StagedPositions r{};
+  if (!pos.empty() && pos.size() <= std::size_t(kernels::kInlineRows)) {
+    r.inline_ints.count = static_cast<std::int32_t>(pos.size());
+    std::copy(pos.begin(), pos.end(), r.inline_ints.v);
+    if (extra_floats > 0) r.floats = stage(s, {}, extra_floats).floats;
+  } else {
+    const Staged st = stage(s, pos, extra_floats);
+    r.ints = st.ints;
+    r.floats = st.floats;
+  }
   return r;
 }
-static bool fits_inline(const std::vector<std::int32_t>& v) { return v.size() <= std::size_t(kernels::kInlineRows); }
 
 static kernels::KvScatterParams scatter_params(const KvCache& c, std::int64_t layer,
                                                const Buffer<float>& kn, const Buffer<float>& vn,
@@ -183,14 +196,10 @@ void KvCache::append(Stream& stream, std::int64_t layer, const Buffer<float>& k_
   check_token_buffer(w, "k_new", k_new, stream, cfg_, cfg_.num_kv_heads);
   check_token_buffer(w, "v_new", v_new, stream, cfg_, cfg_.num_kv_heads);
   const auto pos = checked_positions(w, *this, positions);
-  if (fits_inline(pos)) {  // Note [inline positions]: no copy
-    kernels::KvScatterParams p = scatter_params(*this, layer, k_new, v_new, nullptr);
-    p.inline_positions = inline_ints(pos);
-    detail::launch_kv_scatter(stream, p);
-  } else {
-    const Staged st = stage(stream, pos, 0);
-    detail::launch_kv_scatter(stream, scatter_params(*this, layer, k_new, v_new, st.ints));
-  }
+  const StagedPositions st = stage_positions(stream, pos, 0);
+  kernels::KvScatterParams p = scatter_params(*this, layer, k_new, v_new, st.ints);
+  p.inline_positions = st.inline_ints;
+  detail::launch_kv_scatter(stream, p);
   for (std::size_t s = 0; s < pos.size(); ++s)
     if (pos[s] >= 0) len_[s] = pos[s] + 1;
 }
@@ -258,11 +267,10 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
   std::int64_t longest = 1;
   for (std::size_t s = 0; s < pos.size(); ++s) longest = std::max<std::int64_t>(longest, pos[s] + 1);
   const std::size_t ws_floats = detail::decode_workspace_floats(c.slots, c.num_heads, c.head_dim, longest);
-  const bool inl = fits_inline(pos);
-  const Staged st = stage(stream, inl ? std::vector<std::int32_t>{} : pos, ws_floats);
+  const StagedPositions st = stage_positions(stream, pos, ws_floats);
   // The append and the attention in one chunk launch (Note [fused append]).
-  kernels::DecodeParams p = flash_params(cache, layer, q, out, inl ? nullptr : st.ints, 1);
-  if (inl) p.inline_lengths = inline_ints(pos);
+  kernels::DecodeParams p = flash_params(cache, layer, q, out, st.ints, 1);
+  p.inline_lengths = st.inline_ints;
   with_append(p, cache, layer, k_new, v_new, nullptr);
   detail::launch_decode(stream, p, st.floats, c.head_dim, longest);
   for (std::size_t s = 0; s < pos.size(); ++s)
