@@ -698,7 +698,17 @@ TEST_P(Attention, FusedEdgeCasesAndBadInput) {
   tc.precision = AttentionPrecision::kTensorCore;
   expect_invalid([&] { attention(s(), q, k, v, out2, AttentionShape{1, 4, 3, 8, 6, 32}, tc); }, "kv_heads");
   expect_invalid([&] { attention(s(), q, k, v, out2, AttentionShape{1, 4, 2, 8, 7, 32}, tc); }, "k.size()");
+  // TensorCore reads K and V as 16-byte vectors: a wrapped buffer 4 bytes off is refused, by
+  // name; Exact takes it (and gives the same 2.0).
+  auto kbig = filled(2 * 6 * 32 + 1, 0.25f), vbig = filled(2 * 6 * 32 + 1, 2.0f);
+  auto k_off = Buffer<float>::wrap(dev, kbig.data().get() + 1, 2 * 6 * 32);
+  auto v_off = Buffer<float>::wrap(dev, vbig.data().get() + 1, 2 * 6 * 32);
+  expect_invalid([&] { attention(s(), q, k_off, v, out2, sh, tc); }, "k.data()");
+  expect_invalid([&] { attention(s(), q, k, v_off, out2, sh, tc); }, "v.data()");
   expect_all(out2, 42.0f);
+  attention(s(), q, k_off, v_off, out2, sh, AttentionOptions{});
+  expect_all(out2, 2.0f);
+  out2 = filled(4 * 8 * 32, 42.0f);
   // seq_q == 0: no error, nothing written.
   Buffer<float> none(dev, 0), none_out(dev, 0);
   attention(s(), none, k, v, none_out, AttentionShape{1, 4, 2, 0, 6, 32}, AttentionOptions{});

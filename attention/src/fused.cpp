@@ -10,19 +10,34 @@
 namespace lockstep {
 
 namespace {
+std::uint64_t batch_kv_elems(const kernels::FusedAttentionParams& p, std::int64_t D) {
+  return std::uint64_t(p.B) * std::uint64_t(p.Hkv) * std::uint64_t(p.Skv) * std::uint64_t(D);
+}
+
 template <int D>
 void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_t seq_q,
                   std::int64_t heads, std::int64_t batch, bool tensor_core) {
-  auto go = [&](auto k) {
+  auto go = [&](auto k, const kernels::FusedAttentionParams& kp) {
     using K = decltype(k);
     const Dim3 grid{static_cast<std::uint32_t>(kernels::ceil_div(seq_q, K::kRows)),
                     static_cast<std::uint32_t>(heads), static_cast<std::uint32_t>(batch)};
-    launch<K>(s, grid, K::kSharedBytes, p);
+    launch<K>(s, grid, K::kSharedBytes, kp);
   };
-  if (tensor_core)
-    go(kernels::FusedAttentionTensorCore<D>{});
-  else
-    go(kernels::FusedAttentionExact<D>{});
+  if (!tensor_core) return go(kernels::FusedAttentionExact<D>{}, p);
+  // K and V rounded to fp16 once, packed in the stream's scratch (Note [fused tensor-core
+  // rounding points]), then the fused kernel.
+  kernels::FusedAttentionParams tp = p;
+  if (p.Skv > 0) {
+    const std::size_t half_bytes = std::size_t(batch_kv_elems(p, D)) * 2;
+    auto* ws = static_cast<char*>(detail::StreamAccess::scratch(s, 2 * half_bytes));
+    tp.k_half = ws;
+    tp.v_half = ws + half_bytes;
+    using P = kernels::FusedHalfPack<D>;
+    const Dim3 grid{static_cast<std::uint32_t>(kernels::ceil_div(p.Skv, P::kRows)),
+                    static_cast<std::uint32_t>(p.Hkv), static_cast<std::uint32_t>(batch)};
+    launch<P>(s, grid, P::kSharedBytes, tp);
+  }
+  go(kernels::FusedAttentionTensorCore<D>{}, tp);
 }
 }  // namespace
 
@@ -57,6 +72,10 @@ void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
   detail::check_size(w, "out", out, nq, "batch * heads * seq_q * head_dim");
   detail::check_size(w, "k", k, nk, "batch * kv_heads * seq_kv * head_dim");
   detail::check_size(w, "v", v, nk, "batch * kv_heads * seq_kv * head_dim");
+  if (tensor_core) {  // K and V are read as 16-byte vectors (FusedHalfPack)
+    detail::check_aligned16(w, "k", k);
+    detail::check_aligned16(w, "v", v);
+  }
   if (o.lse != nullptr) {
     detail::check_on(w, "lse", *o.lse, stream);
     detail::check_size(w, "lse", *o.lse, B * H * Sq, "batch * heads * seq_q");

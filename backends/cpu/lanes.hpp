@@ -837,6 +837,83 @@ class CpuExec {
     }
   }
 
+  // --- register fragments of mma.sync.m16n8k16 (backends/cuda/cuda_exec.cuh has the layout) ---
+  // A fragment register is an int32 lane value holding two fp16 bit patterns (low half first).
+  // ldmatrix_x4: lane 8i + r of each warp gives the offset of row r of 8x8 matrix i; lane 4g + t
+  // receives row g, columns 2t and 2t + 1 of matrix i in r[i] (_trans: column g, rows 2t, 2t + 1).
+  template <LaneExpr O>
+  void ldmatrix_x4(Lanes<std::int32_t> (&r)[4], const half_t* base, O&& off) const {
+    const Lanes<std::int32_t> o(wrap<std::int32_t>(std::forward<O>(off)));
+    for (int w = 0; w < kWarps; ++w)
+      for (int i = 0; i < 4; ++i)
+        for (int l = 0; l < 32; ++l) {
+          const half_t* row = base + o[w * 32 + 8 * i + (l >> 2)] + 2 * (l & 3);
+          r[i].set(w * 32 + l, pack_bits(row[0], row[1]));
+        }
+  }
+  template <LaneExpr O>
+  void ldmatrix_x4_trans(Lanes<std::int32_t> (&r)[4], const half_t* base, O&& off) const {
+    const Lanes<std::int32_t> o(wrap<std::int32_t>(std::forward<O>(off)));
+    for (int w = 0; w < kWarps; ++w)
+      for (int i = 0; i < 4; ++i)
+        for (int l = 0; l < 32; ++l) {
+          const int c = l >> 2, r0 = 2 * (l & 3);
+          r[i].set(w * 32 + l, pack_bits(base[o[w * 32 + 8 * i + r0] + c], base[o[w * 32 + 8 * i + r0 + 1] + c]));
+        }
+  }
+  // Two floats rounded to fp16 (nearest even), lo in the low half (CUDA __floats2half2_rn).
+  template <class A, class B>
+  Lanes<std::int32_t> pack_half2(const A& lo, const B& hi) const {
+    const Lanes<float> a(wrap<float>(lo)), b(wrap<float>(hi));
+    Lanes<std::int32_t> r;
+    for (int i = 0; i < N; ++i) r.set(i, pack_bits(math::half_bits_rn(a[i]), math::half_bits_rn(b[i])));
+    return r;
+  }
+  // c += A (16x16) x B (16x8) for each warp, Note [tensor-core emulation]: the 16 exact products
+  // of a row and column and the accumulator are summed in float64 and rounded once to fp32.
+  void mma_16816(Lanes<float> (&c)[4], const Lanes<std::int32_t> (&a)[4], const Lanes<std::int32_t>& b0,
+                 const Lanes<std::int32_t>& b1) const {
+    for (int w = 0; w < kWarps; ++w) {
+      double A[16][16], Bm[16][8];
+      float C[16][8];
+      for (int l = 0; l < 32; ++l) {
+        const int g = l >> 2, t = 2 * (l & 3), i = w * 32 + l;
+        auto lo = [](std::int32_t v) { return double(math::half_bits_to_float(half_t(std::uint32_t(v) & 0xffffu))); };
+        auto hi = [](std::int32_t v) { return double(math::half_bits_to_float(half_t(std::uint32_t(v) >> 16))); };
+        A[g][t] = lo(a[0][i]), A[g][t + 1] = hi(a[0][i]);
+        A[g + 8][t] = lo(a[1][i]), A[g + 8][t + 1] = hi(a[1][i]);
+        A[g][t + 8] = lo(a[2][i]), A[g][t + 9] = hi(a[2][i]);
+        A[g + 8][t + 8] = lo(a[3][i]), A[g + 8][t + 9] = hi(a[3][i]);
+        Bm[t][g] = lo(b0[i]), Bm[t + 1][g] = hi(b0[i]);
+        Bm[t + 8][g] = lo(b1[i]), Bm[t + 9][g] = hi(b1[i]);
+        C[g][t] = c[0][i], C[g][t + 1] = c[1][i], C[g + 8][t] = c[2][i], C[g + 8][t + 1] = c[3][i];
+      }
+      for (int r = 0; r < 16; ++r)
+        for (int n = 0; n < 8; ++n) {
+          double sum = C[r][n];
+          for (int k = 0; k < 16; ++k) sum += A[r][k] * Bm[k][n];
+          C[r][n] = static_cast<float>(sum);
+        }
+      for (int l = 0; l < 32; ++l) {
+        const int g = l >> 2, t = 2 * (l & 3), i = w * 32 + l;
+        c[0].set(i, C[g][t]), c[1].set(i, C[g][t + 1]), c[2].set(i, C[g + 8][t]), c[3].set(i, C[g + 8][t + 1]);
+      }
+    }
+  }
+  // 16 bytes (8 halves) per active lane into shared memory, zeros where the mask is false.
+  template <LaneExpr DO, LaneExpr SO, class M>
+  void copy8h_async(half_t* dst, DO&& doff, const half_t* src, SO&& soff, M&& mask) const {
+    const Lanes<std::int32_t> od(wrap<std::int32_t>(std::forward<DO>(doff)));
+    const Lanes<std::int32_t> os(wrap<std::int32_t>(std::forward<SO>(soff)));
+    const Lanes<bool> m(wrap<bool>(std::forward<M>(mask)));
+    for (int i = 0; i < N; ++i) {
+      if (m[i])
+        std::memcpy(dst + od[i], src + os[i], 16);
+      else
+        std::memset(dst + od[i], 0, 16);
+    }
+  }
+
   // --- lane-wise math (kernels/math.hpp, the same source CUDA runs) ---
 #define LS_UNARY(fn, Op)                                  \
   template <LaneExpr A>                                   \
@@ -934,6 +1011,9 @@ class CpuExec {
   }
 
  private:
+  static std::int32_t pack_bits(half_t lo, half_t hi) {
+    return static_cast<std::int32_t>(std::uint32_t(lo) | (std::uint32_t(hi) << 16));
+  }
   template <int W, class Op, class E>
   Lanes<float> butterfly(const E& e) const {
     static_assert(W >= 2 && W <= 32 && (W & (W - 1)) == 0, "group width: a power of two <= 32");

@@ -192,6 +192,66 @@ struct CudaExec {
     nvcuda::wmma::load_matrix_sync(acc.f, C + c_off, ldc, nvcuda::wmma::mem_row_major);
   }
 
+  // Register fragments of the PTX mma.sync.m16n8k16 (Note [register fragments] in
+  // kernels/fused_attention.hpp): a fragment register is a lane_int holding two fp16 values (the
+  // lower-indexed one in the low 16 bits); an accumulator is four floats per lane. Lane l = 4g + t
+  // holds A[g][2t..2t+1] (a0), A[g+8][..] (a1), A[g][2t+8..] (a2), A[g+8][2t+8..] (a3);
+  // B[2t..2t+1][g] (b0), B[2t+8..2t+9][g] (b1); C[g][2t..2t+1] (c0, c1), C[g+8][2t..2t+1] (c2, c3).
+  //
+  // ldmatrix_x4: four 8x8 fp16 matrices from shared memory; lane 8i + r gives the offset (halves,
+  // 16-byte aligned) of row r of matrix i; lane 4g + t receives matrix i's row g, columns 2t and
+  // 2t + 1 in r[i] (_trans: column g, rows 2t and 2t + 1).
+  __device__ __forceinline__ void ldmatrix_x4(int (&r)[4], const half_t* base, int off) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(base + off));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+#else
+    __trap();  // sm_80 and newer (this build targets sm_90)
+#endif
+  }
+  __device__ __forceinline__ void ldmatrix_x4_trans(int (&r)[4], const half_t* base, int off) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(base + off));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+#else
+    __trap();  // sm_80 and newer (this build targets sm_90)
+#endif
+  }
+  // Two floats rounded to fp16 (nearest even) in one fragment register, lo in the low half.
+  __device__ __forceinline__ int pack_half2(float lo, float hi) const {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return static_cast<int>(*reinterpret_cast<const unsigned*>(&h));
+  }
+  // c += A (16x16) x B (16x8), fp32 accumulation (mma.sync.m16n8k16.row.col.f32.f16.f16.f32).
+  __device__ __forceinline__ void mma_16816(float (&c)[4], const int (&a)[4], int b0, int b1) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    __trap();  // sm_80 and newer (this build targets sm_90)
+#endif
+  }
+  // 16 bytes (8 halves) into shared memory, as copy4_async (zeros when m is false).
+  __device__ __forceinline__ void copy8h_async(half_t* dst, int doff, const half_t* src, int soff,
+                                               bool m) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst + doff));
+    const half_t* s = m ? src + soff : src;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(s), "r"(m ? 16 : 0)
+                 : "memory");
+#else
+    const uint4 z = make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(dst + doff) = m ? *reinterpret_cast<const uint4*>(src + soff) : z;
+#endif
+  }
+
   __device__ __forceinline__ float exp(float v) const { return math::exp(v); }
   __device__ __forceinline__ float exp2(float v) const { return math::exp2(v); }
   __device__ __forceinline__ float log(float v) const { return math::log(v); }

@@ -7,8 +7,17 @@
 
 namespace lockstep::cuda {
 
+// Blocks per SM the register allocation must allow: K::kMinBlocks where a kernel states it.
 template <class K>
-__global__ void __launch_bounds__(K::kThreads) entry(const typename K::Params p) {
+constexpr int min_blocks() {
+  if constexpr (requires { K::kMinBlocks; })
+    return K::kMinBlocks;
+  else
+    return 1;
+}
+
+template <class K>
+__global__ void __launch_bounds__(K::kThreads, min_blocks<K>()) entry(const typename K::Params p) {
   CudaExec<K::kThreads> x;
   K::run(x, p);
 }

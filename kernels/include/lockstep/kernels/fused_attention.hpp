@@ -26,6 +26,9 @@ struct FusedAttentionParams {
   std::int32_t B, H, Hkv, Sq, Skv;
   std::int32_t causal;
   float scale;
+  // TensorCore: K and V rounded to fp16, [B, Hkv, Skv, D] contiguous (FusedHalfPack writes them).
+  void* k_half;
+  void* v_half;
 };
 
 // What a block of either fused kernel owns: query rows [s0, s0 + rows) of head h in batch b, kv
@@ -190,55 +193,58 @@ struct FusedAttentionExact {
 };
 
 
-// Fused attention on the tensor cores, the same FlashAttention-2 schedule: a block owns kRows
-// query rows of one (batch, head), streams tiles of 64 keys through shared memory, keeps a running
-// max and sum per row and rescales its output. Q.K^T and P.V are 16x16x16 tile products (WMMA on
-// CUDA; emulated on the CPU with the same tiles and rounding points, Note [tensor-core
-// emulation]); the softmax is SIMT in strict fp32.
+// Fused attention on the tensor cores: the FlashAttention-2 schedule with S, P and O in registers.
+//
+// Note [register fragments]
+// The products are PTX mma.sync.m16n8k16 (fp16 inputs, fp32 accumulation) on fragments whose
+// lane layout PTX specifies (backends/cuda/cuda_exec.cuh: lane 4g + t holds rows g and g + 8,
+// columns 2t and 2t + 1 of each 16x8 accumulator), so the kernel does the softmax on the
+// accumulators where they are: a row's max and sum are reductions over the 4 lanes of a quad,
+// the rescale of O is a multiply per register, and the S accumulator becomes the A fragment of
+// P.V by packing pairs to fp16, without shared memory. Operands come from shared memory with
+// ldmatrix (K as is for Q.K^T, V transposed for P.V); the CPU emulates the same layout exactly
+// (backends/cpu/lanes.hpp), and each mma as in Note [tensor-core emulation].
 //
 // Note [fused tensor-core rounding points]
-// Q, K and V are rounded to fp16 (nearest even) as they enter shared memory; S = Q.K^T is
-// accumulated in fp32 over head_dim in steps of 16; p = exp(s * scale - m) is computed in fp32, the
-// row sum l accumulates the fp32 p, and P.V uses p rounded to fp16; each tile's P.V (fp32
-// accumulation over the 64 keys in steps of 16) is added to the output as o = fma(o, alpha, pv).
-// The output accumulator lives in shared memory (fp32), so the per-row rescale is SIMT.
-// Grid: x = ceil(Sq / kRows), y = H, z = B. Warp w owns rows 16w .. 16w + 15.
+// K and V are rounded to fp16 (nearest even) by FusedHalfPack, Q as it enters shared memory;
+// s = Q.K^T is accumulated in fp32 over head_dim in steps of 16 (one mma each); the scaled score
+// is s * scale (fp32) and p = exp(s * scale - m) with the running row max m (strict exp); the row
+// sum l accumulates the fp32 p, per lane in key order and over the 4 lanes of a quad at the end;
+// the output accumulator is first rescaled, o = o * alpha (fp32, alpha = exp(m_old - m_new)),
+// then P.V adds into it in steps of 16 keys with p rounded to fp16. out = o / l.
+//
+// Schedule: a block of 4 warps owns 64 query rows of one (batch, head), warp w rows 16w .. 16w +
+// 15; tiles of kTile keys (64; 32 at head_dim 256) of fp16 K (double buffer) and V (one buffer)
+// arrive by cp.async: V of a tile while its scores are computed, K of the next tile meanwhile. Grid: x = ceil(Sq / 64), y = H, z = B.
 template <int D>
 struct FusedAttentionTensorCore {
   static_assert(D % 16 == 0 && D <= 256, "head_dim: a multiple of 16, at most 256");
   static constexpr const char* kName = "fused_attention_tensor_core";
-  static constexpr int kRows = D <= 128 ? 64 : 32;
-  static constexpr int kWarps = kRows / 16;
+  static constexpr int kWarps = 4;
+  static constexpr int kRows = 16 * kWarps;  // query rows per block
   static constexpr int kThreads = kWarps * kWarpSize;
-  static constexpr int kTile = 64;        // keys per tile
-  static constexpr int kLdQ = D + 8;      // fp16 [kRows][D]
-  static constexpr int kLdKT = kTile + 8; // fp16 [D][kTile]: K transposed, the B operand of Q.K^T
-  static constexpr int kLdV = D + 8;      // fp16 [kTile][D]
-  static constexpr int kLdP = kTile + 8;  // fp16 [kRows][kTile]
-  static constexpr int kLdS = kTile + 4;  // fp32 [kRows][kTile] scores
-  static constexpr int kLdO = D + 4;      // fp32 [kRows][D] this tile's P.V, and the output
-  static constexpr int kStage = (kRows * kLdS > kRows * kLdO) ? kRows * kLdS : kRows * kLdO;
-  static constexpr std::size_t kHalves = std::size_t(kRows) * kLdQ + std::size_t(D) * kLdKT +
-                                         std::size_t(kTile) * kLdV + std::size_t(kRows) * kLdP;
+  static constexpr int kMinBlocks = 1;  // per SM, for the register allocation (CUDA launch bounds)
+  static constexpr int kTile = D <= 128 ? 64 : 32;  // keys per tile
+  static constexpr int kLd = D + 8;  // fp16 row pitch: rows 16 bytes apart mod 128, so ldmatrix
+                                     // phases hit eight different bank groups
+  static constexpr bool kQInRegs = D <= 128;  // Q's fragments stay in registers
+  static constexpr int kChunks = kTile * D / 8 / kThreads;  // 16-byte copies per thread per tile
+  static_assert(kChunks * kThreads * 8 == kTile * D, "tile copies: whole chunks per thread");
   static constexpr std::size_t kSharedBytes =
-      kHalves * 2 + (std::size_t(kStage) + std::size_t(kRows) * kLdO + kRows) * 4 + 7 * 32;
+      (std::size_t(kRows) * kLd + 3 * std::size_t(kTile) * kLd) * 2 + 3 * 32;
   using Params = FusedAttentionParams;
 
-  // C = A x B for each warp's 16 rows: A (fp16, the warp's rows from a_row, K columns, leading
-  // dimension lda) times B (fp16, K x N, ldb), accumulated in fp32 in 16-deep steps from zero and
-  // stored to C (the warp's rows from c_row, ldc). Offsets are lane values uniform per warp.
-  template <int N, int K, class X, class Off>
-  LOCKSTEP_HD static void warp_rows_product(X& x, const typename X::half_t* A, const Off& a_row,
-                                            int lda, const typename X::half_t* Bm, int ldb,
-                                            float* C, const Off& c_row, int ldc) {
+  // Rows [0, keys) of a K or V tile from the packed fp16 operand (row pitch D) into shared memory
+  // (pitch kLd); rows past `keys` are zeros (a zero row times p = 0 is 0, garbage could be NaN).
+  template <class X, class T>
+  LOCKSTEP_HD static void issue_tile(X& x, typename X::half_t* dst, const typename X::half_t* src,
+                                     int keys, const T& t) {
     LOCKSTEP_UNROLL
-    for (int n = 0; n < N / 16; ++n) {
-      typename X::AccTile acc;
-      x.tile_zero(acc);
-      LOCKSTEP_UNROLL
-      for (int kk = 0; kk < K / 16; ++kk)
-        x.tile_mma(acc, A, a_row + 16 * kk, lda, Bm, (16 * kk) * ldb + 16 * n, ldb);
-      x.tile_store(C, c_row + 16 * n, ldc, acc);
+    for (int i = 0; i < kChunks; ++i) {
+      const auto q = t + i * kThreads;
+      const auto row = x.idiv(q, D / 8);
+      const auto c = q - row * (D / 8);
+      x.copy8h_async(dst, row * kLd + c * 8, src, row * D + c * 8, row < keys);
     }
   }
 
@@ -248,109 +254,211 @@ struct FusedAttentionTensorCore {
     using I = typename X::template Lanes<lane_int>;
     using B = typename X::template Lanes<bool>;
     using H = typename X::half_t;
-    H* Qh = x.template shared<H>(kRows * kLdQ);
-    H* KT = x.template shared<H>(D * kLdKT);
-    H* Vh = x.template shared<H>(kTile * kLdV);
-    H* Ph = x.template shared<H>(kRows * kLdP);
-    float* St = x.template shared<float>(kStage);   // scores, then this tile's P.V
-    float* Os = x.template shared<float>(kRows * kLdO);
-    float* Al = x.template shared<float>(kRows);    // per-row rescale of this tile
+    H* Qs = x.template shared<H>(kRows * kLd);
+    H* Ks = x.template shared<H>(2 * kTile * kLd);
+    H* Vs = x.template shared<H>(kTile * kLd);
 
     const FusedBlock fb(x, p, kRows);
     const int s0 = fb.s0, rows = fb.rows, shift = fb.shift;
-    const float *qb = fb.qb, *kb = fb.kb, *vb = fb.vb;
-    float* ob = fb.ob;
-    const int q_ss = fb.q_ss, k_ss = fb.k_ss, v_ss = fb.v_ss, o_ss = fb.o_ss;
+    const std::int64_t kv_base = (std::int64_t{fb.b} * p.Hkv + fb.hk) * p.Skv * D;
+    const H* kh = static_cast<const H*>(p.k_half) + kv_base;
+    const H* vh = static_cast<const H*>(p.v_half) + kv_base;
 
     const I t = x.thread();
     const I lane = x.lane();
     const I w = x.warp();
-
-    for (int r = 0; r < kRows; ++r)
-      for (int c0 = 0; c0 < D; c0 += kThreads) {
-        const I c = t + c0;
-        x.store_half(Qh, r * kLdQ + c, x.load(qb, c + r * q_ss, (c < D) & (r < rows), 0.0f), c < D);
-        x.store(Os, r * kLdO + c, 0.0f, c < D);
-      }
-
-    F m[16], l[16];
-    LOCKSTEP_UNROLL
-    for (int r = 0; r < 16; ++r) {
-      m[r] = -kInf;
-      l[r] = 0.0f;
-    }
+    const I g = lane >> 2, tq = lane & 3;
+    const I row0 = w * 16 + g;  // block row of accumulator registers 0 and 1 (row0 + 8: 2 and 3)
+    // ldmatrix row offsets: lane 8i + r addresses row r of matrix i.
+    const I lr = (lane & 7) + ((lane >> 3) & 1) * 8, lc = (lane >> 4) * 8;
+    const I q_off = (w * 16 + lr) * kLd + lc;                          // Q: A fragments
+    const I k_off = ((lane & 7) + (lane >> 4) * 8) * kLd + ((lane >> 3) & 1) * 8;  // K: B, two n-tiles
+    const I v_off = lr * kLd + lc;                                      // V: B (transposed), two n-tiles
 
     const int last_key = fb.last_key(p);
-    for (int j0 = 0; j0 < last_key; j0 += kTile) {
-      const int keys = static_cast<int>(imin(last_key - j0, kTile));
-      x.sync();  // the previous tile's K, V, P and P.V are consumed
-      const float* kt = kb + std::int64_t{j0} * p.k_ss;
-      const float* vt = vb + std::int64_t{j0} * p.v_ss;
-      for (int r = 0; r < kTile; ++r)
-        for (int c0 = 0; c0 < D; c0 += kThreads) {
-          const I c = t + c0;
-          const B ok = (c < D) & (r < keys);
-          x.store_half(KT, c * kLdKT + r, x.load(kt, c + r * k_ss, ok, 0.0f), c < D);
-          x.store_half(Vh, r * kLdV + c, x.load(vt, c + r * v_ss, ok, 0.0f), c < D);
-        }
-      x.sync();
-      // S = Q.K^T: warp w, its 16 rows by the tile's 64 keys.
-      warp_rows_product<kTile, D>(x, Qh, w * (16 * kLdQ), kLdQ, KT, kLdKT, St, w * (16 * kLdS), kLdS);
-      x.sync();
-      // Online softmax, SIMT: lane j holds keys j and j + 32 of each of the warp's rows.
-      LOCKSTEP_UNROLL
-      for (int r = 0; r < 16; ++r) {
-        const I row = w * 16 + r;
-        const I qi = row + s0;
-        const I key0 = lane, key1 = lane + 32;
-        B vis0 = (key0 < keys) & (row < rows), vis1 = (key1 < keys) & (row < rows);
-        if (p.causal) {
-          vis0 = vis0 & (key0 + j0 <= qi + shift);
-          vis1 = vis1 & (key1 + j0 <= qi + shift);
-        }
-        const F sc0 = x.select(vis0, x.load(St, row * kLdS + key0) * p.scale, -kInf);
-        const F sc1 = x.select(vis1, x.load(St, row * kLdS + key1) * p.scale, -kInf);
-        const F m_new = x.max(m[r], x.warp_max(x.max(sc0, sc1)));
-        const B none = m_new == -kInf;
-        const F p0 = x.select(none, 0.0f, x.exp(sc0 - m_new));
-        const F p1 = x.select(none, 0.0f, x.exp(sc1 - m_new));
-        const F alpha = x.select(none, 1.0f, x.exp(m[r] - m_new));
-        l[r] = l[r] * alpha + x.warp_sum(p0 + p1);
-        m[r] = m_new;
-        x.store_half(Ph, row * kLdP + key0, p0);
-        x.store_half(Ph, row * kLdP + key1, p1);
-        x.store(Al, row, alpha, lane == 0);
-      }
-      x.sync();  // P is read by the warp's tile loads; the scores' stage is reused for P.V
-      // This tile's P.V: warp w, its 16 rows by D columns.
-      warp_rows_product<D, kTile>(x, Ph, w * (16 * kLdP), kLdP, Vh, kLdV, St, w * (16 * kLdO), kLdO);
-      x.sync();
-      // o = o * alpha + pv for the warp's rows.
-      LOCKSTEP_UNROLL
-      for (int r = 0; r < 16; ++r) {
-        const I row = w * 16 + r;
-        const F a = x.load(Al, row);
-        for (int c0 = 0; c0 < D; c0 += kWarpSize) {
-          const I c = lane + c0;
-          const B ok = c < D;
-          x.store(Os, row * kLdO + c,
-                  x.fma(x.load(Os, row * kLdO + c, ok, 0.0f), a, x.load(St, row * kLdO + c, ok, 0.0f)), ok);
-        }
-      }
+    const int tiles = last_key > 0 ? static_cast<int>((last_key + kTile - 1) / kTile) : 0;
+    if (tiles > 0) issue_tile(x, Ks, kh, static_cast<int>(imin(last_key, kTile)), t);
+    x.async_commit();
+
+    // The block's query rows, fp32 -> fp16 (rows past Sq are zeros, never stored).
+    LOCKSTEP_UNROLL
+    for (int i = 0; i < kRows * D / kThreads; ++i) {
+      const I e = t + i * kThreads;
+      const I r = x.idiv(e, D);
+      const I c = e - r * D;
+      x.store_half(Qs, r * kLd + c, x.load(fb.qb, r * fb.q_ss + c, r < rows, 0.0f));
     }
 
-    x.sync();  // with no key tile at all, Os still holds the zeros other threads wrote
+    I qf[kQInRegs ? D / 16 : 1][4];
+    F o[D / 8][4];
     LOCKSTEP_UNROLL
-    for (int r = 0; r < 16; ++r) {
-      const I row = w * 16 + r;
-      const B live = row < rows;
-      const B empty = l[r] == 0.0f;
-      for (int c0 = 0; c0 < D; c0 += kWarpSize) {
-        const I c = lane + c0;
-        const B ok = live & (c < D);
-        x.store(ob, row * o_ss + c, x.select(empty, 0.0f, x.load(Os, row * kLdO + c, c < D, 0.0f) / l[r]), ok);
+    for (int n = 0; n < D / 8; ++n)
+      LOCKSTEP_UNROLL
+      for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
+    F m[2] = {F(-kInf), F(-kInf)}, l[2] = {F(0.0f), F(0.0f)};  // rows row0 and row0 + 8
+
+    for (int j = 0; j < tiles; ++j) {
+      const int j0 = j * kTile;
+      const int keys = static_cast<int>(imin(last_key - j0, kTile));
+      const H* Kt = Ks + (j & 1) * (kTile * kLd);
+      // V of this tile, then K of the next, overlap the products below.
+      issue_tile(x, Vs, vh + std::int64_t{j0} * D, keys, t);
+      x.async_commit();
+      if (j + 1 < tiles)
+        issue_tile(x, Ks + ((j + 1) & 1) * (kTile * kLd), kh + std::int64_t{j0 + kTile} * D,
+                   static_cast<int>(imin(last_key - j0 - kTile, kTile)), t);
+      x.async_commit();
+      x.template async_wait<2>();  // this tile's K (and on the first tile Q's stores) landed
+      x.sync();
+      if (kQInRegs && j == 0) {
+        LOCKSTEP_UNROLL
+        for (int kk = 0; kk < (kQInRegs ? D / 16 : 0); ++kk) x.ldmatrix_x4(qf[kk], Qs, q_off + kk * 16);
       }
-      fb.store_lse(x, p, row, live, m[r], l[r]);
+
+      // S = Q.K^T: 16 rows x kTile keys per warp.
+      F s[kTile / 8][4];
+      LOCKSTEP_UNROLL
+      for (int n = 0; n < kTile / 8; ++n)
+        LOCKSTEP_UNROLL
+        for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
+      LOCKSTEP_UNROLL
+      for (int kk = 0; kk < D / 16; ++kk) {
+        I qa[4];
+        if constexpr (kQInRegs) {
+          LOCKSTEP_UNROLL
+          for (int e = 0; e < 4; ++e) qa[e] = qf[kk][e];
+        } else {
+          x.ldmatrix_x4(qa, Qs, q_off + kk * 16);
+        }
+        LOCKSTEP_UNROLL
+        for (int np = 0; np < kTile / 16; ++np) {
+          I kb[4];
+          x.ldmatrix_x4(kb, Kt, k_off + np * 16 * kLd + kk * 16);
+          x.mma_16816(s[2 * np], qa, kb[0], kb[1]);
+          x.mma_16816(s[2 * np + 1], qa, kb[2], kb[3]);
+        }
+      }
+
+      // Online softmax on the accumulators (Note [register fragments]).
+      const bool masked = keys < kTile || (p.causal && j0 + kTile - 1 > s0 + shift);
+      F mx[2] = {F(-kInf), F(-kInf)};
+      LOCKSTEP_UNROLL
+      for (int n = 0; n < kTile / 8; ++n)
+        LOCKSTEP_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          F v = s[n][e] * p.scale;
+          if (masked) {
+            const I key = tq * 2 + (8 * n + (e & 1));  // in the tile
+            B vis = key < keys;
+            if (p.causal) vis = vis & (key + j0 <= row0 + ((e >> 1) * 8 + s0 + shift));
+            v = x.select(vis, v, -kInf);
+          }
+          s[n][e] = v;
+          mx[e >> 1] = x.max(mx[e >> 1], v);
+        }
+      F alpha[2];
+      B none[2];
+      LOCKSTEP_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const F m_new = x.max(m[h], x.template warp_max<4>(mx[h]));
+        none[h] = m_new == -kInf;  // nothing visible yet in this row
+        alpha[h] = x.select(none[h], 1.0f, x.exp(m[h] - m_new));
+        m[h] = m_new;
+      }
+      F ls[2] = {F(0.0f), F(0.0f)};
+      LOCKSTEP_UNROLL
+      for (int n = 0; n < kTile / 8; ++n)
+        LOCKSTEP_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          s[n][e] = x.select(none[e >> 1], 0.0f, x.exp(s[n][e] - m[e >> 1]));
+          ls[e >> 1] = ls[e >> 1] + s[n][e];
+        }
+      LOCKSTEP_UNROLL
+      for (int h = 0; h < 2; ++h) l[h] = l[h] * alpha[h] + ls[h];
+      LOCKSTEP_UNROLL
+      for (int n = 0; n < D / 8; ++n)
+        LOCKSTEP_UNROLL
+        for (int e = 0; e < 4; ++e) o[n][e] = o[n][e] * alpha[e >> 1];
+
+      x.template async_wait<1>();  // this tile's V landed
+      x.sync();
+      // O += P.V: P's A fragments are the S accumulators of two n-tiles, packed to fp16.
+      LOCKSTEP_UNROLL
+      for (int kc = 0; kc < kTile / 16; ++kc) {
+        I pa[4];
+        pa[0] = x.pack_half2(s[2 * kc][0], s[2 * kc][1]);
+        pa[1] = x.pack_half2(s[2 * kc][2], s[2 * kc][3]);
+        pa[2] = x.pack_half2(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+        pa[3] = x.pack_half2(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+        LOCKSTEP_UNROLL
+        for (int dp = 0; dp < D / 16; ++dp) {
+          I vb[4];
+          x.ldmatrix_x4_trans(vb, Vs, v_off + kc * 16 * kLd + dp * 16);
+          x.mma_16816(o[2 * dp], pa, vb[0], vb[1]);
+          x.mma_16816(o[2 * dp + 1], pa, vb[2], vb[3]);
+        }
+      }
+      x.sync();  // V is refilled at the next tile's start (K two tiles on: after the sync above)
+    }
+
+    // out = o / l; a fully masked row (l == 0) gives zeros and log-sum-exp -inf.
+    LOCKSTEP_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      const F lt = x.template warp_sum<4>(l[h]);
+      const I row = row0 + h * 8;
+      const B live = row < rows;
+      const B empty = lt == 0.0f;
+      LOCKSTEP_UNROLL
+      for (int n = 0; n < D / 8; ++n)
+        LOCKSTEP_UNROLL
+        for (int e = 0; e < 2; ++e)
+          x.store(fb.ob, row * fb.o_ss + (tq * 2 + (8 * n + e)),
+                  x.select(empty, 0.0f, o[n][h * 2 + e] / lt), live);
+      if (p.lse != nullptr) {
+        float* lrow = p.lse + (std::int64_t{fb.b} * p.H + fb.h) * p.Sq + s0;
+        x.store(lrow, row, x.select(empty, -kInf, m[h] + x.log(lt)), live & (tq == 0));
+      }
+    }
+  }
+};
+
+// K and V rounded to fp16 (nearest even) into the packed operands of FusedAttentionTensorCore:
+// [B, Hkv, Skv, D] contiguous (p.k_half, p.v_half), read from p.k and p.v by their strides.
+// Grid: x = ceil(Skv / 32), y = Hkv, z = B; a block converts 32 rows of K and of V.
+template <int D>
+struct FusedHalfPack {
+  static constexpr const char* kName = "fused_attention_half_pack";
+  static constexpr int kThreads = 256;
+  static constexpr int kRows = 32;
+  static constexpr int kQuads = kRows * D / 4 / kThreads;  // per thread
+  static_assert(kQuads * kThreads * 4 == kRows * D, "whole quads per thread");
+  static constexpr std::size_t kSharedBytes = 0;
+  using Params = FusedAttentionParams;
+
+  template <class X>
+  LOCKSTEP_HD static void run(X& x, const Params& p) {
+    using I = typename X::template Lanes<lane_int>;
+    const int b = x.block_z(), hk = x.block_y(), s0 = x.block_x() * kRows;
+    const int rows = static_cast<int>(imin(p.Skv - s0, kRows));
+    const std::int64_t dst = ((std::int64_t{b} * p.Hkv + hk) * p.Skv + s0) * (D / 2);  // words
+    const float* ks = p.k + b * p.k_sb + hk * p.k_sh + std::int64_t{s0} * p.k_ss;
+    const float* vs = p.v + b * p.v_sb + hk * p.v_sh + std::int64_t{s0} * p.v_ss;
+    std::int32_t* kd = static_cast<std::int32_t*>(p.k_half) + dst;
+    std::int32_t* vd = static_cast<std::int32_t*>(p.v_half) + dst;
+    const I t = x.thread();
+    LOCKSTEP_UNROLL
+    for (int i = 0; i < kQuads; ++i) {
+      const I q = t + i * kThreads;
+      const I r = x.idiv(q, D / 4);
+      const I c = (q - r * (D / 4)) * 4;
+      const auto ok = r < rows;
+      const auto kq = x.load4(ks, r * static_cast<int>(p.k_ss) + c, ok);
+      const auto vq = x.load4(vs, r * static_cast<int>(p.v_ss) + c, ok);
+      const I o = r * (D / 2) + (c >> 1);
+      x.store(kd, o, x.pack_half2(kq.x, kq.y), ok);
+      x.store(kd, o + 1, x.pack_half2(kq.z, kq.w), ok);
+      x.store(vd, o, x.pack_half2(vq.x, vq.y), ok);
+      x.store(vd, o + 1, x.pack_half2(vq.z, vq.w), ok);
     }
   }
 };

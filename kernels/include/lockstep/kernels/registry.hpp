@@ -45,7 +45,8 @@ using AllKernels = KernelList<
     FusedAttentionExact<32>, FusedAttentionExact<64>, FusedAttentionExact<96>,
     FusedAttentionExact<128>, FusedAttentionExact<256>,
     FusedAttentionTensorCore<32>, FusedAttentionTensorCore<64>, FusedAttentionTensorCore<96>,
-    FusedAttentionTensorCore<128>, FusedAttentionTensorCore<256>>;
+    FusedAttentionTensorCore<128>, FusedAttentionTensorCore<256>,
+    FusedHalfPack<32>, FusedHalfPack<64>, FusedHalfPack<96>, FusedHalfPack<128>, FusedHalfPack<256>>;
 
 template <class K, class List>
 struct kernel_index;
