@@ -5,15 +5,23 @@
 #include "cuda_exec.cuh"
 #include "lockstep/kernels/registry.hpp"
 
+#include <type_traits>
+
 namespace lockstep::cuda {
 
 // Blocks per SM the register allocation must allow: K::kMinBlocks where a kernel states it.
+// (Device code is C++17: no requires-expressions.)
+template <class K, class = void>
+struct min_blocks_of {
+  static constexpr int value = 1;
+};
+template <class K>
+struct min_blocks_of<K, std::void_t<decltype(K::kMinBlocks)>> {
+  static constexpr int value = K::kMinBlocks;
+};
 template <class K>
 constexpr int min_blocks() {
-  if constexpr (requires { K::kMinBlocks; })
-    return K::kMinBlocks;
-  else
-    return 1;
+  return min_blocks_of<K>::value;
 }
 
 template <class K>

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root: bash .gpu/run.sh <cases> <stages...>
-# stages: info tests props props_fused parity memcheck racecheck bench bench_g2 knobs peers sass ncu ncu_detail mathacc
+# stages: info tests props props_fused parity memcheck racecheck bench bench_g2 knobs variants peers sass ncu ncu_detail mathacc
+# env: BENCH_FILTER, KNOBS, SAN_CASES, SAN_PROPS (gtest filter of the properties under the sanitizers),
+# RACE_FILTER, FUSED_CASES, VARIANT_ROUNDS
 set -u
 cases=$1; shift
 G=$(pwd)/.gpu
@@ -35,13 +37,13 @@ for stage in "$@"; do
     memcheck)
       # The out-of-memory test provokes a failing cudaMalloc on purpose: not a memory error.
       compute-sanitizer --tool memcheck --error-exitcode 9 $G/lockstep_tests --gtest_filter='*cuda*:CudaInterop*:-CudaInterop.OutOfMemory*' > "$OUT/memcheck.log" 2>&1; rc=$?
-      RC_PARAMS="max_success=${SAN_CASES:-25}" compute-sanitizer --tool memcheck --error-exitcode 9 $G/lockstep_proptests >> "$OUT/memcheck.log" 2>&1; rc2=$?
+      RC_PARAMS="max_success=${SAN_CASES:-25}" compute-sanitizer --tool memcheck --error-exitcode 9 $G/lockstep_proptests --gtest_filter="${SAN_PROPS:-*}" >> "$OUT/memcheck.log" 2>&1; rc2=$?
       echo "memcheck on properties (${SAN_CASES:-25} cases each) rc=$rc2" | tee -a "$summary"
       echo "memcheck rc=$rc: $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)" | tee -a "$summary"
       grep -E "^\[  (PASSED|FAILED) " "$OUT/memcheck.log" | tee -a "$summary" ;;
     racecheck)
       compute-sanitizer --tool racecheck --error-exitcode 9 $G/lockstep_tests --gtest_filter="${RACE_FILTER:-*cuda*}" > "$OUT/racecheck.log" 2>&1; rc=$?
-      RC_PARAMS="max_success=${SAN_CASES:-25}" compute-sanitizer --tool racecheck --error-exitcode 9 $G/lockstep_proptests >> "$OUT/racecheck.log" 2>&1; rc2=$?
+      RC_PARAMS="max_success=${SAN_CASES:-25}" compute-sanitizer --tool racecheck --error-exitcode 9 $G/lockstep_proptests --gtest_filter="${SAN_PROPS:-*}" >> "$OUT/racecheck.log" 2>&1; rc2=$?
       echo "racecheck on properties (${SAN_CASES:-25} cases each) rc=$rc2" | tee -a "$summary"
       echo "racecheck rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/racecheck.log" | tail -2 | tr '\n' ' ')" | tee -a "$summary"
       grep -E "^\[  (PASSED|FAILED) " "$OUT/racecheck.log" | tee -a "$summary" ;;
@@ -57,6 +59,17 @@ for stage in "$@"; do
         i=$((i+1))
         env $(echo "$cfg" | tr ',' ' ') $G/lockstep-bench --device cuda:0 --filter "${BENCH_FILTER:-decode}" --json "$OUT/bench_knob$i.json" > "$OUT/bench_knob$i.log" 2>&1; rc=$?
         echo "knobs $i: $cfg rc=$rc" | tee -a "$summary"; grep -E "^\| cuda" "$OUT/bench_knob$i.log" | tee -a "$summary"
+      done ;;
+    variants)  # the same benchmarks with each library in .gpu/var/<name>/ (and .gpu/old/ with its own bench), alternating rounds
+      for round in $(seq 1 ${VARIANT_ROUNDS:-1}); do
+        for d in $G/var/*/ $G/old/; do
+          [ -f "$d/liblockstep.so.0" ] || continue
+          name=$(basename "$d"); bin=$G/lockstep-bench; [ -x "$d/lockstep-bench" ] && bin=$d/lockstep-bench
+          LD_LIBRARY_PATH=$d:$G $bin --device cuda:0 ${BENCH_FILTER:+--filter "$BENCH_FILTER"} ${BENCH_REPS:+--reps $BENCH_REPS} --json "$OUT/var-$name-$round.json" > "$OUT/var-$name-$round.log" 2>&1; rc=$?
+          echo "variant $name round $round rc=$rc" | tee -a "$summary"; grep -E "^\| cuda" "$OUT/var-$name-$round.log" | tee -a "$summary"
+        done
+        $G/lockstep-bench --device cuda:0 ${BENCH_FILTER:+--filter "$BENCH_FILTER"} ${BENCH_REPS:+--reps $BENCH_REPS} --json "$OUT/var-head-$round.json" > "$OUT/var-head-$round.log" 2>&1; rc=$?
+        echo "variant head round $round rc=$rc" | tee -a "$summary"; grep -E "^\| cuda" "$OUT/var-head-$round.log" | tee -a "$summary"
       done ;;
     ncu)  # per-kernel times of the head_dim-128 decode kernels (the whisper shape comes first and is skipped; clocks left alone)
       ncu --clock-control none --kernel-name-base demangled --kernel-name regex:"${NCU_KERNELS:-Decode.*\(int\)128}" --launch-count ${NCU_COUNT:-8} \
