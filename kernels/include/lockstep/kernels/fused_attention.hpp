@@ -223,7 +223,7 @@ struct FusedAttentionTensorCore {
   static constexpr int kWarps = 4;
   static constexpr int kRows = 16 * kWarps;  // query rows per block
   static constexpr int kThreads = kWarps * kWarpSize;
-  static constexpr int kMinBlocks = D <= 128 ? 3 : 1;  // per SM, for the register allocation (CUDA launch bounds)
+  static constexpr int kMinBlocks = 1;  // per SM, for the register allocation (CUDA launch bounds)
   static constexpr int kTile = D <= 128 ? 64 : 32;  // keys per tile
   static constexpr int kLd = D + 8;  // fp16 row pitch: rows 16 bytes apart mod 128, so ldmatrix
                                      // phases hit eight different bank groups
