@@ -108,6 +108,7 @@ void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
   p.Skv = static_cast<std::int32_t>(sh.seq_kv);
   p.causal = o.causal ? 1 : 0;
   p.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  p.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
   switch (D) {
     case 32: launch_fused<32>(stream, p, sh.seq_q, sh.heads, sh.batch, tensor_core); break;
     case 64: launch_fused<64>(stream, p, sh.seq_q, sh.heads, sh.batch, tensor_core); break;

@@ -254,6 +254,7 @@ struct CudaExec {
 
   __device__ __forceinline__ float exp(float v) const { return math::exp(v); }
   __device__ __forceinline__ float exp2(float v) const { return math::exp2(v); }
+  __device__ __forceinline__ float exp2_weight(float v) const { return math::exp2_weight(v); }
   __device__ __forceinline__ float log(float v) const { return math::log(v); }
   __device__ __forceinline__ float sin(float v) const { return math::sin(v); }
   __device__ __forceinline__ float cos(float v) const { return math::cos(v); }

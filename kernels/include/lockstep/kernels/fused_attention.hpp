@@ -26,6 +26,7 @@ struct FusedAttentionParams {
   std::int32_t B, H, Hkv, Sq, Skv;
   std::int32_t causal;
   float scale;
+  float scale_log2;  // scale * log2(e), rounded to fp32 (TensorCore's base-2 softmax)
   // TensorCore: K and V rounded to fp16, [B, Hkv, Skv, D] contiguous (FusedHalfPack writes them).
   void* k_half;
   void* v_half;
@@ -207,15 +208,17 @@ struct FusedAttentionExact {
 //
 // Note [fused tensor-core rounding points]
 // K and V are rounded to fp16 (nearest even) by FusedHalfPack, Q as it enters shared memory;
-// s = Q.K^T is accumulated in fp32 over head_dim in steps of 16 (one mma each); the scaled score
-// is s * scale (fp32) and p = exp(s * scale - m) with the running row max m (strict exp); the row
-// sum l accumulates the fp32 p, per lane in key order and over the 4 lanes of a quad at the end;
-// the output accumulator is first rescaled, o = o * alpha (fp32, alpha = exp(m_old - m_new)),
-// then P.V adds into it in steps of 16 keys with p rounded to fp16. out = o / l.
+// s = Q.K^T is accumulated in fp32 over head_dim in steps of 16 (one mma each). The softmax is in
+// base 2 on the raw scores, FlashAttention-2's formulation: with m the running row max of s and
+// c = scale * log2(e) rounded to fp32, mc = m * c (fp32) and the weight p = exp2_weight(fma(s, c,
+// -mc)) (math.hpp: 1 ulp, 0 below 2^-126); alpha = exp2_weight(fma(m_old, c, -mc)). The row sum
+// l accumulates the fp32 p, per lane in key order and over the 4 lanes of a quad at the end; the
+// output accumulator is first rescaled, o = o * alpha (fp32), then P.V adds into it in steps of 16
+// keys with p rounded to fp16. out = o / l; log-sum-exp = m * scale + log(l).
 //
 // Schedule: a block of 4 warps owns 64 query rows of one (batch, head), warp w rows 16w .. 16w +
-// 15; tiles of kTile keys (64; 32 at head_dim 256) of fp16 K (double buffer) and V (one buffer)
-// arrive by cp.async: V of a tile while its scores are computed, K of the next tile meanwhile. Grid: x = ceil(Sq / 64), y = H, z = B.
+// 15; tiles of kTile keys (64; 32 at head_dim 256) of fp16 K and V in double buffers: tile j + 1
+// arrives by cp.async while tile j is computed, one barrier per tile. Grid: x = ceil(Sq / 64), y = H, z = B.
 template <int D>
 struct FusedAttentionTensorCore {
   static_assert(D % 16 == 0 && D <= 256, "head_dim: a multiple of 16, at most 256");
@@ -223,15 +226,21 @@ struct FusedAttentionTensorCore {
   static constexpr int kWarps = 4;
   static constexpr int kRows = 16 * kWarps;  // query rows per block
   static constexpr int kThreads = kWarps * kWarpSize;
-  static constexpr int kMinBlocks = 1;  // per SM, for the register allocation (CUDA launch bounds)
+  // Blocks per SM that the register allocation must allow (CUDA launch bounds): as many as the
+  // shared memory takes (ptxas's own choice at head_dim 128 is 229 registers: two blocks).
+  static constexpr int kMinBlocks = D <= 64 ? 4 : D <= 128 ? 3 : 1;
   static constexpr int kTile = D <= 128 ? 64 : 32;  // keys per tile
   static constexpr int kLd = D + 8;  // fp16 row pitch: rows 16 bytes apart mod 128, so ldmatrix
                                      // phases hit eight different bank groups
   static constexpr bool kQInRegs = D <= 128;  // Q's fragments stay in registers
+  // ... and then Q's shared tile is K's second buffer, free until tile 1 is issued (a smaller
+  // block footprint: three blocks per SM at head_dim 128).
+  static constexpr bool kQInKBuffer = kQInRegs;
   static constexpr int kChunks = kTile * D / 8 / kThreads;  // 16-byte copies per thread per tile
   static_assert(kChunks * kThreads * 8 == kTile * D, "tile copies: whole chunks per thread");
   static constexpr std::size_t kSharedBytes =
-      (std::size_t(kRows) * kLd + 3 * std::size_t(kTile) * kLd) * 2 + 3 * 32;
+      ((kQInKBuffer ? 0 : std::size_t(kRows) * kLd) + 4 * std::size_t(kTile) * kLd) * 2 + 3 * 32;
+  static_assert(!kQInKBuffer || kRows <= kTile, "Q's tile fits in a K buffer");
   using Params = FusedAttentionParams;
 
   // Rows [0, keys) of a K or V tile from the packed fp16 operand (row pitch D) into shared memory
@@ -254,9 +263,9 @@ struct FusedAttentionTensorCore {
     using I = typename X::template Lanes<lane_int>;
     using B = typename X::template Lanes<bool>;
     using H = typename X::half_t;
-    H* Qs = x.template shared<H>(kRows * kLd);
     H* Ks = x.template shared<H>(2 * kTile * kLd);
-    H* Vs = x.template shared<H>(kTile * kLd);
+    H* Vs = x.template shared<H>(2 * kTile * kLd);
+    H* Qs = kQInKBuffer ? Ks + kTile * kLd : x.template shared<H>(kRows * kLd);
 
     const FusedBlock fb(x, p, kRows);
     const int s0 = fb.s0, rows = fb.rows, shift = fb.shift;
@@ -277,7 +286,11 @@ struct FusedAttentionTensorCore {
 
     const int last_key = fb.last_key(p);
     const int tiles = last_key > 0 ? static_cast<int>((last_key + kTile - 1) / kTile) : 0;
-    if (tiles > 0) issue_tile(x, Ks, kh, static_cast<int>(imin(last_key, kTile)), t);
+    if (tiles > 0) {
+      const int keys0 = static_cast<int>(imin(last_key, kTile));
+      issue_tile(x, Ks, kh, keys0, t);
+      issue_tile(x, Vs, vh, keys0, t);
+    }
     x.async_commit();
 
     // The block's query rows, fp32 -> fp16 (rows past Sq are zeros, never stored).
@@ -295,25 +308,28 @@ struct FusedAttentionTensorCore {
     for (int n = 0; n < D / 8; ++n)
       LOCKSTEP_UNROLL
       for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
-    F m[2] = {F(-kInf), F(-kInf)}, l[2] = {F(0.0f), F(0.0f)};  // rows row0 and row0 + 8
+    // Rows row0 and row0 + 8: the running max of the raw scores and the lane's part of the sum.
+    F m[2] = {F(-kInf), F(-kInf)}, l[2] = {F(0.0f), F(0.0f)};
+    const float c2 = p.scale_log2;  // scale * log2(e)
 
     for (int j = 0; j < tiles; ++j) {
       const int j0 = j * kTile;
       const int keys = static_cast<int>(imin(last_key - j0, kTile));
       const H* Kt = Ks + (j & 1) * (kTile * kLd);
-      // V of this tile, then K of the next, overlap the products below.
-      issue_tile(x, Vs, vh + std::int64_t{j0} * D, keys, t);
-      x.async_commit();
-      if (j + 1 < tiles)
-        issue_tile(x, Ks + ((j + 1) & 1) * (kTile * kLd), kh + std::int64_t{j0 + kTile} * D,
-                   static_cast<int>(imin(last_key - j0 - kTile, kTile)), t);
-      x.async_commit();
-      x.template async_wait<2>();  // this tile's K (and on the first tile Q's stores) landed
-      x.sync();
+      const H* Vt = Vs + (j & 1) * (kTile * kLd);
+      x.template async_wait<0>();  // this tile's K and V (and on the first tile Q's stores)
+      x.sync();                    // ... are visible, and every warp is done with tile j - 1
       if (kQInRegs && j == 0) {
         LOCKSTEP_UNROLL
         for (int kk = 0; kk < (kQInRegs ? D / 16 : 0); ++kk) x.ldmatrix_x4(qf[kk], Qs, q_off + kk * 16);
+        if (kQInKBuffer) x.sync();  // every warp has its Q before tile 1 overwrites it
       }
+      if (j + 1 < tiles) {         // tile j - 1's buffers take tile j + 1, landing during this tile
+        const int keys1 = static_cast<int>(imin(last_key - j0 - kTile, kTile));
+        issue_tile(x, Ks + ((j + 1) & 1) * (kTile * kLd), kh + std::int64_t{j0 + kTile} * D, keys1, t);
+        issue_tile(x, Vs + ((j + 1) & 1) * (kTile * kLd), vh + std::int64_t{j0 + kTile} * D, keys1, t);
+      }
+      x.async_commit();
 
       // S = Q.K^T: 16 rows x kTile keys per warp.
       F s[kTile / 8][4];
@@ -339,30 +355,29 @@ struct FusedAttentionTensorCore {
         }
       }
 
-      // Online softmax on the accumulators (Note [register fragments]).
+      // Online softmax on the accumulators (Note [register fragments]), in base 2: a weight is
+      // 2^(s c - m c) with c = scale log2(e) (Note [fused tensor-core rounding points]).
       const bool masked = keys < kTile || (p.causal && j0 + kTile - 1 > s0 + shift);
       F mx[2] = {F(-kInf), F(-kInf)};
       LOCKSTEP_UNROLL
       for (int n = 0; n < kTile / 8; ++n)
         LOCKSTEP_UNROLL
         for (int e = 0; e < 4; ++e) {
-          F v = s[n][e] * p.scale;
           if (masked) {
             const I key = tq * 2 + (8 * n + (e & 1));  // in the tile
             B vis = key < keys;
             if (p.causal) vis = vis & (key + j0 <= row0 + ((e >> 1) * 8 + s0 + shift));
-            v = x.select(vis, v, -kInf);
+            s[n][e] = x.select(vis, s[n][e], -kInf);
           }
-          s[n][e] = v;
-          mx[e >> 1] = x.max(mx[e >> 1], v);
+          mx[e >> 1] = x.max(mx[e >> 1], s[n][e]);
         }
-      F alpha[2];
-      B none[2];
+      F alpha[2], mc[2];
       LOCKSTEP_UNROLL
       for (int h = 0; h < 2; ++h) {
         const F m_new = x.max(m[h], x.template warp_max<4>(mx[h]));
-        none[h] = m_new == -kInf;  // nothing visible yet in this row
-        alpha[h] = x.select(none[h], 1.0f, x.exp(m[h] - m_new));
+        const B none = m_new == -kInf;  // nothing visible yet in this row: every weight 0
+        mc[h] = x.select(none, 0.0f, m_new * c2);
+        alpha[h] = x.select(none, 1.0f, x.exp2_weight(x.fma(m[h], c2, -mc[h])));
         m[h] = m_new;
       }
       F ls[2] = {F(0.0f), F(0.0f)};
@@ -370,7 +385,7 @@ struct FusedAttentionTensorCore {
       for (int n = 0; n < kTile / 8; ++n)
         LOCKSTEP_UNROLL
         for (int e = 0; e < 4; ++e) {
-          s[n][e] = x.select(none[e >> 1], 0.0f, x.exp(s[n][e] - m[e >> 1]));
+          s[n][e] = x.exp2_weight(x.fma(s[n][e], c2, -mc[e >> 1]));
           ls[e >> 1] = ls[e >> 1] + s[n][e];
         }
       LOCKSTEP_UNROLL
@@ -380,8 +395,6 @@ struct FusedAttentionTensorCore {
         LOCKSTEP_UNROLL
         for (int e = 0; e < 4; ++e) o[n][e] = o[n][e] * alpha[e >> 1];
 
-      x.template async_wait<1>();  // this tile's V landed
-      x.sync();
       // O += P.V: P's A fragments are the S accumulators of two n-tiles, packed to fp16.
       LOCKSTEP_UNROLL
       for (int kc = 0; kc < kTile / 16; ++kc) {
@@ -393,12 +406,11 @@ struct FusedAttentionTensorCore {
         LOCKSTEP_UNROLL
         for (int dp = 0; dp < D / 16; ++dp) {
           I vb[4];
-          x.ldmatrix_x4_trans(vb, Vs, v_off + kc * 16 * kLd + dp * 16);
+          x.ldmatrix_x4_trans(vb, Vt, v_off + kc * 16 * kLd + dp * 16);
           x.mma_16816(o[2 * dp], pa, vb[0], vb[1]);
           x.mma_16816(o[2 * dp + 1], pa, vb[2], vb[3]);
         }
       }
-      x.sync();  // V is refilled at the next tile's start (K two tiles on: after the sync above)
     }
 
     // out = o / l; a fully masked row (l == 0) gives zeros and log-sum-exp -inf.
@@ -416,7 +428,7 @@ struct FusedAttentionTensorCore {
                   x.select(empty, 0.0f, o[n][h * 2 + e] / lt), live);
       if (p.lse != nullptr) {
         float* lrow = p.lse + (std::int64_t{fb.b} * p.H + fb.h) * p.Sq + s0;
-        x.store(lrow, row, x.select(empty, -kInf, m[h] + x.log(lt)), live & (tq == 0));
+        x.store(lrow, row, x.select(empty, -kInf, m[h] * p.scale + x.log(lt)), live & (tq == 0));
       }
     }
   }

@@ -167,6 +167,28 @@ LOCKSTEP_HD V exp2(V x) {
   return ldexp_split(p, n);
 }
 
+// 2^y for softmax weights, y < 128 (also -inf and NaN): exp2's polynomial and one exact scaling;
+// a result below 2^-126 is 0 (exp2 would give a subnormal), -inf gives 0, NaN stays NaN. Max error
+// 1 ulp above 2^-126. A weight below 2^-126 next to the row's largest weight 1 changes no sum
+// or fp16 product, so fused attention loses nothing by the flush (Note [fused tensor-core
+// rounding points]).
+template <class V>
+LOCKSTEP_HD V exp2_weight(V y) {
+  const V t = y + V(detail::kRoundMagic);
+  const V k = t - V(detail::kRoundMagic);
+  auto n = as_int(t) - as_int(detail::kRoundMagic);
+  const V r = y - k;  // exact, |r| <= 0.5
+  V p = V(1.52527336e-5f);
+  p = fma(p, r, V(1.54035297e-4f));
+  p = fma(p, r, V(1.33335579e-3f));
+  p = fma(p, r, V(9.61812865e-3f));
+  p = fma(p, r, V(5.55041097e-2f));
+  p = fma(p, r, V(2.40226507e-1f));
+  p = fma(p, r, V(6.93147182e-1f));
+  p = fma(p, r, V(1.0f));
+  return select(y < V(-126.0f), V(0.0f), p * pow2i(n));
+}
+
 // Natural logarithm. Max error 1 ulp; log(0) = -inf, log(x < 0) = NaN, log(+inf) = +inf,
 // subnormal inputs are exact-scaled first.
 template <class V>
