@@ -81,6 +81,29 @@ TEST(StrictMath, SpecialValues) {
   EXPECT_EQ(math::round_to_half(0x1.8p-25f), 0x1p-24f);
 }
 
+// exp2_weight (the fused tensor-core softmax's weights) is exp2 bit for bit from -126 up (its
+// results there are normal, so one exact scaling equals exp2's two), and 0 below.
+TEST(StrictMath, Exp2WeightIsExp2AboveTheFlushAndZeroBelow) {
+  std::uint64_t checked = 0;
+  for (std::uint64_t b = 0; b < (1ull << 32); b += 4099) {
+    const float x = from_bits(static_cast<std::uint32_t>(b));
+    if (!(x < 128.0f)) continue;
+    if (x >= -126.0f) {
+      ASSERT_EQ(bits(math::exp2_weight(x)), bits(math::exp2(x))) << x;
+      ++checked;
+    } else {
+      ASSERT_EQ(bits(math::exp2_weight(x)), 0u) << x;
+    }
+  }
+  EXPECT_GT(checked, 100000u);
+  for (float x : {-126.0f, -125.5f, -0.5f, 0.0f, 1e-7f, 127.0f})
+    ASSERT_EQ(bits(math::exp2_weight(x)), bits(math::exp2(x))) << x;
+  EXPECT_EQ(math::exp2_weight(-126.0f), 0x1p-126f) << "the smallest result: the smallest normal";
+  EXPECT_EQ(math::exp2_weight(-126.5f), 0.0f);
+  EXPECT_EQ(math::exp2_weight(-INFINITY), 0.0f);
+  EXPECT_TRUE(std::isnan(math::exp2_weight(NAN)));
+}
+
 TEST(StrictMath, MaxAndMinAreCommutativeIncludingZerosAndNaN) {
   const float v[] = {0.0f, -0.0f, 1.0f, -1.0f, INFINITY, -INFINITY, NAN, 1e-45f};
   for (float a : v)
