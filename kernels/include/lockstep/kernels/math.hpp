@@ -167,7 +167,7 @@ LOCKSTEP_HD V exp2(V x) {
   return ldexp_split(p, n);
 }
 
-// 2^y for softmax weights, y < 128 (also -inf and NaN): exp2's polynomial and one exact scaling;
+// 2^y for softmax weights, y <= 127 (also -inf and NaN): exp2's polynomial and one exact scaling;
 // a result below 2^-126 is 0 (exp2 would give a subnormal), -inf gives 0, NaN stays NaN. Max error
 // 1 ulp above 2^-126. A weight below 2^-126 next to the row's largest weight 1 changes no sum
 // or fp16 product, so fused attention loses nothing by the flush (Note [fused tensor-core
