@@ -158,6 +158,7 @@ std::unique_ptr<Case> scatter_case(const ScatterCaseShape& s);
 // element, the error scale sum_j p_j |v_j| and the score error scale max_j sum_i |q_i k_ji|.
 struct AttentionRef {
   std::vector<double> out, pv_mag, qk_mag;
+  std::vector<double> lse;  // natural log-sum-exp of the scaled scores (-inf: no key visible)
 };
 AttentionRef attention_reference(const float* q, std::int64_t q_stride, const float* k,
                                  const float* v, std::int64_t kv_stride, std::int64_t Sq,

@@ -40,6 +40,7 @@ AttentionRef attention_reference(const float* q, std::int64_t q_stride, const fl
   r.out.assign(std::size_t(Sq * D), 0.0);
   r.pv_mag.assign(std::size_t(Sq * D), 0.0);
   r.qk_mag.assign(std::size_t(Sq), 0.0);
+  r.lse.assign(std::size_t(Sq), -INFINITY);
   const double scale = 1.0 / std::sqrt(double(D));
   std::vector<double> s(std::size_t(std::max<std::int64_t>(Skv, 1)));
   for (std::int64_t i = 0; i < Sq; ++i) {
@@ -59,6 +60,7 @@ AttentionRef attention_reference(const float* q, std::int64_t q_stride, const fl
     r.qk_mag[std::size_t(i)] = mag;
     double sum = 0;
     for (std::int64_t j = 0; j < visible; ++j) sum += std::exp(s[std::size_t(j)] - m);
+    r.lse[std::size_t(i)] = m + std::log(sum);
     for (std::int64_t j = 0; j < visible; ++j) {
       const double p = std::exp(s[std::size_t(j)] - m) / sum;
       for (std::int64_t d = 0; d < D; ++d) {
@@ -369,8 +371,14 @@ class FusedCase final : public Case {
           const float got = r.out[lse0 + std::size_t((b * s_.heads + h) * s_.seq_q + i)];
           if (visible == 0) {
             if (!(std::isinf(got) && got < 0)) note_violation(rep, lse0, got, -INFINITY, 0);
-          } else if (!std::isfinite(got)) {
-            note_violation(rep, lse0, got, 0.0, 0);
+          } else {
+            // Note [attention bound]: every score within qk_mag (D + 4) u (plus the fp16 rounding
+            // of Q and K on the tensor cores), so the log-sum-exp within that plus the sum's
+            // relative error and the final m * scale + log(l) roundings.
+            const double ref_lse = ref.lse[std::size_t(i)], qk = ref.qk_mag[std::size_t(i)];
+            const double lse_bound = qk * ((s_.tensor_core ? 2.0 * kUh : 0.0) + double(D + 4) * kU) +
+                                     (double(visible) + double(D) + 40.0) * kU + 4.0 * kU * std::fabs(ref_lse);
+            account(rep, lse0 + std::size_t((b * s_.heads + h) * s_.seq_q + i), got, ref_lse, lse_bound);
           }
         }
       }
