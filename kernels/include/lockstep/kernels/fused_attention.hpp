@@ -224,7 +224,8 @@ struct FusedAttentionTensorCore {
   static_assert(D % 16 == 0 && D <= 256, "head_dim: a multiple of 16, at most 256");
   static constexpr const char* kName = "fused_attention_tensor_core";
   static constexpr int kWarps = 4;
-  static constexpr int kRows = 16 * kWarps;  // query rows per block
+  static constexpr int kM = 1;  // 16-row m-tiles per warp (they share each K and V fragment)
+  static constexpr int kRows = 16 * kM * kWarps;  // query rows per block
   static constexpr int kThreads = kWarps * kWarpSize;
   // Blocks per SM that the register allocation must allow (CUDA launch bounds): as many as the
   // shared memory takes (ptxas's own choice at head_dim 128 is 229 registers: two blocks).
@@ -232,10 +233,10 @@ struct FusedAttentionTensorCore {
   static constexpr int kTile = D <= 128 ? 64 : 32;  // keys per tile
   static constexpr int kLd = D + 8;  // fp16 row pitch: rows 16 bytes apart mod 128, so ldmatrix
                                      // phases hit eight different bank groups
-  static constexpr bool kQInRegs = D <= 128;  // Q's fragments stay in registers
+  static constexpr bool kQInRegs = D <= 128 && kM == 1;  // Q's fragments stay in registers
   // ... and then Q's shared tile is K's second buffer, free until tile 1 is issued (a smaller
   // block footprint: three blocks per SM at head_dim 128).
-  static constexpr bool kQInKBuffer = kQInRegs;
+  static constexpr bool kQInKBuffer = kQInRegs && kRows <= kTile;
   static constexpr int kChunks = kTile * D / 8 / kThreads;  // 16-byte copies per thread per tile
   static_assert(kChunks * kThreads * 8 == kTile * D, "tile copies: whole chunks per thread");
   static constexpr std::size_t kSharedBytes =
@@ -277,10 +278,15 @@ struct FusedAttentionTensorCore {
     const I lane = x.lane();
     const I w = x.warp();
     const I g = lane >> 2, tq = lane & 3;
-    const I row0 = w * 16 + g;  // block row of accumulator registers 0 and 1 (row0 + 8: 2 and 3)
+    // Warp w owns rows w * 16 kM + 16 mt .. + 15 (m-tile mt); lane 4g + t holds row0[mt] + 8h.
+    I row0[kM], q_off[kM];
     // ldmatrix row offsets: lane 8i + r addresses row r of matrix i.
     const I lr = (lane & 7) + ((lane >> 3) & 1) * 8, lc = (lane >> 4) * 8;
-    const I q_off = (w * 16 + lr) * kLd + lc;                          // Q: A fragments
+    LOCKSTEP_UNROLL
+    for (int mt = 0; mt < kM; ++mt) {
+      row0[mt] = w * (16 * kM) + (mt * 16 + g);
+      q_off[mt] = (w * (16 * kM) + (mt * 16 + lr)) * kLd + lc;         // Q: A fragments
+    }
     const I k_off = ((lane & 7) + (lane >> 4) * 8) * kLd + ((lane >> 3) & 1) * 8;  // K: B, two n-tiles
     const I v_off = lr * kLd + lc;                                      // V: B (transposed), two n-tiles
 
@@ -303,13 +309,22 @@ struct FusedAttentionTensorCore {
     }
 
     I qf[kQInRegs ? D / 16 : 1][4];
-    F o[D / 8][4];
+    F o[kM][D / 8][4];
     LOCKSTEP_UNROLL
-    for (int n = 0; n < D / 8; ++n)
+    for (int mt = 0; mt < kM; ++mt)
       LOCKSTEP_UNROLL
-      for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
+      for (int n = 0; n < D / 8; ++n)
+        LOCKSTEP_UNROLL
+        for (int e = 0; e < 4; ++e) o[mt][n][e] = 0.0f;
     // Rows row0 and row0 + 8: the running max of the raw scores and the lane's part of the sum.
-    F m[2] = {F(-kInf), F(-kInf)}, l[2] = {F(0.0f), F(0.0f)};
+    F m[kM][2], l[kM][2];
+    LOCKSTEP_UNROLL
+    for (int mt = 0; mt < kM; ++mt)
+      LOCKSTEP_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        m[mt][h] = -kInf;
+        l[mt][h] = 0.0f;
+      }
     const float c2 = p.scale_log2;  // scale * log2(e)
 
     for (int j = 0; j < tiles; ++j) {
@@ -321,7 +336,7 @@ struct FusedAttentionTensorCore {
       x.sync();                    // ... are visible, and every warp is done with tile j - 1
       if (kQInRegs && j == 0) {
         LOCKSTEP_UNROLL
-        for (int kk = 0; kk < (kQInRegs ? D / 16 : 0); ++kk) x.ldmatrix_x4(qf[kk], Qs, q_off + kk * 16);
+        for (int kk = 0; kk < (kQInRegs ? D / 16 : 0); ++kk) x.ldmatrix_x4(qf[kk], Qs, q_off[0] + kk * 16);
         if (kQInKBuffer) x.sync();  // every warp has its Q before tile 1 overwrites it
       }
       if (j + 1 < tiles) {         // tile j - 1's buffers take tile j + 1, landing during this tile
@@ -331,106 +346,125 @@ struct FusedAttentionTensorCore {
       }
       x.async_commit();
 
-      // S = Q.K^T: 16 rows x kTile keys per warp.
-      F s[kTile / 8][4];
+      // S = Q.K^T: 16 kM rows x kTile keys per warp.
+      F s[kM][kTile / 8][4];
       LOCKSTEP_UNROLL
-      for (int n = 0; n < kTile / 8; ++n)
+      for (int mt = 0; mt < kM; ++mt)
         LOCKSTEP_UNROLL
-        for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
+        for (int n = 0; n < kTile / 8; ++n)
+          LOCKSTEP_UNROLL
+          for (int e = 0; e < 4; ++e) s[mt][n][e] = 0.0f;
       LOCKSTEP_UNROLL
       for (int kk = 0; kk < D / 16; ++kk) {
-        I qa[4];
-        if constexpr (kQInRegs) {
-          LOCKSTEP_UNROLL
-          for (int e = 0; e < 4; ++e) qa[e] = qf[kk][e];
-        } else {
-          x.ldmatrix_x4(qa, Qs, q_off + kk * 16);
+        I qa[kM][4];
+        LOCKSTEP_UNROLL
+        for (int mt = 0; mt < kM; ++mt) {
+          if constexpr (kQInRegs) {
+            LOCKSTEP_UNROLL
+            for (int e = 0; e < 4; ++e) qa[mt][e] = qf[kk][e];
+          } else {
+            x.ldmatrix_x4(qa[mt], Qs, q_off[mt] + kk * 16);
+          }
         }
         LOCKSTEP_UNROLL
         for (int np = 0; np < kTile / 16; ++np) {
           I kb[4];
           x.ldmatrix_x4(kb, Kt, k_off + np * 16 * kLd + kk * 16);
-          x.mma_16816(s[2 * np], qa, kb[0], kb[1]);
-          x.mma_16816(s[2 * np + 1], qa, kb[2], kb[3]);
+          LOCKSTEP_UNROLL
+          for (int mt = 0; mt < kM; ++mt) {
+            x.mma_16816(s[mt][2 * np], qa[mt], kb[0], kb[1]);
+            x.mma_16816(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+          }
         }
       }
 
       // Online softmax on the accumulators (Note [register fragments]), in base 2: a weight is
       // 2^(s c - m c) with c = scale log2(e) (Note [fused tensor-core rounding points]).
       const bool masked = keys < kTile || (p.causal && j0 + kTile - 1 > s0 + shift);
-      F mx[2] = {F(-kInf), F(-kInf)};
       LOCKSTEP_UNROLL
-      for (int n = 0; n < kTile / 8; ++n)
+      for (int mt = 0; mt < kM; ++mt) {
+        F mx[2] = {F(-kInf), F(-kInf)};
         LOCKSTEP_UNROLL
-        for (int e = 0; e < 4; ++e) {
-          if (masked) {
-            const I key = tq * 2 + (8 * n + (e & 1));  // in the tile
-            B vis = key < keys;
-            if (p.causal) vis = vis & (key + j0 <= row0 + ((e >> 1) * 8 + s0 + shift));
-            s[n][e] = x.select(vis, s[n][e], -kInf);
+        for (int n = 0; n < kTile / 8; ++n)
+          LOCKSTEP_UNROLL
+          for (int e = 0; e < 4; ++e) {
+            if (masked) {
+              const I key = tq * 2 + (8 * n + (e & 1));  // in the tile
+              B vis = key < keys;
+              if (p.causal) vis = vis & (key + j0 <= row0[mt] + ((e >> 1) * 8 + s0 + shift));
+              s[mt][n][e] = x.select(vis, s[mt][n][e], -kInf);
+            }
+            mx[e >> 1] = x.max(mx[e >> 1], s[mt][n][e]);
           }
-          mx[e >> 1] = x.max(mx[e >> 1], s[n][e]);
+        F alpha[2], mc[2];
+        LOCKSTEP_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          const F m_new = x.max(m[mt][h], x.template warp_max<4>(mx[h]));
+          const B none = m_new == -kInf;  // nothing visible yet in this row: every weight 0
+          mc[h] = x.select(none, 0.0f, m_new * c2);
+          alpha[h] = x.select(none, 1.0f, x.exp2_weight(x.fma(m[mt][h], c2, -mc[h])));
+          m[mt][h] = m_new;
         }
-      F alpha[2], mc[2];
-      LOCKSTEP_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        const F m_new = x.max(m[h], x.template warp_max<4>(mx[h]));
-        const B none = m_new == -kInf;  // nothing visible yet in this row: every weight 0
-        mc[h] = x.select(none, 0.0f, m_new * c2);
-        alpha[h] = x.select(none, 1.0f, x.exp2_weight(x.fma(m[h], c2, -mc[h])));
-        m[h] = m_new;
+        F ls[2] = {F(0.0f), F(0.0f)};
+        LOCKSTEP_UNROLL
+        for (int n = 0; n < kTile / 8; ++n)
+          LOCKSTEP_UNROLL
+          for (int e = 0; e < 4; ++e) {
+            s[mt][n][e] = x.exp2_weight(x.fma(s[mt][n][e], c2, -mc[e >> 1]));
+            ls[e >> 1] = ls[e >> 1] + s[mt][n][e];
+          }
+        LOCKSTEP_UNROLL
+        for (int h = 0; h < 2; ++h) l[mt][h] = l[mt][h] * alpha[h] + ls[h];
+        LOCKSTEP_UNROLL
+        for (int n = 0; n < D / 8; ++n)
+          LOCKSTEP_UNROLL
+          for (int e = 0; e < 4; ++e) o[mt][n][e] = o[mt][n][e] * alpha[e >> 1];
       }
-      F ls[2] = {F(0.0f), F(0.0f)};
-      LOCKSTEP_UNROLL
-      for (int n = 0; n < kTile / 8; ++n)
-        LOCKSTEP_UNROLL
-        for (int e = 0; e < 4; ++e) {
-          s[n][e] = x.exp2_weight(x.fma(s[n][e], c2, -mc[e >> 1]));
-          ls[e >> 1] = ls[e >> 1] + s[n][e];
-        }
-      LOCKSTEP_UNROLL
-      for (int h = 0; h < 2; ++h) l[h] = l[h] * alpha[h] + ls[h];
-      LOCKSTEP_UNROLL
-      for (int n = 0; n < D / 8; ++n)
-        LOCKSTEP_UNROLL
-        for (int e = 0; e < 4; ++e) o[n][e] = o[n][e] * alpha[e >> 1];
 
       // O += P.V: P's A fragments are the S accumulators of two n-tiles, packed to fp16.
       LOCKSTEP_UNROLL
       for (int kc = 0; kc < kTile / 16; ++kc) {
-        I pa[4];
-        pa[0] = x.pack_half2(s[2 * kc][0], s[2 * kc][1]);
-        pa[1] = x.pack_half2(s[2 * kc][2], s[2 * kc][3]);
-        pa[2] = x.pack_half2(s[2 * kc + 1][0], s[2 * kc + 1][1]);
-        pa[3] = x.pack_half2(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+        I pa[kM][4];
+        LOCKSTEP_UNROLL
+        for (int mt = 0; mt < kM; ++mt) {
+          pa[mt][0] = x.pack_half2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+          pa[mt][1] = x.pack_half2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+          pa[mt][2] = x.pack_half2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+          pa[mt][3] = x.pack_half2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+        }
         LOCKSTEP_UNROLL
         for (int dp = 0; dp < D / 16; ++dp) {
           I vb[4];
           x.ldmatrix_x4_trans(vb, Vt, v_off + kc * 16 * kLd + dp * 16);
-          x.mma_16816(o[2 * dp], pa, vb[0], vb[1]);
-          x.mma_16816(o[2 * dp + 1], pa, vb[2], vb[3]);
+          LOCKSTEP_UNROLL
+          for (int mt = 0; mt < kM; ++mt) {
+            x.mma_16816(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
+            x.mma_16816(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+          }
         }
       }
     }
 
     // out = o / l; a fully masked row (l == 0) gives zeros and log-sum-exp -inf.
     LOCKSTEP_UNROLL
-    for (int h = 0; h < 2; ++h) {
-      const F lt = x.template warp_sum<4>(l[h]);
-      const I row = row0 + h * 8;
-      const B live = row < rows;
-      const B empty = lt == 0.0f;
+    for (int mt = 0; mt < kM; ++mt)
       LOCKSTEP_UNROLL
-      for (int n = 0; n < D / 8; ++n)
+      for (int h = 0; h < 2; ++h) {
+        const F lt = x.template warp_sum<4>(l[mt][h]);
+        const I row = row0[mt] + h * 8;
+        const B live = row < rows;
+        const B empty = lt == 0.0f;
         LOCKSTEP_UNROLL
-        for (int e = 0; e < 2; ++e)
-          x.store(fb.ob, row * fb.o_ss + (tq * 2 + (8 * n + e)),
-                  x.select(empty, 0.0f, o[n][h * 2 + e] / lt), live);
-      if (p.lse != nullptr) {
-        float* lrow = p.lse + (std::int64_t{fb.b} * p.H + fb.h) * p.Sq + s0;
-        x.store(lrow, row, x.select(empty, -kInf, m[h] * p.scale + x.log(lt)), live & (tq == 0));
+        for (int n = 0; n < D / 8; ++n)
+          LOCKSTEP_UNROLL
+          for (int e = 0; e < 2; ++e)
+            x.store(fb.ob, row * fb.o_ss + (tq * 2 + (8 * n + e)),
+                    x.select(empty, 0.0f, o[mt][n][h * 2 + e] / lt), live);
+        if (p.lse != nullptr) {
+          float* lrow = p.lse + (std::int64_t{fb.b} * p.H + fb.h) * p.Sq + s0;
+          x.store(lrow, row, x.select(empty, -kInf, m[mt][h] * p.scale + x.log(lt)), live & (tq == 0));
+        }
       }
-    }
   }
 };
 
