@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
 #include <vector>
@@ -713,6 +714,40 @@ TEST_P(Attention, FusedEdgeCasesAndBadInput) {
   Buffer<float> none(dev, 0), none_out(dev, 0);
   attention(s(), none, k, v, none_out, AttentionShape{1, 4, 2, 0, 6, 32}, AttentionOptions{});
   s().synchronize();
+}
+
+// TensorCore at head_dim 64-128 runs 64 or 128 query rows per block (one or two m-tiles per
+// warp, chosen by the grid size): a schedule choice, so both give the same bytes, out and lse.
+TEST_P(Attention, FusedTensorCoreRowsPerBlockGiveTheSameBytes) {
+  Lcg rng{11};
+  for (std::int64_t D : {64, 128})
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE("D=" + std::to_string(D) + (causal ? " causal" : ""));
+      const AttentionShape sh{2, 4, 2, 200, 230, D};
+      auto buf = [&](std::size_t n) {
+        Buffer<float> x(dev, n);
+        x.copy_from_host(s(), rng.floats(n, 1.0f));
+        return x;
+      };
+      auto q = buf(std::size_t(2 * 4 * 200 * D)), k = buf(std::size_t(2 * 2 * 230 * D)),
+           v = buf(std::size_t(2 * 2 * 230 * D));
+      std::vector<float> outs[2], lses[2];
+      for (int i = 0; i < 2; ++i) {
+        auto out = filled(std::size_t(2 * 4 * 200 * D), 42.0f), lse = filled(2 * 4 * 200, 42.0f);
+        AttentionOptions o;
+        o.precision = AttentionPrecision::kTensorCore;
+        o.causal = causal;
+        o.lse = &lse;
+        ::setenv("LOCKSTEP_FUSED_TC_ROWS", i == 0 ? "64" : "128", 1);
+        attention(s(), q, k, v, out, sh, o);
+        ::unsetenv("LOCKSTEP_FUSED_TC_ROWS");
+        outs[i] = out.to_vector(s());
+        lses[i] = lse.to_vector(s());
+      }
+      for (std::size_t e = 0; e < outs[0].size(); ++e) ASSERT_EQ(bits(outs[0][e]), bits(outs[1][e])) << e;
+      for (std::size_t e = 0; e < lses[0].size(); ++e) ASSERT_EQ(bits(lses[0][e]), bits(lses[1][e])) << e;
+      ASSERT_NE(outs[0][0], 42.0f);
+    }
 }
 
 LOCKSTEP_INSTANTIATE_BACKENDS(Attention);

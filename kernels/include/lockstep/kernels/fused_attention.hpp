@@ -211,25 +211,28 @@ struct FusedAttentionExact {
 // s = Q.K^T is accumulated in fp32 over head_dim in steps of 16 (one mma each). The softmax is in
 // base 2 on the raw scores, FlashAttention-2's formulation: with m the running row max of s and
 // c = scale * log2(e) rounded to fp32, mc = m * c (fp32) and the weight p = exp2_weight(fma(s, c,
-// -mc)) (math.hpp: 1 ulp, 0 below 2^-126); alpha = exp2_weight(fma(m_old, c, -mc)). The row sum
+// -mc)) (math.hpp: 1 ulp, 0 below 2^-126); alpha = exp2_weight((m_old - m) * c). The row sum
 // l accumulates the fp32 p, per lane in key order and over the 4 lanes of a quad at the end; the
 // output accumulator is first rescaled, o = o * alpha (fp32), then P.V adds into it in steps of 16
 // keys with p rounded to fp16. out = o / l; log-sum-exp = m * scale + log(l).
 //
 // Schedule: a block of 4 warps owns 64 query rows of one (batch, head), warp w rows 16w .. 16w +
 // 15; tiles of kTile keys (64; 32 at head_dim 256) of fp16 K and V in double buffers: tile j + 1
-// arrives by cp.async while tile j is computed, one barrier per tile. Grid: x = ceil(Sq / 64), y = H, z = B.
-template <int D>
+// arrives by cp.async while tile j is computed, one barrier per tile. M = 2: each warp owns two
+// 16-row m-tiles (128 rows per block), which share every K and V fragment it loads. The rows'
+// arithmetic is the same for either M (same bits). Grid: x = ceil(Sq / kRows), y = H, z = B.
+template <int D, int M = 1>
 struct FusedAttentionTensorCore {
   static_assert(D % 16 == 0 && D <= 256, "head_dim: a multiple of 16, at most 256");
+  static_assert(M == 1 || (M == 2 && D <= 128), "two m-tiles per warp up to head_dim 128");
   static constexpr const char* kName = "fused_attention_tensor_core";
   static constexpr int kWarps = 4;
-  static constexpr int kM = 1;  // 16-row m-tiles per warp (they share each K and V fragment)
+  static constexpr int kM = M;  // 16-row m-tiles per warp (they share each K and V fragment)
   static constexpr int kRows = 16 * kM * kWarps;  // query rows per block
   static constexpr int kThreads = kWarps * kWarpSize;
   // Blocks per SM that the register allocation must allow (CUDA launch bounds): as many as the
   // shared memory takes (ptxas's own choice at head_dim 128 is 229 registers: two blocks).
-  static constexpr int kMinBlocks = D <= 64 ? 4 : D <= 128 ? 3 : 1;
+  static constexpr int kMinBlocks = M == 2 ? 2 : D <= 64 ? 4 : D <= 128 ? 3 : 1;
   static constexpr int kTile = D <= 128 ? 64 : 32;  // keys per tile
   static constexpr int kLd = D + 8;  // fp16 row pitch: rows 16 bytes apart mod 128, so ldmatrix
                                      // phases hit eight different bank groups
@@ -402,7 +405,9 @@ struct FusedAttentionTensorCore {
           const F m_new = x.max(m[mt][h], x.template warp_max<4>(mx[h]));
           const B none = m_new == -kInf;  // nothing visible yet in this row: every weight 0
           mc[h] = x.select(none, 0.0f, m_new * c2);
-          alpha[h] = x.select(none, 1.0f, x.exp2_weight(x.fma(m[mt][h], c2, -mc[h])));
+          // (m_old - m_new) c, not fma(m_old, c, -mc): exactly 1 when the max stays, so a tile
+          // with nothing visible to this row changes no bit of it (64 or 128 rows per block).
+          alpha[h] = x.select(none, 1.0f, x.exp2_weight((m[mt][h] - m_new) * c2));
           m[mt][h] = m_new;
         }
         F ls[2] = {F(0.0f), F(0.0f)};

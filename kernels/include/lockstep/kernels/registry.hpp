@@ -46,6 +46,7 @@ using AllKernels = KernelList<
     FusedAttentionExact<128>, FusedAttentionExact<256>,
     FusedAttentionTensorCore<32>, FusedAttentionTensorCore<64>, FusedAttentionTensorCore<96>,
     FusedAttentionTensorCore<128>, FusedAttentionTensorCore<256>,
+    FusedAttentionTensorCore<64, 2>, FusedAttentionTensorCore<96, 2>, FusedAttentionTensorCore<128, 2>,
     FusedHalfPack<32>, FusedHalfPack<64>, FusedHalfPack<96>, FusedHalfPack<128>, FusedHalfPack<256>>;
 
 template <class K, class List>
