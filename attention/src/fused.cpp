@@ -15,13 +15,13 @@ std::uint64_t batch_kv_elems(const kernels::FusedAttentionParams& p, std::int64_
   return std::uint64_t(p.B) * std::uint64_t(p.Hkv) * std::uint64_t(p.Skv) * std::uint64_t(D);
 }
 
-// TensorCore at head_dim 64-128: 128 query rows per block (two m-tiles per warp) when that still
-// gives at least two blocks per SM of the H200 (132 SMs) -- 264 blocks -- else 64 rows. The same
-// bits either way (a schedule choice). LOCKSTEP_FUSED_TC_ROWS=64|128 forces one (tests, bench).
-bool use_two_m_tiles(std::int64_t seq_q, std::int64_t heads, std::int64_t batch) {
+// TensorCore at head_dim 64-128 can run 128 query rows per block (two m-tiles per warp sharing
+// each K and V fragment) instead of 64: measured slower on every benchmark shape (run 43: 255
+// registers, two blocks per SM instead of three), so only LOCKSTEP_FUSED_TC_ROWS=128 picks it.
+// The same bits either way (a schedule choice; a unit test holds both to it).
+bool use_two_m_tiles() {
   const char* v = std::getenv("LOCKSTEP_FUSED_TC_ROWS");
-  if (v != nullptr && *v != '\0') return std::atoi(v) == 128;
-  return kernels::ceil_div(seq_q, 128) * heads * batch >= 264;
+  return v != nullptr && std::atoi(v) == 128;
 }
 
 template <int D>
@@ -48,7 +48,7 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
     launch<P>(s, grid, P::kSharedBytes, tp);
   }
   if constexpr (D >= 64 && D <= 128) {
-    if (use_two_m_tiles(seq_q, heads, batch)) return go(kernels::FusedAttentionTensorCore<D, 2>{}, tp);
+    if (use_two_m_tiles()) return go(kernels::FusedAttentionTensorCore<D, 2>{}, tp);
   }
   go(kernels::FusedAttentionTensorCore<D>{}, tp);
 }
