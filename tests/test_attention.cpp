@@ -716,6 +716,36 @@ TEST_P(Attention, FusedEdgeCasesAndBadInput) {
   s().synchronize();
 }
 
+// A NaN in a query row reaches that row's output as NaN in both precisions (never zeros, which
+// would pass for a fully masked row); the other rows stay finite.
+TEST_P(Attention, FusedNanQueryRowGivesNanOutput) {
+  const AttentionShape sh{1, 2, 1, 70, 90, 64};
+  Lcg rng{5};
+  auto buf = [&](std::vector<float> h) {
+    Buffer<float> x(dev, h.size());
+    x.copy_from_host(s(), h);
+    return x;
+  };
+  auto hq = rng.floats(2 * 70 * 64, 1.0f);
+  hq[std::size_t((1 * 70 + 65) * 64 + 3)] = NAN;  // head 1, row 65, one element
+  auto q = buf(hq), k = buf(rng.floats(90 * 64, 1.0f)), v = buf(rng.floats(90 * 64, 1.0f));
+  for (auto prec : {AttentionPrecision::kExact, AttentionPrecision::kTensorCore}) {
+    SCOPED_TRACE(prec == AttentionPrecision::kExact ? "exact" : "tensor core");
+    auto out = filled(2 * 70 * 64, 42.0f), lse = filled(2 * 70, 42.0f);
+    AttentionOptions o;
+    o.precision = prec;
+    o.lse = &lse;
+    attention(s(), q, k, v, out, sh, o);
+    const auto ho = out.to_vector(s());
+    for (std::size_t r = 0; r < 140; ++r)
+      for (std::size_t d = 0; d < 64; ++d) {
+        if (r == 70 + 65) ASSERT_TRUE(std::isnan(ho[r * 64 + d])) << d;
+        else ASSERT_TRUE(std::isfinite(ho[r * 64 + d])) << r << " " << d;
+      }
+    EXPECT_TRUE(std::isnan(lse.to_vector(s())[70 + 65]));
+  }
+}
+
 // TensorCore at head_dim 64-128 runs 64 or 128 query rows per block (one or two m-tiles per
 // warp, chosen by the grid size): a schedule choice, so both give the same bytes, out and lse.
 TEST_P(Attention, FusedTensorCoreRowsPerBlockGiveTheSameBytes) {

@@ -397,7 +397,10 @@ struct FusedAttentionTensorCore {
               if (p.causal) vis = vis & (key + j0 <= row0[mt] + ((e >> 1) * 8 + s0 + shift));
               s[mt][n][e] = x.select(vis, s[mt][n][e], -kInf);
             }
-            mx[e >> 1] = x.max(mx[e >> 1], s[mt][n][e]);
+            // A lane's running max in a fixed order: compare and select (a NaN score sticks),
+            // not the commutative math::max the butterfly below needs (9 ALU operations).
+            const F v = s[mt][n][e];
+            mx[e >> 1] = x.select((v > mx[e >> 1]) | x.isnan(v), v, mx[e >> 1]);
           }
         F alpha[2], mc[2];
         LOCKSTEP_UNROLL
