@@ -129,6 +129,20 @@ LOCKSTEP_HD V exp_poly(V r) {
   p = fma(p, r, V(1.0f));
   return fma(p, r, V(1.0f));
 }
+
+// 2^r for |r| <= 0.5: 2^r = e^(r ln2), Taylor coefficients ln2^i / i! (exp2 and exp2_weight).
+template <class V>
+LOCKSTEP_HD V exp2_poly(V r) {
+  V p = V(1.52527336e-5f);
+  p = fma(p, r, V(1.54035297e-4f));
+  p = fma(p, r, V(1.33335579e-3f));
+  p = fma(p, r, V(9.61812865e-3f));
+  p = fma(p, r, V(5.55041097e-2f));
+  p = fma(p, r, V(2.40226507e-1f));
+  p = fma(p, r, V(6.93147182e-1f));
+  p = fma(p, r, V(1.0f));
+  return p;
+}
 }  // namespace detail
 
 // e^x. Max error 1 ulp over all floats (docs/numerics.md); exp(-inf) = 0, exp(+inf) = +inf,
@@ -155,16 +169,7 @@ LOCKSTEP_HD V exp2(V x) {
   const V k = t - V(detail::kRoundMagic);
   auto n = as_int(t) - as_int(detail::kRoundMagic);
   const V r = x - k;  // exact, |r| <= 0.5
-  // 2^r = e^(r ln2): Taylor coefficients ln2^i / i!.
-  V p = V(1.52527336e-5f);
-  p = fma(p, r, V(1.54035297e-4f));
-  p = fma(p, r, V(1.33335579e-3f));
-  p = fma(p, r, V(9.61812865e-3f));
-  p = fma(p, r, V(5.55041097e-2f));
-  p = fma(p, r, V(2.40226507e-1f));
-  p = fma(p, r, V(6.93147182e-1f));
-  p = fma(p, r, V(1.0f));
-  return ldexp_split(p, n);
+  return ldexp_split(detail::exp2_poly(r), n);
 }
 
 // 2^y for softmax weights, y <= 127 (also -inf and NaN): exp2's polynomial and one exact scaling;
@@ -178,15 +183,7 @@ LOCKSTEP_HD V exp2_weight(V y) {
   const V k = t - V(detail::kRoundMagic);
   auto n = as_int(t) - as_int(detail::kRoundMagic);
   const V r = y - k;  // exact, |r| <= 0.5
-  V p = V(1.52527336e-5f);
-  p = fma(p, r, V(1.54035297e-4f));
-  p = fma(p, r, V(1.33335579e-3f));
-  p = fma(p, r, V(9.61812865e-3f));
-  p = fma(p, r, V(5.55041097e-2f));
-  p = fma(p, r, V(2.40226507e-1f));
-  p = fma(p, r, V(6.93147182e-1f));
-  p = fma(p, r, V(1.0f));
-  return select(y < V(-126.0f), V(0.0f), p * pow2i(n));
+  return select(y < V(-126.0f), V(0.0f), detail::exp2_poly(r) * pow2i(n));
 }
 
 // Natural logarithm. Max error 1 ulp; log(0) = -inf, log(x < 0) = NaN, log(+inf) = +inf,
