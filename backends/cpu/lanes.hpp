@@ -383,6 +383,7 @@ LS_FUNCTOR(OpLog, math::log(c...))
 LS_FUNCTOR(OpSin, math::sin(c...))
 LS_FUNCTOR(OpCos, math::cos(c...))
 LS_FUNCTOR(OpMax, math::max(c...))
+LS_FUNCTOR(OpMaxNum, math::max_num(c...))
 LS_FUNCTOR(OpMin, math::min(c...))
 LS_FUNCTOR(OpSqrt, sqrt(c...))
 LS_FUNCTOR(OpAbs, abs(c...))
@@ -945,6 +946,10 @@ class CpuExec {
   template <class A, class B>
   LS_INLINE auto max(A&& a, B&& b) const {
     return make_node<OpMax>(wrap<float>(std::forward<A>(a)), wrap<float>(std::forward<B>(b)));
+  }
+  template <class A, class B>
+  LS_INLINE auto max_num(A&& a, B&& b) const {
+    return make_node<OpMaxNum>(wrap<float>(std::forward<A>(a)), wrap<float>(std::forward<B>(b)));
   }
   template <class A, class B>
   LS_INLINE auto min(A&& a, B&& b) const {

@@ -269,6 +269,7 @@ struct CudaExec {
   __device__ __forceinline__ float round_to_half(float v) const { return math::round_to_half(v); }
   __device__ __forceinline__ float fma(float a, float b, float c) const { return __fmaf_rn(a, b, c); }
   __device__ __forceinline__ float max(float a, float b) const { return math::max(a, b); }
+  __device__ __forceinline__ float max_num(float a, float b) const { return math::max_num(a, b); }
   __device__ __forceinline__ float min(float a, float b) const { return math::min(a, b); }
   template <class T>
   __device__ __forceinline__ T select(bool m, T a, T b) const {

@@ -386,22 +386,32 @@ struct FusedAttentionTensorCore {
       const bool masked = keys < kTile || (p.causal && j0 + kTile - 1 > s0 + shift);
       LOCKSTEP_UNROLL
       for (int mt = 0; mt < kM; ++mt) {
+        if (masked) {  // one block-uniform branch for the tile, not one per score
+          // Key 2 tq + c of the tile is visible to row r when 2 tq + c < keys and (causal)
+          // 2 tq + c + j0 <= r + s0 + shift: c < lim, one bound per row and thread.
+          I lim[2];
+          LOCKSTEP_UNROLL
+          for (int h = 0; h < 2; ++h) {
+            lim[h] = tq * -2 + keys;
+            if (p.causal) {
+              const I diag = row0[mt] + (h * 8 + s0 + shift - j0 + 1) - tq * 2;
+              lim[h] = x.select(diag < lim[h], diag, lim[h]);
+            }
+          }
+          LOCKSTEP_UNROLL
+          for (int n = 0; n < kTile / 8; ++n)
+            LOCKSTEP_UNROLL
+            for (int e = 0; e < 4; ++e)
+              s[mt][n][e] = x.select(lim[e >> 1] > 8 * n + (e & 1), s[mt][n][e], -kInf);
+        }
+        // A lane's running max in a fixed order by max_num (one instruction; a NaN score is
+        // skipped here and reaches the row through its weight, exp2_weight(NaN) = NaN, so the
+        // row's output and log-sum-exp are NaN all the same: FusedNanQueryRowGivesNanOutput).
         F mx[2] = {F(-kInf), F(-kInf)};
         LOCKSTEP_UNROLL
         for (int n = 0; n < kTile / 8; ++n)
           LOCKSTEP_UNROLL
-          for (int e = 0; e < 4; ++e) {
-            if (masked) {
-              const I key = tq * 2 + (8 * n + (e & 1));  // in the tile
-              B vis = key < keys;
-              if (p.causal) vis = vis & (key + j0 <= row0[mt] + ((e >> 1) * 8 + s0 + shift));
-              s[mt][n][e] = x.select(vis, s[mt][n][e], -kInf);
-            }
-            // A lane's running max in a fixed order: compare and select (a NaN score sticks),
-            // not the commutative math::max the butterfly below needs (9 ALU operations).
-            const F v = s[mt][n][e];
-            mx[e >> 1] = x.select((v > mx[e >> 1]) | x.isnan(v), v, mx[e >> 1]);
-          }
+          for (int e = 0; e < 4; ++e) mx[e >> 1] = x.max_num(mx[e >> 1], s[mt][n][e]);
         F alpha[2], mc[2];
         LOCKSTEP_UNROLL
         for (int h = 0; h < 2; ++h) {

@@ -95,6 +95,38 @@ LOCKSTEP_HD V min(V a, V b) {
   return select(isnan(a) | isnan(b), V(as_float(kCanonicalNaN)), r);
 }
 
+// max(y, lo) for a constant lo that is not NaN, with a NaN y kept NaN (its payload is not part of
+// the contract). One instruction on the GPU (PTX max.NaN, sm_80 and later).
+template <class V>
+LOCKSTEP_HD V max_keep_nan(V y, V lo) {
+  return select(y < lo, lo, y);
+}
+LOCKSTEP_HD float max_keep_nan(float y, float lo) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(y), "f"(lo));
+  return r;
+#else
+  return y < lo ? lo : y;
+#endif
+}
+
+// The larger operand, a NaN operand ignored (IEEE 754 maxNum, C's fmaxf): one instruction on the
+// GPU. Which of +0 and -0 it returns for the pair is not specified (CUDA's fmaxf and this source
+// may differ), and it is not commutative on NaN the way max is: use it only where neither can
+// change a result (the fused tensor-core softmax's per-lane running max).
+template <class V>
+LOCKSTEP_HD V max_num(V a, V b) {
+  return select(isnan(a), b, select(b > a, b, a));
+}
+LOCKSTEP_HD float max_num(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return fmaxf(a, b);
+#else
+  return isnan(a) ? b : (b > a ? b : a);
+#endif
+}
+
 // --- exact scaling --------------------------------------------------------------------------------
 
 // 2^k as a float for integer k in [-126, 127], built from bits.
@@ -130,7 +162,7 @@ LOCKSTEP_HD V exp_poly(V r) {
   return fma(p, r, V(1.0f));
 }
 
-// 2^r for |r| <= 0.5: 2^r = e^(r ln2), Taylor coefficients ln2^i / i! (exp2 and exp2_weight).
+// 2^r for |r| <= 0.5: 2^r = e^(r ln2), Taylor coefficients ln2^i / i!.
 template <class V>
 LOCKSTEP_HD V exp2_poly(V r) {
   V p = V(1.52527336e-5f);
@@ -172,18 +204,32 @@ LOCKSTEP_HD V exp2(V x) {
   return ldexp_split(detail::exp2_poly(r), n);
 }
 
-// 2^y for softmax weights, y <= 127 (also -inf and NaN): exp2's polynomial and one exact scaling;
-// a result below 2^-126 is 0 (exp2 would give a subnormal), -inf gives 0, NaN stays NaN. Max error
-// 1 ulp above 2^-126. A weight below 2^-126 next to the row's largest weight 1 changes no sum
-// or fp16 product, so fused attention loses nothing by the flush (Note [fused tensor-core
-// rounding points]).
+// 2^y for softmax weights, y <= 127 (also -inf and NaN), built for the fused tensor-core softmax,
+// whose weights are rounded to fp16 for P.V: a degree-5 polynomial (minimax for the relative
+// error on [-1/2, 1/2], p(0) = 1 exactly) and one exact scaling. Max error 2.04 ulp (every float
+// in [-126, 2], docs/numerics.md); exp2_weight(0) = 1 exactly (a row's rescale by
+// exp2_weight((m - m) c) is then exactly 1). Below -126.5 the result is 0 (y is first raised to
+// -127, whose scale factor 2^-127 is built as 0), between -126.5 and -126 a subnormal; -inf gives
+// 0 and NaN stays NaN. Eleven operations on the GPU (exp2: 16).
+namespace detail {
+template <class V>
+LOCKSTEP_HD V exp2_poly5(V r) {
+  V p = V(1.326472731e-03f);
+  p = fma(p, r, V(9.671512991e-03f));
+  p = fma(p, r, V(5.550733581e-02f));
+  p = fma(p, r, V(2.402224243e-01f));
+  p = fma(p, r, V(6.931470037e-01f));
+  return fma(p, r, V(1.0f));
+}
+}  // namespace detail
 template <class V>
 LOCKSTEP_HD V exp2_weight(V y) {
+  y = max_keep_nan(y, V(-127.0f));
   const V t = y + V(detail::kRoundMagic);
   const V k = t - V(detail::kRoundMagic);
   auto n = as_int(t) - as_int(detail::kRoundMagic);
   const V r = y - k;  // exact, |r| <= 0.5
-  return select(y < V(-126.0f), V(0.0f), detail::exp2_poly(r) * pow2i(n));
+  return detail::exp2_poly5(r) * pow2i(n);  // pow2i(-127) is +0
 }
 
 // Natural logarithm. Max error 1 ulp; log(0) = -inf, log(x < 0) = NaN, log(+inf) = +inf,

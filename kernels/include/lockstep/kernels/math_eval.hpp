@@ -7,7 +7,7 @@
 
 namespace lockstep::kernels {
 
-enum class MathFn : std::int32_t { kExp = 0, kExp2, kLog, kSin, kCos, kRoundHalf, kCount };
+enum class MathFn : std::int32_t { kExp = 0, kExp2, kLog, kSin, kCos, kRoundHalf, kExp2Weight, kCount };
 
 struct MathEvalParams {
   const float* in;  // may be null
@@ -33,6 +33,7 @@ struct MathEval {
       case MathFn::kLog: r = x.log(v); break;
       case MathFn::kSin: r = x.sin(v); break;
       case MathFn::kCos: r = x.cos(v); break;
+      case MathFn::kExp2Weight: r = x.exp2_weight(v); break;
       default: r = x.round_to_half(v); break;
     }
     return r;
