@@ -211,7 +211,7 @@ struct FusedAttentionExact {
 // s = Q.K^T is accumulated in fp32 over head_dim in steps of 16 (one mma each). The softmax is in
 // base 2 on the raw scores, FlashAttention-2's formulation: with m the running row max of s and
 // c = scale * log2(e) rounded to fp32, mc = m * c (fp32) and the weight p = exp2_weight(fma(s, c,
-// -mc)) (math.hpp: 1 ulp, 0 below 2^-126); alpha = exp2_weight((m_old - m) * c). The row sum
+// -mc)) (math.hpp: 2.04 ulp, 0 below 2^-126.5); alpha = exp2_weight((m_old - m) * c). The row sum
 // l accumulates the fp32 p, per lane in key order and over the 4 lanes of a quad at the end; the
 // output accumulator is first rescaled, o = o * alpha (fp32), then P.V adds into it in steps of 16
 // keys with p rounded to fp16. out = o / l; log-sum-exp = m * scale + log(l).
