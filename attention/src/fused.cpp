@@ -16,12 +16,20 @@ std::uint64_t batch_kv_elems(const kernels::FusedAttentionParams& p, std::int64_
 }
 
 // TensorCore at head_dim 64-128 can run 128 query rows per block (two m-tiles per warp sharing
-// each K and V fragment) instead of 64: measured slower on every benchmark shape (run 43: 255
-// registers, two blocks per SM instead of three), so only LOCKSTEP_FUSED_TC_ROWS=128 picks it.
-// The same bits either way (a schedule choice; a unit test holds both to it).
-bool use_two_m_tiles() {
-  const char* v = std::getenv("LOCKSTEP_FUSED_TC_ROWS");
-  return v != nullptr && std::atoi(v) == 128;
+// each K and V fragment, 255 registers, two blocks per SM) instead of 64 (168 registers at
+// head_dim 128, three blocks per SM). With run 45's lighter softmax, 128 rows won at head_dim 128
+// (B4 H32 L4096: 4.42 vs 5.12-5.18 ms; causal 2.54 vs 2.82-2.87) and lost at head_dim 64 (whisper
+// 1x6x1500: 0.0573 vs 0.0557; 16x16x1024 causal: 0.326 vs 0.289-0.296); before it, 64 rows won
+// everywhere (run 43). So the default is 128 rows at head_dim 128 when the grid fills two waves of
+// 132 SMs x 2 blocks at that size (fewer, larger blocks would idle SMs), else 64; head_dim 96 was
+// not measured and keeps 64. LOCKSTEP_FUSED_TC_ROWS=64|128 overrides (a measurement knob). The
+// same bits either way (a schedule choice; a unit test holds both to it).
+bool use_two_m_tiles(int D, std::int64_t blocks_at_128_rows) {
+  if (const char* v = std::getenv("LOCKSTEP_FUSED_TC_ROWS"); v != nullptr) {
+    if (std::atoi(v) == 128) return true;
+    if (std::atoi(v) == 64) return false;
+  }
+  return D == 128 && blocks_at_128_rows >= 2 * 2 * 132;
 }
 
 template <int D>
@@ -48,7 +56,8 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
     launch<P>(s, grid, P::kSharedBytes, tp);
   }
   if constexpr (D >= 64 && D <= 128) {
-    if (use_two_m_tiles()) return go(kernels::FusedAttentionTensorCore<D, 2>{}, tp);
+    const std::int64_t blocks128 = kernels::ceil_div(seq_q, std::int64_t{128}) * heads * batch;
+    if (use_two_m_tiles(D, blocks128)) return go(kernels::FusedAttentionTensorCore<D, 2>{}, tp);
   }
   go(kernels::FusedAttentionTensorCore<D>{}, tp);
 }
