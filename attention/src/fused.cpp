@@ -26,8 +26,8 @@ std::uint64_t batch_kv_elems(const kernels::FusedAttentionParams& p, std::int64_
 // same bits either way (a schedule choice; a unit test holds both to it).
 bool use_two_m_tiles(int D, std::int64_t blocks_at_128_rows) {
   if (const char* v = std::getenv("LOCKSTEP_FUSED_TC_ROWS"); v != nullptr) {
-    if (std::atoi(v) == 128) return true;
-    if (std::atoi(v) == 64) return false;
+    const int rows = std::atoi(v);
+    if (rows == 128 || rows == 64) return rows == 128;
   }
   return D == 128 && blocks_at_128_rows >= 2 * 2 * 132;
 }

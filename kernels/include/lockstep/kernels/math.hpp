@@ -107,7 +107,7 @@ LOCKSTEP_HD float max_keep_nan(float y, float lo) {
   asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(y), "f"(lo));
   return r;
 #else
-  return y < lo ? lo : y;
+  return max_keep_nan<float>(y, lo);
 #endif
 }
 
@@ -123,7 +123,7 @@ LOCKSTEP_HD float max_num(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return fmaxf(a, b);
 #else
-  return isnan(a) ? b : (b > a ? b : a);
+  return max_num<float>(a, b);
 #endif
 }
 
@@ -175,6 +175,26 @@ LOCKSTEP_HD V exp2_poly(V r) {
   p = fma(p, r, V(1.0f));
   return p;
 }
+
+// 2^r for |r| <= 0.5, degree 5 (exp2_weight): minimax for the relative error, p(0) = 1 exactly.
+template <class V>
+LOCKSTEP_HD V exp2_poly5(V r) {
+  V p = V(1.326472731e-03f);
+  p = fma(p, r, V(9.671512991e-03f));
+  p = fma(p, r, V(5.550733581e-02f));
+  p = fma(p, r, V(2.402224243e-01f));
+  p = fma(p, r, V(6.931470037e-01f));
+  return fma(p, r, V(1.0f));
+}
+
+// y = n + r with n = rint(y) (ties to even) and r = y - n exact, |r| <= 0.5, for |y| < 2^22:
+// returns n, sets r (exp2 and exp2_weight).
+template <class V>
+LOCKSTEP_HD auto round_split(V y, V& r) {
+  const V t = y + V(kRoundMagic);
+  r = y - (t - V(kRoundMagic));
+  return as_int(t) - as_int(kRoundMagic);
+}
 }  // namespace detail
 
 // e^x. Max error 1 ulp over all floats (docs/numerics.md); exp(-inf) = 0, exp(+inf) = +inf,
@@ -197,10 +217,8 @@ template <class V>
 LOCKSTEP_HD V exp2(V x) {
   x = select(x > V(129.0f), V(129.0f), x);
   x = select(x < V(-152.0f), V(-152.0f), x);
-  const V t = x + V(detail::kRoundMagic);
-  const V k = t - V(detail::kRoundMagic);
-  auto n = as_int(t) - as_int(detail::kRoundMagic);
-  const V r = x - k;  // exact, |r| <= 0.5
+  V r;
+  const auto n = detail::round_split(x, r);
   return ldexp_split(detail::exp2_poly(r), n);
 }
 
@@ -211,24 +229,10 @@ LOCKSTEP_HD V exp2(V x) {
 // exp2_weight((m - m) c) is then exactly 1). Below -126.5 the result is 0 (y is first raised to
 // -127, whose scale factor 2^-127 is built as 0), between -126.5 and -126 a subnormal; -inf gives
 // 0 and NaN stays NaN. Eleven operations on the GPU (exp2: 16).
-namespace detail {
-template <class V>
-LOCKSTEP_HD V exp2_poly5(V r) {
-  V p = V(1.326472731e-03f);
-  p = fma(p, r, V(9.671512991e-03f));
-  p = fma(p, r, V(5.550733581e-02f));
-  p = fma(p, r, V(2.402224243e-01f));
-  p = fma(p, r, V(6.931470037e-01f));
-  return fma(p, r, V(1.0f));
-}
-}  // namespace detail
 template <class V>
 LOCKSTEP_HD V exp2_weight(V y) {
-  y = max_keep_nan(y, V(-127.0f));
-  const V t = y + V(detail::kRoundMagic);
-  const V k = t - V(detail::kRoundMagic);
-  auto n = as_int(t) - as_int(detail::kRoundMagic);
-  const V r = y - k;  // exact, |r| <= 0.5
+  V r;
+  const auto n = detail::round_split(max_keep_nan(y, V(-127.0f)), r);
   return detail::exp2_poly5(r) * pow2i(n);  // pow2i(-127) is +0
 }
 
