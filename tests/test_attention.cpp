@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -114,6 +116,48 @@ std::vector<float> run_decode_variant(Stream& s, const std::shared_ptr<Device>& 
   launch<Chunk>(s, Dim3{std::uint32_t(chunks), std::uint32_t(Hkv * (H / Hkv / Chunk::kHeads)), 1},
                 Chunk::kSharedBytes, p);
   launch<Merge>(s, Dim3{std::uint32_t(H * Merge::kSlices), 1, 1}, Merge::kSharedBytes, p);
+  return out.to_vector(s);
+}
+
+// The same through the stream's counters (Note [block signals]): the chunk kernel signals and
+// Merge waits on them, or with `fold` the chunk kernel merges and Merge is not launched (Note
+// [folded merge]); checks that the counters are zero afterwards.
+template <class Chunk, class Merge>
+std::vector<float> run_decode_signalled(Stream& s, const std::shared_ptr<Device>& dev,
+                                        const Buffer<float>& q, const Buffer<float>& k,
+                                        const Buffer<float>& v, int H, int Hkv, int L, int len,
+                                        int rows, bool fold) {
+  constexpr int D = Chunk::kQuads * 32;
+  const int chunks = (L + kernels::kDecodeChunk - 1) / kernels::kDecodeChunk;
+  const std::size_t blocks_y = std::size_t(H / Chunk::kHeads);
+  Buffer<float> ws(dev, std::size_t(rows) * H * chunks * (D + 2)), out(dev, std::size_t(rows) * H * D);
+  kernels::DecodeParams p{};
+  p.q = q.data().get();
+  p.k = k.data().get();
+  p.v = v.data().get();
+  p.part_o = ws.data().get();
+  p.part_ml = ws.data().get() + std::size_t(rows) * H * chunks * D;
+  p.out = out.data().get();
+  p.head_stride = std::int64_t{L} * D;
+  p.slot_stride = 0;  // every row reads slot 0's cache (q differs per row)
+  p.rows = rows;
+  p.H = H;
+  p.Hkv = Hkv;
+  p.max_chunks = chunks;
+  p.length = len;
+  p.max_len = L;
+  p.scale = 1.0f / std::sqrt(float(D));
+  p.heads_per_block = Chunk::kHeads;
+  p.counters = detail::StreamAccess::counters(s, rows * blocks_y * 2);
+  p.fold = fold ? 1 : 0;
+  launch<Chunk>(s, Dim3{std::uint32_t(chunks), std::uint32_t(blocks_y), std::uint32_t(rows)},
+                Chunk::kSharedBytes, p);
+  if (!fold)
+    launch<Merge>(s, Dim3{std::uint32_t(H * Merge::kSlices), std::uint32_t(rows), 1}, Merge::kSharedBytes, p);
+  std::vector<std::int32_t> counters(rows * blocks_y * 2, -1);
+  detail::StreamAccess::copy_d2h(s, counters.data(), p.counters, counters.size() * sizeof(std::int32_t));
+  s.synchronize();
+  for (std::size_t i = 0; i < counters.size(); ++i) EXPECT_EQ(counters[i], 0) << "counter " << i;
   return out.to_vector(s);
 }
 
@@ -232,6 +276,50 @@ TEST_P(Attention, DecodeSignalsGiveTheSameBytesAndLeaveCountersZero) {
     s().synchronize();
     for (std::size_t i = 0; i < counters.size(); ++i) ASSERT_EQ(counters[i], 0) << "step " << step << ", counter " << i;
     for (float v : fo.to_vector(s())) ASSERT_TRUE(std::isfinite(v));
+  }
+}
+
+// Note [folded merge]: the last chunk block of each (row, block y) merges, in the chunk kernel;
+// the bytes are those of the separate merge (waiting on the same counters, or on the whole chunk
+// kernel), for rows of one merge batch and of several, every head count per block, several rows
+// (whose last blocks merge concurrently) and rows of length 0; the counters end at zero.
+TEST_P(Attention, DecodeFoldedMergeGivesTheSameBytes) {
+  using kernels::DecodeChunk;
+  using kernels::DecodeMerge;
+  constexpr int L = 9000, H = 8, Hkv = 2;
+  {
+    constexpr int D = 128;
+    DecodeInputs<D> in(dev, s(), 3 * H, Hkv, L, 5150u);  // q of 3 rows
+    for (int len : {0, 1, 3000, 8192, 9000}) {  // 0 to 36 chunks; one merge batch is 32
+      SCOPED_TRACE("D 128, length " + std::to_string(len));
+      const auto ref = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+      const auto f4 = run_decode_signalled<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, true);
+      const auto f1 = run_decode_signalled<DecodeChunk<D, 1, 2, 3>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, true);
+      const auto f2 = run_decode_signalled<DecodeChunk<D, 2, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, true);
+      const auto w4 = run_decode_signalled<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D, 32, 4, 1>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, false);
+      EXPECT_TRUE(same(ref, f4)) << "folded, 4 heads per block";
+      EXPECT_TRUE(same(ref, f1)) << "folded, 1 head per block";
+      EXPECT_TRUE(same(ref, f2)) << "folded, 2 heads per block";
+      EXPECT_TRUE(same(ref, w4)) << "signals, sliced merge";
+      if (len == 0) EXPECT_TRUE(std::all_of(f4.begin(), f4.end(), [](float x) { return x == 0.0f; }));
+      // Three rows over the same cache: row r's output is the single row's with q row r.
+      const auto rows3 = run_decode_signalled<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 3, true);
+      const auto rows3s = run_decode_signalled<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 3, false);
+      EXPECT_TRUE(same(rows3, rows3s)) << "three rows, folded vs signals";
+      EXPECT_TRUE(std::equal(ref.begin(), ref.end(), rows3.begin(),
+                             [](float a, float b) { return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b); }))
+          << "row 0 of three vs the single row";
+    }
+  }
+  {
+    constexpr int D = 96;  // 5 merge groups, 120 of 128 threads active
+    DecodeInputs<D> in(dev, s(), H, Hkv, L, 5151u);
+    for (int len : {300, 9000}) {
+      SCOPED_TRACE("D 96, length " + std::to_string(len));
+      const auto ref = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+      const auto f = run_decode_signalled<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, true);
+      EXPECT_TRUE(same(ref, f));
+    }
   }
 }
 

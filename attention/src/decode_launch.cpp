@@ -67,6 +67,12 @@ int signals_knob() {
   static const int n = env_knob("LOCKSTEP_DECODE_SIGNALS", 1);
   return n;
 }
+// LOCKSTEP_DECODE_FOLD=0|1: the merge in its own kernel, or folded into the chunk kernel (Note
+// [folded merge]); unset: per shape (fold_merge below).
+int fold_knob() {
+  static const int f = env_knob("LOCKSTEP_DECODE_FOLD", -1);
+  return f;
+}
 int stages_knob() {
   static const int ns = env_knob("LOCKSTEP_DECODE_STAGES", -1);
   return ns;
@@ -121,13 +127,26 @@ kernels::KvScatterParams append_as_scatter(const kernels::DecodeParams& p, int D
   sp.status = p.status;
   return sp;
 }
+// Note [folded merge]: whether the chunk kernel K merges (one launch). It needs the counters and
+// the async ring; the separate merge stays where it is faster, for few rows with more chunks
+// than one merge batch, where its sliced blocks spread the merge over the device.
+template <class K>
+bool fold_merge(const Stream& s, const kernels::DecodeParams& p, Dim3 merge_grid) {
+  if (p.counters == nullptr || K::kStages == 0 || diag_only_knob() != 0) return false;
+  if (fold_knob() >= 0) return fold_knob() != 0;
+  const bool few_rows = std::int64_t{merge_grid.x} * merge_grid.y < s.device().caps().multiprocessors;
+  return !(few_rows && p.max_chunks > K::FoldMerge::kBatch);
+}
 // Enqueues the chunk kernel and the merge; returns the launches.
 template <int D>
 int launch_chunk_and_merge(Stream& s, kernels::DecodeParams p, int g, Dim3 chunk_grid,
                            Dim3 merge_grid) {
   int launches = 0;
+  bool folded = false;
   if (diag_only_knob() != 2) {
     with_chunk_variant<D>(g, [&]<class K>() {
+      folded = fold_merge<K>(s, p, merge_grid);
+      p.fold = folded ? 1 : 0;
       if (p.k_new != nullptr && K::kStages == 0) {  // Note [fused append]: no fresh rows
         launch_kv_scatter(s, append_as_scatter(p, D));
         ++launches;
@@ -139,7 +158,7 @@ int launch_chunk_and_merge(Stream& s, kernels::DecodeParams p, int g, Dim3 chunk
       ++launches;
     });
   }
-  if (diag_only_knob() == 1) return launches;
+  if (diag_only_knob() == 1 || folded) return launches;
   ++launches;
   if constexpr (D == 128) {
     const int mb = merge_batch_knob();

@@ -756,6 +756,12 @@ class CpuExec {
   void signal(std::int32_t* c) const {
     std::atomic_ref<std::int32_t>(*c).fetch_add(1, std::memory_order_acq_rel);
   }
+  bool signal_last(std::int32_t* c, int target) const {  // Note [folded merge]
+    std::atomic_ref<std::int32_t> a(*c);
+    const bool last = a.fetch_add(1, std::memory_order_acq_rel) == target - 1;
+    if (last) a.store(0, std::memory_order_relaxed);
+    return last;
+  }
   // The signalling kernel has finished here, so the count is final: anything but the target is
   // a counter left over by an interrupted call, which the GPU could only wait on forever (or pass
   // too early); it is reported as a bug instead.

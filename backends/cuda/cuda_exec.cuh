@@ -146,6 +146,22 @@ struct CudaExec {
       atomicAdd(c, 1);
     }
   }
+  // signal_last (Note [folded merge]): as signal, and returns true (block-uniform) in the one
+  // block whose add brings *c to target; that block then sees every signalled write, and *c is
+  // zero again.
+  __device__ __forceinline__ bool signal_last(std::int32_t* c, int target) const {
+    __syncthreads();
+    int last = 0;
+    if (threadIdx.x == 0) {
+      __threadfence();
+      last = atomicAdd(c, 1) == target - 1;
+      if (last) {
+        atomicExch(c, 0);
+        __threadfence();
+      }
+    }
+    return __syncthreads_or(last) != 0;
+  }
   __device__ __forceinline__ int wait_signals(std::int32_t* c, int target) const {
     int ticket = 0;
     if (threadIdx.x == 0) {
