@@ -57,6 +57,15 @@ HostTime host_us(Stream& s, F&& fn, int reps) {
   }
   return {median(batches), median(cold)};
 }
+// Kernel launches one call enqueues (the stream's count around it): the decode chunk kernel,
+// plus the merge where it is not folded into it (Note [folded merge]), plus a KvScatter with
+// LOCKSTEP_DECODE_STAGES=0.
+template <class F>
+int launches_per_call(Stream& s, F&& fn) {
+  const auto before = s.launches();
+  fn();
+  return static_cast<int>(s.launches() - before);
+}
 void record_host_time(Result& r, const HostTime& h) {
   r.extra["host_us_per_call"] = h.steady;
   r.extra["host_us_per_call_cold"] = h.cold;
@@ -77,9 +86,7 @@ Result decode_single(Context& ctx, std::int64_t H, std::int64_t Hkv, std::int64_
   r.extra["idle_stream_ms"] = median_ms(*ctx.dev, ctx.stream(), call, 1, ctx.reps);
   r.bytes = double(2 * cache + 2 * std::size_t(H * D)) * 4;
   r.flops = 4.0 * double(H) * double(L) * double(D);
-  // Chunk kernel (with the append) and merge; the knob LOCKSTEP_DECODE_STAGES=0 adds a KvScatter.
-  const char* stages = std::getenv("LOCKSTEP_DECODE_STAGES");
-  r.launches = stages != nullptr && std::string(stages) == "0" ? 3 : 2;
+  r.launches = launches_per_call(ctx.stream(), call);
   record_host_time(r, host_us(ctx.stream(), call, std::max(5, ctx.reps)));
   r.note = "bytes = K + V + q + out";
   return r;
@@ -124,15 +131,14 @@ Result flash(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t Hkv, std
   r.extra["idle_stream_ms"] = median_ms(*ctx.dev, ctx.stream(), call, 1, ctx.reps);
   r.bytes = double(B) * double(2 * per_slot + 2 * std::size_t(H * D) + 2 * std::size_t(Hkv * D)) * 4;
   r.flops = 4.0 * double(B) * double(H) * double(L) * double(D);
-  // Chunk kernel (with the append) and merge; the knob LOCKSTEP_DECODE_STAGES=0 adds a KvScatter.
-  const char* stages = std::getenv("LOCKSTEP_DECODE_STAGES");
-  r.launches = stages != nullptr && std::string(stages) == "0" ? 3 : 2;
+  r.launches = launches_per_call(ctx.stream(), call);
   record_host_time(r, host_us(ctx.stream(), call, std::max(5, ctx.reps)));
   r.extra["bytes_per_token_per_layer"] = cache.bytes_per_token_per_layer();
   r.extra["cache_bytes"] = cache.bytes();
   r.note = std::string("bytes = K + V (each slot's L tokens) + q + out + new K/V; ") +
            (B <= kernels::kInlineRows ? "positions inline" : "1 H2D copy of the positions") +
-           " + 2 launches (chunk kernel with the append, merge)";
+           " + " + std::to_string(r.launches) + " launch(es): chunk kernel with the append" +
+           (r.launches > 1 ? ", merge" : " and the merge folded in");
   return r;
 }
 

@@ -245,9 +245,16 @@ TEST_P(Attention, DecodeSignalsGiveTheSameBytesAndLeaveCountersZero) {
   DecodeInputs<D> in(dev, s(), H, Hkv, L, 2024u);
   const DecodeShape sh{H, Hkv, D, L};
   Buffer<float> out(dev, std::size_t(H) * D);
+  // Note [folded merge]: 16 query heads of one row (fewer than the multiprocessors on the GPU)
+  // and 20 chunks (one merge batch): the merge is folded, one launch per call.
+  const bool default_schedule =
+      std::getenv("LOCKSTEP_DECODE_FOLD") == nullptr && std::getenv("LOCKSTEP_DECODE_SIGNALS") == nullptr &&
+      std::getenv("LOCKSTEP_DECODE_STAGES") == nullptr && std::getenv("LOCKSTEP_DECODE_DIAG_ONLY") == nullptr;
   for (int len : {4999, 1, 0, 700, 5000}) {
     SCOPED_TRACE("length " + std::to_string(len));
+    const auto launches_before = s().launches();
     incremental_attention(s(), in.q, in.k, in.v, len, out, sh);
+    if (default_schedule) EXPECT_EQ(s().launches() - launches_before, 1u) << "the merge folded into the chunk kernel";
     const auto plain = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
     EXPECT_TRUE(same(out.to_vector(s()), plain));
     std::vector<std::int32_t> counters(64, -1);

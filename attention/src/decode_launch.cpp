@@ -132,7 +132,8 @@ kernels::KvScatterParams append_as_scatter(const kernels::DecodeParams& p, int D
 // than one merge batch, where its sliced blocks spread the merge over the device.
 template <class K>
 bool fold_merge(const Stream& s, const kernels::DecodeParams& p, Dim3 merge_grid) {
-  if (p.counters == nullptr || K::kStages == 0 || diag_only_knob() != 0) return false;
+  // One row per block (the kernel merges after its row loop): rows within one grid's z.
+  if (p.counters == nullptr || K::kStages == 0 || diag_only_knob() != 0 || p.rows > 65535) return false;
   if (fold_knob() >= 0) return fold_knob() != 0;
   const bool few_rows = std::int64_t{merge_grid.x} * merge_grid.y < s.device().caps().multiprocessors;
   return !(few_rows && p.max_chunks > K::FoldMerge::kBatch);

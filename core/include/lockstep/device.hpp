@@ -112,6 +112,9 @@ class Stream {
   virtual void wait(const Event& event) = 0;
   // cudaStream_t on the CUDA backend, nullptr on the CPU backend.
   virtual void* native_handle() const = 0;
+  // Kernel launches enqueued on this stream so far (copies and fills not counted): the
+  // difference around a call is that call's launches, on either backend.
+  std::uint64_t launches() const { return launches_; }
 
  protected:
   Stream() = default;
@@ -144,6 +147,7 @@ class Stream {
   // stream (an ordered fill, enqueued once), and keeps the old one until the stream is destroyed.
   std::int32_t* counters(std::size_t count);
   std::vector<ScratchBlock> counters_;
+  std::uint64_t launches_ = 0;
 };
 
 class Event {
@@ -222,7 +226,10 @@ struct StreamAccess {
   static void fill32(Stream& s, void* dst, std::uint32_t pattern, std::size_t count) {
     s.fill32(dst, pattern, count);
   }
-  static void launch(Stream& s, const KernelLaunch& l) { s.launch(l); }
+  static void launch(Stream& s, const KernelLaunch& l) {
+    s.launch(l);
+    ++s.launches_;
+  }
   static void* scratch(Stream& s, std::size_t bytes) { return s.scratch(bytes); }
   static std::int32_t* counters(Stream& s, std::size_t count) { return s.counters(count); }
 };

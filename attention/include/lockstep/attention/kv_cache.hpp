@@ -107,8 +107,9 @@ class KvCache {
 // `positions` (as KvCache::append), then out = split-K attention of q over each slot's tokens.
 // q [slots, num_heads, head_dim], k_new / v_new [slots, num_kv_heads, head_dim], out [slots,
 // num_heads, head_dim]. Done slots and slots of length 0 give zeros. The split size is fixed
-// (Note [fixed split size]), so each slot's output is bitwise independent of the others. Two
-// launches: the chunk kernel, which also appends (Note [fused append]), and the merge; up to 128
+// (Note [fixed split size]), so each slot's output is bitwise independent of the others. One
+// launch, the chunk kernel, which also appends (Note [fused append]) and merges (Note [folded
+// merge]); a separate merge launch for few slots at a long max_len; up to 128
 // slots' positions travel in the kernel parameters (Note [inline positions]), more are copied
 // to the device first.
 void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,
@@ -116,8 +117,8 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
                     std::span<const std::int64_t> positions, Buffer<float>& out);
 
 // Flash-Decoding with the positions in device memory (Note [device positions] in
-// kernels/decode.hpp): the same kernels and bits as the call above, enqueued as two launches
-// with no host-to-device copy, so that a whole decode step can be captured in a CUDA graph and
+// kernels/decode.hpp): the same kernels and bits as the call above, enqueued as the same one or two
+// launches with no host-to-device copy, so that a whole decode step can be captured in a CUDA graph and
 // replayed after writing new positions into `positions`. positions: [slots] int32 on the
 // stream's device; slot s's new K/V go to token positions[s] and its query attends
 // positions[s] + 1 tokens; -1 skips the slot (zeros out, nothing written). The host never reads

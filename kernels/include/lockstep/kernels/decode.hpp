@@ -457,6 +457,7 @@ struct DecodeChunk {
     const I l8 = lane & 7;                 // lane within the 8 lanes that share a row
     const I row_in_iter = x.warp() * 4 + (lane >> 3);  // 16 rows per block iteration
 
+    int merge_r = -1;  // Note [folded merge]: the row this block merges, if any
     for (int r = x.block_z(); r < p.rows; r += x.grid_z()) {
       const int len = row_length(x, p, r);
       const int t0 = chunk * kDecodeChunk;
@@ -470,7 +471,7 @@ struct DecodeChunk {
         if (raw < 0 || raw > p.max_len) x.store(p.status, x.thread() * 0, r + 1, x.thread() == 0);
       }
       if (t0 >= len) {  // block-uniform: this chunk is past the sequence
-        if (counter != nullptr) finish_row(x, p, r, counter, h0, ring);
+        if (counter != nullptr && finish_row(x, p, counter)) merge_r = r;
         continue;
       }
       const int slot = p.slots != nullptr ? x.load_uniform(p.slots + r) : r;
@@ -657,7 +658,18 @@ struct DecodeChunk {
         }
       }
       x.sync();  // S, P and O are reused by the next row
-      if (counter != nullptr) finish_row(x, p, r, counter, h0, ring);
+      if (counter != nullptr && finish_row(x, p, counter)) merge_r = r;
+    }
+    // Note [folded merge]: after the loop, whose invariants (addresses, lane indices) then no
+    // longer hold registers: inside it, the merge raised the kernel from 128 to 168 registers at
+    // head_dim 128 with 4 heads per block (3 blocks per SM instead of 4), or spilled under a
+    // bound of 128; here ptxas keeps 128 with no spills. The host folds only when every block
+    // has one row (rows <= 65535), so at most one row is left to merge.
+    if constexpr (NS > 0) {
+      if (merge_r >= 0) {  // block-uniform
+        const auto sm = FoldMerge::carve(ring);
+        for (int g = 0; g < G; ++g) FoldMerge::merge_row(x, p, merge_r, h0 + g, 0, sm);
+      }
     }
   }
 
@@ -667,20 +679,15 @@ struct DecodeChunk {
   static_assert(NS == 0 || FoldMerge::kCarvedFloats <= std::size_t{NS} * kTileRows * D,
                 "the merge's shared arrays fit in the ring");
 
-  // Signals the row's counter (Note [block signals]), or with p.fold (Note [folded merge]) arrives
-  // at it and, in the last block, merges the heads h0 .. h0 + G - 1 of row r.
+  // Signals the row's counter (Note [block signals]); with p.fold (Note [folded merge]), returns
+  // whether this block brought it to max_chunks and so merges the row.
   template <class X>
-  LOCKSTEP_HD static void finish_row(X& x, const Params& p, int r, std::int32_t* counter, int h0, float* ring) {
+  LOCKSTEP_HD static bool finish_row(X& x, const Params& p, std::int32_t* counter) {
     if constexpr (NS > 0) {
-      if (p.fold != 0) {
-        if (x.signal_last(counter, p.max_chunks)) {  // block-uniform
-          const auto sm = FoldMerge::carve(ring);
-          for (int g = 0; g < G; ++g) FoldMerge::merge_row(x, p, r, h0 + g, 0, sm);
-        }
-        return;
-      }
+      if (p.fold != 0) return x.signal_last(counter, p.max_chunks);
     }
     x.signal(counter);
+    return false;
   }
 };
 
