@@ -128,15 +128,15 @@ kernels::KvScatterParams append_as_scatter(const kernels::DecodeParams& p, int D
   return sp;
 }
 // Note [folded merge]: whether the chunk kernel K merges (one launch). It needs the counters and
-// the async ring; the separate merge stays where it is faster, for few rows with more chunks
-// than one merge batch, where its sliced blocks spread the merge over the device.
+// the async ring, and rows of one merge batch (K::FoldMerge::kBatch chunks: 16 at head_dim 128
+// with 4 heads per block); longer rows keep the separate merge, whose blocks spread the merge
+// over the device (a one-block merge of B=1 L=32768 took 10 us longer, run 48).
 template <class K>
-bool fold_merge(const Stream& s, const kernels::DecodeParams& p, Dim3 merge_grid) {
+bool fold_merge(const kernels::DecodeParams& p) {
   // One row per block (the kernel merges after its row loop): rows within one grid's z.
   if (p.counters == nullptr || K::kStages == 0 || diag_only_knob() != 0 || p.rows > 65535) return false;
   if (fold_knob() >= 0) return fold_knob() != 0;
-  const bool few_rows = std::int64_t{merge_grid.x} * merge_grid.y < s.device().caps().multiprocessors;
-  return !(few_rows && p.max_chunks > K::FoldMerge::kBatch);
+  return p.max_chunks <= K::FoldMerge::kBatch;
 }
 // Enqueues the chunk kernel and the merge; returns the launches.
 template <int D>
@@ -146,7 +146,7 @@ int launch_chunk_and_merge(Stream& s, kernels::DecodeParams p, int g, Dim3 chunk
   bool folded = false;
   if (diag_only_knob() != 2) {
     with_chunk_variant<D>(g, [&]<class K>() {
-      folded = fold_merge<K>(s, p, merge_grid);
+      folded = fold_merge<K>(p);
       p.fold = folded ? 1 : 0;
       if (p.k_new != nullptr && K::kStages == 0) {  // Note [fused append]: no fresh rows
         launch_kv_scatter(s, append_as_scatter(p, D));

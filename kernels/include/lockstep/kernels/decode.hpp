@@ -105,8 +105,9 @@ struct DecodeParams {
 // release, then an atomic add), and the one block that brings the count to max_chunks -- the
 // last to finish, whichever chunk it owns -- sees every other block's partials (an acquire),
 // resets the counter to zero for the next call, and merges the G heads it served, one after
-// another, with DecodeMerge<D>'s merge_row in its shared memory (carved from the ring, which is
-// idle by then). The merge's arithmetic is DecodeMerge's, in the same order, so the bits are
+// another, with DecodeMerge's merge_heads in its shared memory (carved from the ring, which is
+// idle by then); for a row of one merge batch every head's partials are loaded first, in one
+// round trip. The merge's arithmetic is DecodeMerge's, in the same order, so the bits are
 // those of the two-kernel schedule (tested); only which block runs it and when changes. Nothing
 // waits, so this cannot deadlock whatever the grid's scheduling order. One launch per call
 // instead of two: less host time per eager call, and no second kernel's ramp. A single block
@@ -227,10 +228,12 @@ struct DecodeMerge {
     return m;
   }
 
-  // Merges row r's chunks of head h into out[r, h, d0 .. d0 + kSlice); every thread of the block
-  // calls it, after the row's chunk partials are visible. Ends with a barrier (sm is reusable).
-  template <class X>
-  LOCKSTEP_HD static void merge_row(X& x, const Params& p, int r, int h, int d0, const Smem& sm) {
+  // Merges row r's chunks of heads h0 .. h0 + NH - 1 into out[r, h, d0 .. d0 + kSlice), one head
+  // after another; every thread of the block calls it, after the row's chunk partials are
+  // visible. A row of one batch has every head's partial outputs, chunk maxima and sums loaded
+  // first, in one round trip (NH > 1: Note [folded merge]). Ends with a barrier (sm is reusable).
+  template <int NH, class X>
+  LOCKSTEP_HD static void merge_heads(X& x, const Params& p, int r, int h0, int d0, const Smem& sm) {
     using F = typename X::template Lanes<float>;
     using I = typename X::template Lanes<lane_int>;
     using B = typename X::template Lanes<bool>;
@@ -242,31 +245,51 @@ struct DecodeMerge {
     for (int k = 1; k < kGroups; ++k) g = g + x.select(t >= k * kLanes, zero + 1, zero);
     const I dl = (t - g * kLanes) * VW;  // first element, within the slice
     const I e = dl + d0;
-    const B first = t < kLanes;  // group 0's threads combine the groups and write out
 
     const int len = row_length(x, p, r);
     const int chunks = static_cast<int>(ceil_div(len, kDecodeChunk));
-    const std::int64_t base = std::int64_t{r} * p.H + h;
-    const float* ml = p.part_ml + base * p.max_chunks * 2;
-    const float* po = p.part_o + base * p.max_chunks * D;
-    float* out = p.out + base * D;
-
     // A row of one batch (depends on the row only) loads its partial outputs, chunk maxima and
     // sums at once; a longer row takes the maxima first, then streams batches.
     const bool one_batch = chunks <= kBatch;
-    F oc[MB][VW];
-    F mcr[kPer], lcr[kPer];
+    F oc[NH][MB][VW];
+    F mcr[NH][kPer], lcr[NH][kPer];
+    if (one_batch) {
+      LOCKSTEP_UNROLL
+      for (int n = 0; n < NH; ++n) {
+        const std::int64_t base = std::int64_t{r} * p.H + h0 + n;
+        const float* ml = p.part_ml + base * p.max_chunks * 2;
+        load_outputs(x, p.part_o + base * p.max_chunks * D, g, e, act, 0, chunks, oc[n]);
+        LOCKSTEP_UNROLL
+        for (int k = 0; k < kPer; ++k) {
+          const I c = t + k * kThreads;
+          const B ok = c < chunks;
+          mcr[n][k] = x.load(ml, c * 2, ok, -kInf);
+          lcr[n][k] = x.load(ml, c * 2 + 1, ok, 0.0f);
+        }
+      }
+    }
+    LOCKSTEP_UNROLL
+    for (int n = 0; n < NH; ++n)
+      merge_head(x, p, std::int64_t{r} * p.H + h0 + n, chunks, one_batch, g, dl, e, sm, oc[n], mcr[n], lcr[n]);
+  }
+
+  // One head of merge_heads: the row's partials from base = r * H + h on.
+  template <class X, class F, class I>
+  LOCKSTEP_HD static void merge_head(X& x, const Params& p, std::int64_t base, int chunks, bool one_batch,
+                                     const I& g, const I& dl, const I& e, const Smem& sm,
+                                     F (&oc)[MB][VW], const F (&mcr)[kPer], const F (&lcr)[kPer]) {
+    using B = typename X::template Lanes<bool>;
+    const I t = x.thread();
+    const I zero = t * 0;
+    const B act = t < kActive;
+    const B first = t < kLanes;  // group 0's threads combine the groups and write out
+    const float* ml = p.part_ml + base * p.max_chunks * 2;
+    const float* po = p.part_o + base * p.max_chunks * D;
+    float* out = p.out + base * D;
     F m = -kInf;
     if (one_batch) {
-      load_outputs(x, po, g, e, act, 0, chunks, oc);
       LOCKSTEP_UNROLL
-      for (int k = 0; k < kPer; ++k) {
-        const I c = t + k * kThreads;
-        const B ok = c < chunks;
-        mcr[k] = x.load(ml, c * 2, ok, -kInf);
-        lcr[k] = x.load(ml, c * 2 + 1, ok, 0.0f);
-        m = x.max(m, mcr[k]);
-      }
+      for (int k = 0; k < kPer; ++k) m = x.max(m, mcr[k]);
     } else {
       for (int c0 = 0; c0 < chunks; c0 += kThreads) {
         const I c = t + c0;
@@ -349,7 +372,7 @@ struct DecodeMerge {
         counter = p.counters + (std::int64_t{r} * (p.H / p.heads_per_block) + h / p.heads_per_block) * 2;
         ticket = x.wait_signals(counter, p.max_chunks);
       }
-      merge_row(x, p, r, h, d0, sm);
+      merge_heads<1>(x, p, r, h, d0, sm);
       if (counter != nullptr) x.release_signals(counter, ticket, p.heads_per_block * kSlices);
     }
     // With signals the chunk kernel may still be retiring; waiting for it here keeps the rule
@@ -668,13 +691,15 @@ struct DecodeChunk {
     if constexpr (NS > 0) {
       if (merge_r >= 0) {  // block-uniform
         const auto sm = FoldMerge::carve(ring);
-        for (int g = 0; g < G; ++g) FoldMerge::merge_row(x, p, merge_r, h0 + g, 0, sm);
+        FoldMerge::template merge_heads<G>(x, p, merge_r, h0, 0, sm);
       }
     }
   }
 
   // Note [folded merge]: the merge that the last chunk block of a (row, block y) runs.
-  using FoldMerge = DecodeMerge<D>;
+  // Its batch: the G heads' partials of a one-batch row are loaded together (G * MB * 4 = 64
+  // floats per thread), so the merge waits for one round trip, not G.
+  using FoldMerge = DecodeMerge<D, (16 / G > 1 ? 16 / G : 1)>;
   static_assert(FoldMerge::kThreads == kThreads && FoldMerge::kSlices == 1, "a merge block is a chunk block");
   static_assert(NS == 0 || FoldMerge::kCarvedFloats <= std::size_t{NS} * kTileRows * D,
                 "the merge's shared arrays fit in the ring");
