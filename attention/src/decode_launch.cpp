@@ -67,8 +67,8 @@ int signals_knob() {
   static const int n = env_knob("LOCKSTEP_DECODE_SIGNALS", 1);
   return n;
 }
-// LOCKSTEP_DECODE_FOLD=0|1: the merge in its own kernel, or folded into the chunk kernel (Note
-// [folded merge]); unset: per shape (fold_merge below).
+// LOCKSTEP_DECODE_FOLD=0|1: the merge always in its own kernel, or always folded into the chunk
+// kernel (Note [folded merge]); unset: small merges only (fold_merge).
 int fold_knob() {
   static const int f = env_knob("LOCKSTEP_DECODE_FOLD", -1);
   return f;
@@ -128,15 +128,15 @@ kernels::KvScatterParams append_as_scatter(const kernels::DecodeParams& p, int D
   return sp;
 }
 // Note [folded merge]: whether the chunk kernel K merges (one launch). It needs the counters and
-// the async ring, and rows of one merge batch (K::FoldMerge::kBatch chunks: 16 at head_dim 128
-// with 4 heads per block); longer rows keep the separate merge, whose blocks spread the merge
-// over the device (a one-block merge of B=1 L=32768 took 10 us longer, run 48).
+// the async ring; by default only small merges fold, rows of one merge batch with G heads x
+// chunks <= 8 per merging block (whisper-tiny: 1 x 2), since larger folded merges cost device
+// time (runs 48, 49). LOCKSTEP_DECODE_FOLD=1 folds every row, =0 none.
 template <class K>
 bool fold_merge(const kernels::DecodeParams& p) {
   // One row per block (the kernel merges after its row loop): rows within one grid's z.
   if (p.counters == nullptr || K::kStages == 0 || diag_only_knob() != 0 || p.rows > 65535) return false;
   if (fold_knob() >= 0) return fold_knob() != 0;
-  return p.max_chunks <= K::FoldMerge::kBatch;
+  return p.max_chunks <= K::FoldMerge::kBatch && K::kHeads * p.max_chunks <= 8;
 }
 // Enqueues the chunk kernel and the merge; returns the launches.
 template <int D>

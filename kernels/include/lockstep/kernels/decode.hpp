@@ -110,9 +110,15 @@ struct DecodeParams {
 // round trip. The merge's arithmetic is DecodeMerge's, in the same order, so the bits are
 // those of the two-kernel schedule (tested); only which block runs it and when changes. Nothing
 // waits, so this cannot deadlock whatever the grid's scheduling order. One launch per call
-// instead of two: less host time per eager call, and no second kernel's ramp. A single block
-// merges G heads in turn, so at few rows with long contexts (B = 1, 128 chunks) the tail is
-// longer than with the separate, sliced merge; launch_decode picks per shape (decode_launch.cpp).
+// instead of two: less host time per eager call (run 49: 3.6-4.6 us instead of 6.8-9.9 at
+// whisper-tiny, 5.3-7.0 instead of 8.2-11.2 at B=32 L=4096). But the merge then runs in one block
+// per (row, group of G heads) after the last chunk, where the separate merge's blocks (sliced
+// for few rows) wait beside the chunk blocks and split the work: device time was 11% longer per
+// layer at B=1 L=4096 (16 chunks x 4 heads per merging block), 1.6% at B=32 L=4096, 14% at B=1
+// L=32768, equal at B=128 L=2048 and MHA B=32 L=2048, and 4.5% shorter at whisper-tiny (2 chunks,
+// 1 head): runs 48 and 49. So launch_decode folds only small merges (G * chunks <= 8) by default;
+// LOCKSTEP_DECODE_FOLD=1 folds every row (for host-bound eager loops), LOCKSTEP_DECODE_FOLD=0
+// none.
 
 // Note [device positions]
 // flash_decoding with positions in device memory (a step that a CUDA graph can replay) reads
@@ -697,9 +703,11 @@ struct DecodeChunk {
   }
 
   // Note [folded merge]: the merge that the last chunk block of a (row, block y) runs.
-  // Its batch: the G heads' partials of a one-batch row are loaded together (G * MB * 4 = 64
-  // floats per thread), so the merge waits for one round trip, not G.
-  using FoldMerge = DecodeMerge<D, (16 / G > 1 ? 16 / G : 1)>;
+  // Its batch: the G heads' partials of a one-batch row are loaded together (G * MB * 4 = D / 4
+  // floats per thread), so the merge waits for one round trip, not G. (A batch of 16 / G, 64
+  // floats, made the head_dim-64 kernel 96 registers instead of 64 and whisper-tiny 6% slower,
+  // run 49.)
+  using FoldMerge = DecodeMerge<D, (D / 16 / G > 1 ? D / 16 / G : 1)>;
   static_assert(FoldMerge::kThreads == kThreads && FoldMerge::kSlices == 1, "a merge block is a chunk block");
   static_assert(NS == 0 || FoldMerge::kCarvedFloats <= std::size_t{NS} * kTileRows * D,
                 "the merge's shared arrays fit in the ring");
