@@ -107,9 +107,9 @@ class KvCache {
 // `positions` (as KvCache::append), then out = split-K attention of q over each slot's tokens.
 // q [slots, num_heads, head_dim], k_new / v_new [slots, num_kv_heads, head_dim], out [slots,
 // num_heads, head_dim]. Done slots and slots of length 0 give zeros. The split size is fixed
-// (Note [fixed split size]), so each slot's output is bitwise independent of the others. One
-// launch, the chunk kernel, which also appends (Note [fused append]) and merges (Note [folded
-// merge]); a separate merge launch for few slots at a long max_len; up to 128
+// (Note [fixed split size]), so each slot's output is bitwise independent of the others. Two
+// launches, the chunk kernel, which also appends (Note [fused append]), and the merge; one where
+// the merge is small and the chunk kernel does it (Note [folded merge]); up to 128
 // slots' positions travel in the kernel parameters (Note [inline positions]), more are copied
 // to the device first.
 void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,
