@@ -55,7 +55,7 @@ struct DecodeParams {
   std::int32_t* counters;
   std::int32_t heads_per_block;
   // Note [folded merge]: 1: the last chunk block of each (row, block y) merges its heads (a chunk
-  // kernel with async tiles and counters set); no merge launch.
+  // kernel with async tiles, counters set and one row per block: rows <= 65535); no merge launch.
   std::int32_t fold;
   // Note [fused append]: null, or each row's new token, [rows, Hkv, D] (flash_decoding): the
   // row's last attended token (index length - 1) is taken from here, not from the cache, and
@@ -115,8 +115,8 @@ struct DecodeParams {
 // per (row, group of G heads) after the last chunk, where the separate merge's blocks (sliced
 // for few rows) wait beside the chunk blocks and split the work: device time was 11% longer per
 // layer at B=1 L=4096 (16 chunks x 4 heads per merging block), 1.6% at B=32 L=4096, 14% at B=1
-// L=32768, equal at B=128 L=2048 and MHA B=32 L=2048, and 4.5% shorter at whisper-tiny (2 chunks,
-// 1 head): runs 48 and 49. So launch_decode folds only small merges (G * chunks <= 8) by default;
+// L=32768 (42% with the smaller batch below, run 50), equal at B=128 L=2048 and MHA B=32 L=2048,
+// and 3-4.5% shorter at whisper-tiny (2 chunks, 1 head): runs 48-50. So launch_decode folds only small merges (G * chunks <= 8) by default;
 // LOCKSTEP_DECODE_FOLD=1 folds every row (for host-bound eager loops), LOCKSTEP_DECODE_FOLD=0
 // none.
 
