@@ -238,8 +238,11 @@ struct DecodeMerge {
   // after another; every thread of the block calls it, after the row's chunk partials are
   // visible. A row of one batch has every head's partial outputs, chunk maxima and sums loaded
   // first, in one round trip (NH > 1: Note [folded merge]). Ends with a barrier (sm is reusable).
+  // Out of line on the CPU: inlined into each of the chunk kernel's variants (Note [folded
+  // merge]) it made the CPU SIMD variants' translation units compile 1.8x longer.
   template <int NH, class X>
-  LOCKSTEP_HD static void merge_heads(X& x, const Params& p, int r, int h0, int d0, const Smem& sm) {
+  LOCKSTEP_HD_OUTLINED_ON_CPU static void merge_heads(X& x, const Params& p, int r, int h0, int d0,
+                                                      const Smem& sm) {
     using F = typename X::template Lanes<float>;
     using I = typename X::template Lanes<lane_int>;
     using B = typename X::template Lanes<bool>;
@@ -281,7 +284,7 @@ struct DecodeMerge {
 
   // One head of merge_heads: the row's partials from base = r * H + h on.
   template <class X, class F, class I>
-  LOCKSTEP_HD static void merge_head(X& x, const Params& p, std::int64_t base, int chunks, bool one_batch,
+  LOCKSTEP_HD_OUTLINED_ON_CPU static void merge_head(X& x, const Params& p, std::int64_t base, int chunks, bool one_batch,
                                      const I& g, const I& dl, const I& e, const Smem& sm,
                                      F (&oc)[MB][VW], const F (&mcr)[kPer], const F (&lcr)[kPer]) {
     using B = typename X::template Lanes<bool>;

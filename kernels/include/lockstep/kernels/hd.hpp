@@ -7,11 +7,16 @@
 #if defined(__CUDACC__)
 #define LOCKSTEP_HD __host__ __device__ __forceinline__
 #define LOCKSTEP_DEVICE_FN __device__ __forceinline__
+#define LOCKSTEP_HD_OUTLINED_ON_CPU LOCKSTEP_HD
 #else
 // always_inline: a helper compiled into several CPU SIMD variants must never be called out of
 // line from a variant it was not compiled for (docs/architecture.md, "SIMD variants").
 #define LOCKSTEP_HD inline __attribute__((always_inline))
 #define LOCKSTEP_DEVICE_FN inline __attribute__((always_inline))
+// A large helper that every instantiation would otherwise inline (compile time): out of line on
+// the CPU. Only for templates over the execution context X, whose instantiations are distinct per
+// SIMD variant (CpuExec is a different type in each), so no call crosses variants.
+#define LOCKSTEP_HD_OUTLINED_ON_CPU __attribute__((noinline))
 #endif
 
 // Unroll a loop with a compile-time trip count (register arrays must not be indexed at run time).
