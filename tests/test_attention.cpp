@@ -88,45 +88,17 @@ TEST_P(Attention, IncrementalOfLengthZeroGivesZeros) {
   expect_all(out, 0.0f);
 }
 
-// The decode kernels' schedule choices (row batches in the chunk kernel, merge batches) move
-// loads, never arithmetic: every variant gives the same bytes (Note [row batches], Note [merge
-// order]), for rows that the merge folds in one batch and in several.
-template <class Chunk, class Merge>
-std::vector<float> run_decode_variant(Stream& s, const std::shared_ptr<Device>& dev,
-                                      const Buffer<float>& q, const Buffer<float>& k,
-                                      const Buffer<float>& v, int H, int Hkv, int L, int len) {
-  constexpr int D = Chunk::kQuads * 32;
-  const int chunks = (L + kernels::kDecodeChunk - 1) / kernels::kDecodeChunk;
-  Buffer<float> ws(dev, std::size_t(H) * chunks * (D + 2)), out(dev, std::size_t(H) * D);
-  kernels::DecodeParams p{};
-  p.q = q.data().get();
-  p.k = k.data().get();
-  p.v = v.data().get();
-  p.part_o = ws.data().get();
-  p.part_ml = ws.data().get() + std::size_t(H) * chunks * D;
-  p.out = out.data().get();
-  p.head_stride = std::int64_t{L} * D;
-  p.rows = 1;
-  p.H = H;
-  p.Hkv = Hkv;
-  p.max_chunks = chunks;
-  p.length = len;
-  p.max_len = L;
-  p.scale = 1.0f / std::sqrt(float(D));
-  launch<Chunk>(s, Dim3{std::uint32_t(chunks), std::uint32_t(Hkv * (H / Hkv / Chunk::kHeads)), 1},
-                Chunk::kSharedBytes, p);
-  launch<Merge>(s, Dim3{std::uint32_t(H * Merge::kSlices), 1, 1}, Merge::kSharedBytes, p);
-  return out.to_vector(s);
-}
+// How the merge of run_decode learns that a row's chunks are done: it waits for the whole chunk
+// kernel (no counters), or on the stream's counters (Note [block signals]), or it is folded into
+// the chunk kernel and not launched (Note [folded merge]).
+enum class DecodeSync { kKernel, kSignals, kFold };
 
-// The same through the stream's counters (Note [block signals]): the chunk kernel signals and
-// Merge waits on them, or with `fold` the chunk kernel merges and Merge is not launched (Note
-// [folded merge]); checks that the counters are zero afterwards.
+// Chunk then Merge over `rows` query rows (row r's q is row r of q; every row reads slot 0's
+// cache) of length len; with counters, checks that they are zero afterwards.
 template <class Chunk, class Merge>
-std::vector<float> run_decode_signalled(Stream& s, const std::shared_ptr<Device>& dev,
-                                        const Buffer<float>& q, const Buffer<float>& k,
-                                        const Buffer<float>& v, int H, int Hkv, int L, int len,
-                                        int rows, bool fold) {
+std::vector<float> run_decode(Stream& s, const std::shared_ptr<Device>& dev, const Buffer<float>& q,
+                              const Buffer<float>& k, const Buffer<float>& v, int H, int Hkv, int L,
+                              int len, int rows, DecodeSync sync) {
   constexpr int D = Chunk::kQuads * 32;
   const int chunks = (L + kernels::kDecodeChunk - 1) / kernels::kDecodeChunk;
   const std::size_t blocks_y = std::size_t(H / Chunk::kHeads);
@@ -139,7 +111,7 @@ std::vector<float> run_decode_signalled(Stream& s, const std::shared_ptr<Device>
   p.part_ml = ws.data().get() + std::size_t(rows) * H * chunks * D;
   p.out = out.data().get();
   p.head_stride = std::int64_t{L} * D;
-  p.slot_stride = 0;  // every row reads slot 0's cache (q differs per row)
+  p.slot_stride = 0;
   p.rows = rows;
   p.H = H;
   p.Hkv = Hkv;
@@ -148,17 +120,29 @@ std::vector<float> run_decode_signalled(Stream& s, const std::shared_ptr<Device>
   p.max_len = L;
   p.scale = 1.0f / std::sqrt(float(D));
   p.heads_per_block = Chunk::kHeads;
-  p.counters = detail::StreamAccess::counters(s, rows * blocks_y * 2);
-  p.fold = fold ? 1 : 0;
+  if (sync != DecodeSync::kKernel) p.counters = detail::StreamAccess::counters(s, rows * blocks_y * 2);
+  p.fold = sync == DecodeSync::kFold ? 1 : 0;
   launch<Chunk>(s, Dim3{std::uint32_t(chunks), std::uint32_t(blocks_y), std::uint32_t(rows)},
                 Chunk::kSharedBytes, p);
-  if (!fold)
+  if (sync != DecodeSync::kFold)
     launch<Merge>(s, Dim3{std::uint32_t(H * Merge::kSlices), std::uint32_t(rows), 1}, Merge::kSharedBytes, p);
-  std::vector<std::int32_t> counters(rows * blocks_y * 2, -1);
-  detail::StreamAccess::copy_d2h(s, counters.data(), p.counters, counters.size() * sizeof(std::int32_t));
-  s.synchronize();
-  for (std::size_t i = 0; i < counters.size(); ++i) EXPECT_EQ(counters[i], 0) << "counter " << i;
+  if (p.counters != nullptr) {
+    std::vector<std::int32_t> counters(rows * blocks_y * 2, -1);
+    detail::StreamAccess::copy_d2h(s, counters.data(), p.counters, counters.size() * sizeof(std::int32_t));
+    s.synchronize();
+    for (std::size_t i = 0; i < counters.size(); ++i) EXPECT_EQ(counters[i], 0) << "counter " << i;
+  }
   return out.to_vector(s);
+}
+
+// The decode kernels' schedule choices (row batches in the chunk kernel, merge batches) move
+// loads, never arithmetic: every variant gives the same bytes (Note [row batches], Note [merge
+// order]), for rows that the merge folds in one batch and in several.
+template <class Chunk, class Merge>
+std::vector<float> run_decode_variant(Stream& s, const std::shared_ptr<Device>& dev,
+                                      const Buffer<float>& q, const Buffer<float>& k,
+                                      const Buffer<float>& v, int H, int Hkv, int L, int len) {
+  return run_decode<Chunk, Merge>(s, dev, q, k, v, H, Hkv, L, len, 1, DecodeSync::kKernel);
 }
 
 template <int D>
@@ -307,18 +291,18 @@ TEST_P(Attention, DecodeFoldedMergeGivesTheSameBytes) {
     for (int len : {0, 1, 2048, 3000, 4096, 8192, 9000}) {
       SCOPED_TRACE("D 128, length " + std::to_string(len));
       const auto ref = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-      const auto f4 = run_decode_signalled<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, true);
-      const auto f1 = run_decode_signalled<DecodeChunk<D, 1, 2, 3>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, true);
-      const auto f2 = run_decode_signalled<DecodeChunk<D, 2, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, true);
-      const auto w4 = run_decode_signalled<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D, 32, 4, 1>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, false);
+      const auto f4 = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kFold);
+      const auto f1 = run_decode<DecodeChunk<D, 1, 2, 3>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kFold);
+      const auto f2 = run_decode<DecodeChunk<D, 2, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kFold);
+      const auto w4 = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D, 32, 4, 1>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kSignals);
       EXPECT_TRUE(same(ref, f4)) << "folded, 4 heads per block";
       EXPECT_TRUE(same(ref, f1)) << "folded, 1 head per block";
       EXPECT_TRUE(same(ref, f2)) << "folded, 2 heads per block";
       EXPECT_TRUE(same(ref, w4)) << "signals, sliced merge";
       if (len == 0) EXPECT_TRUE(std::all_of(f4.begin(), f4.end(), [](float x) { return x == 0.0f; }));
       // Three rows over the same cache: row r's output is the single row's with q row r.
-      const auto rows3 = run_decode_signalled<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 3, true);
-      const auto rows3s = run_decode_signalled<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 3, false);
+      const auto rows3 = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 3, DecodeSync::kFold);
+      const auto rows3s = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 3, DecodeSync::kSignals);
       EXPECT_TRUE(same(rows3, rows3s)) << "three rows, folded vs signals";
       EXPECT_TRUE(std::equal(ref.begin(), ref.end(), rows3.begin(),
                              [](float a, float b) { return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b); }))
@@ -331,7 +315,7 @@ TEST_P(Attention, DecodeFoldedMergeGivesTheSameBytes) {
     for (int len : {300, 9000}) {
       SCOPED_TRACE("D 96, length " + std::to_string(len));
       const auto ref = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-      const auto f = run_decode_signalled<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, true);
+      const auto f = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kFold);
       EXPECT_TRUE(same(ref, f));
     }
   }
