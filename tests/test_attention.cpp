@@ -98,7 +98,7 @@ enum class DecodeSync { kKernel, kSignals, kFold };
 template <class Chunk, class Merge>
 std::vector<float> run_decode(Stream& s, const std::shared_ptr<Device>& dev, const Buffer<float>& q,
                               const Buffer<float>& k, const Buffer<float>& v, int H, int Hkv, int L,
-                              int len, int rows, DecodeSync sync, int prefetch = 0) {
+                              int len, int rows, DecodeSync sync) {
   constexpr int D = Chunk::kQuads * 32;
   const int chunks = (L + kernels::kDecodeChunk - 1) / kernels::kDecodeChunk;
   const std::size_t blocks_y = std::size_t(H / Chunk::kHeads);
@@ -122,7 +122,6 @@ std::vector<float> run_decode(Stream& s, const std::shared_ptr<Device>& dev, con
   p.heads_per_block = Chunk::kHeads;
   if (sync != DecodeSync::kKernel) p.counters = detail::StreamAccess::counters(s, rows * blocks_y * 2);
   p.fold = sync == DecodeSync::kFold ? 1 : 0;
-  p.prefetch = prefetch;
   launch<Chunk>(s, Dim3{std::uint32_t(chunks), std::uint32_t(blocks_y), std::uint32_t(rows)},
                 Chunk::kSharedBytes, p);
   if (sync != DecodeSync::kFold)
@@ -142,9 +141,8 @@ std::vector<float> run_decode(Stream& s, const std::shared_ptr<Device>& dev, con
 template <class Chunk, class Merge>
 std::vector<float> run_decode_variant(Stream& s, const std::shared_ptr<Device>& dev,
                                       const Buffer<float>& q, const Buffer<float>& k,
-                                      const Buffer<float>& v, int H, int Hkv, int L, int len,
-                                      int prefetch = 0) {
-  return run_decode<Chunk, Merge>(s, dev, q, k, v, H, Hkv, L, len, 1, DecodeSync::kKernel, prefetch);
+                                      const Buffer<float>& v, int H, int Hkv, int L, int len) {
+  return run_decode<Chunk, Merge>(s, dev, q, k, v, H, Hkv, L, len, 1, DecodeSync::kKernel);
 }
 
 template <int D>
@@ -189,12 +187,6 @@ TEST_P(Attention, DecodeScheduleVariantsGiveTheSameBytes) {
         EXPECT_TRUE(same(a, e4)) << "registers vs a ring of 4 async 16-row tiles";
         EXPECT_TRUE(same(a, f3)) << "registers vs a ring of 3 async tiles, one head per block";
         EXPECT_TRUE(same(a, g4)) << "registers vs a ring of 4 async tiles, two heads per block";
-        // Note [L2 prefetch]: tiles requested into L2 ahead of the ring (2 and 9 tiles ahead; 9
-        // runs past the chunk's last tile) change nothing.
-        const auto p4 = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 2);
-        const auto p3 = run_decode_variant<DecodeChunk<D, 1, 2, 3>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 9);
-        EXPECT_TRUE(same(a, p4)) << "registers vs a ring of 4 with an L2 prefetch 2 tiles ahead";
-        EXPECT_TRUE(same(a, p3)) << "registers vs a ring of 3 with an L2 prefetch 9 tiles ahead";
         // Note [merge schedule]: 4 blocks per head, all chunks in one round trip.
         const auto m16 = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D, 16>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
         const auto sl = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D, 32, 4, 1>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);

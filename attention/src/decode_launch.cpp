@@ -73,11 +73,6 @@ int fold_knob() {
   static const int f = env_knob("LOCKSTEP_DECODE_FOLD", -1);
   return f;
 }
-// LOCKSTEP_DECODE_PREFETCH=n: tiles requested into L2 ahead of the ring (Note [L2 prefetch]).
-int prefetch_knob() {
-  static const int n = std::max(0, env_knob("LOCKSTEP_DECODE_PREFETCH", 0));
-  return n;
-}
 int stages_knob() {
   static const int ns = env_knob("LOCKSTEP_DECODE_STAGES", -1);
   return ns;
@@ -211,7 +206,6 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
   // Note [block signals]: a counter pair per (row, block y of the chunk grid). Off for the
   // measurement-only knob, which launches one kernel without the other.
   p.heads_per_block = g;
-  p.prefetch = prefetch_knob();
   const std::size_t counter_ints = std::size_t(p.rows) * (p.H / g) * 2;
   p.counters = diag_only_knob() == 0 && signals_knob() != 0 ? StreamAccess::counters(s, counter_ints) : nullptr;
   const std::uint32_t rows_grid = static_cast<std::uint32_t>(std::min<std::int32_t>(p.rows, 65535));

@@ -745,8 +745,6 @@ class CpuExec {
           for (int k = 0; k < 4; ++k) dst[doffs[i] + k] = src[soffs[i] + k];
     }
   }
-  // A cache hint on the GPU (Note [L2 prefetch] in kernels/decode.hpp); nothing to do here.
-  void prefetch_l2(const float*, int) const {}
   void async_commit() const {}
   template <int P>
   void async_wait() const {}

@@ -107,15 +107,6 @@ struct CudaExec {
     if (m) store4(dst, doff, load4(src, soff, true));
 #endif
   }
-  // A hint (Note [L2 prefetch] in kernels/decode.hpp): starts reading `bytes` (a multiple of 16,
-  // p 16-byte aligned) at p into L2, one bulk request issued by the block's thread 0. Block
-  // uniform; changes no value. sm_90 (cp.async.bulk.prefetch); nothing before it.
-  __device__ __forceinline__ void prefetch_l2(const float* p, int bytes) const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (threadIdx.x == 0)
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-#endif
-  }
   __device__ __forceinline__ void async_commit() const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;\n" ::: "memory");

@@ -67,8 +67,6 @@ struct DecodeParams {
   float* v_append;
   std::int32_t* status;
   InlineInts inline_lengths;  // when lengths is null and count > 0 (Note [inline positions])
-  // Note [L2 prefetch]: tiles of the chunk requested into L2 ahead of the ring (0: none).
-  std::int32_t prefetch;
 };
 
 // Note [fused append]
@@ -410,11 +408,6 @@ constexpr int default_row_batch(int D, int G) {
 // is computed, and no registers hold loads in flight. The arithmetic reads the same values in the
 // same order as with NS = 0 (loads straight into registers), so the bits are the same (tested);
 // rows past the length are zero-filled, never read, as the masked loads give zeros.
-// Note [L2 prefetch]
-// With async tiles, a block may also request the chunk's tiles p.prefetch tiles ahead of the
-// ring into L2 (x.prefetch_l2: one bulk prefetch per tile on sm_90, nothing on the CPU), so that
-// more of a block's bytes are in flight than the ring holds without more shared memory or
-// registers. A hint: no value read or computed changes, so the bits are the same (tested).
 template <int D, int G, int RB = default_row_batch(D, G), int NS = 0>
 struct DecodeChunk {
   static_assert(D % 32 == 0 && D <= 256, "head_dim: a multiple of 32, at most 256");
@@ -446,18 +439,9 @@ struct DecodeChunk {
   // Note [fused append]: the tile that holds row nrow (>= 0) takes that row from kn (K) or vn
   // (V), the others from the cache, by two copies with disjoint lanes; its rows past nrow are
   // past the length (nrow is the row's last token) and left unwritten, never read.
-  // Note [L2 prefetch]: requests tile t's live rows (K tiles, then V) into L2; a hint only.
-  template <class X>
-  LOCKSTEP_HD static void prefetch_tile(X& x, const float* kb, const float* vb, int t, int live) {
-    const int row0 = (t % kTiles) * kTileRows;
-    const int rows = static_cast<int>(imin(live - row0, kTileRows));
-    if (t < 2 * kTiles && rows > 0)
-      x.prefetch_l2((t < kTiles ? kb : vb) + row0 * D, rows * D * static_cast<int>(sizeof(float)));
-  }
   template <class X>
   LOCKSTEP_HD static void issue_tile(X& x, float* ring, const float* kb, const float* vb, int j,
-                                     int live, int nrow, const float* kn, const float* vn, int pf) {
-    if (pf > 0 && j >= NS) prefetch_tile(x, kb, vb, j + pf, live);
+                                     int live, int nrow, const float* kn, const float* vn) {
     if (j < 2 * kTiles) {
       const float* src = j < kTiles ? kb : vb;
       const int row0 = (j % kTiles) * kTileRows;
@@ -536,8 +520,7 @@ struct DecodeChunk {
       [[maybe_unused]] const float* vn = appends ? p.v_new + new_off : nullptr;
       if constexpr (NS > 0) {
         LOCKSTEP_UNROLL
-        for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live, nrow, kn, vn, 0);
-        for (int t = NS; t < NS + p.prefetch; ++t) prefetch_tile(x, kb, vb, t, live);
+        for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live, nrow, kn, vn);
         if (appends && x.block_y() % subgroups == 0) {  // one block per kv head writes the cache
           const std::int64_t dst = kv_off + std::int64_t{nrow} * D;
           for (int d0 = 0; d0 < D; d0 += kThreads) {
@@ -611,7 +594,7 @@ struct DecodeChunk {
         }
         if constexpr (NS > 0) {
           x.sync();  // every warp is done with the slot before it is refilled
-          issue_tile(x, ring, kb, vb, it / kTileRows + NS, live, nrow, kn, vn, p.prefetch);
+          issue_tile(x, ring, kb, vb, it / kTileRows + NS, live, nrow, kn, vn);
         }
       }
       x.sync();
@@ -678,7 +661,7 @@ struct DecodeChunk {
             }
         if constexpr (NS > 0) {
           x.sync();
-          issue_tile(x, ring, kb, vb, kTiles + it / kTileRows + NS, live, nrow, kn, vn, p.prefetch);
+          issue_tile(x, ring, kb, vb, kTiles + it / kTileRows + NS, live, nrow, kn, vn);
         }
       }
       // The 4 row groups of a warp (lanes l8, l8 + 8, l8 + 16, l8 + 24), then the 4 warps.
