@@ -1,6 +1,7 @@
 #pragma once
 // Fused attention for prefill in strict fp32 (SIMT): the FlashAttention-2 schedule. A block owns
-// 32 query rows of one (batch, head) and streams K/V tiles of 32 tokens through shared memory,
+// 64 query rows of one (batch, head) and streams K/V tiles of 64 tokens (32 at head_dim 256)
+// through shared memory (Note [exact register tiles]),
 // keeping a running max and sum per row (online softmax) and rescaling its output accumulator.
 // Every sum has a fixed order (tiles in order, tokens in order within a tile), so the CPU and
 // CUDA backends return the same bits.
@@ -61,30 +62,51 @@ struct FusedBlock {
   }
 
   // The log-sum-exp of row `row` of the block (a lane value) finished with running max m and
-  // sum l: -inf for a fully masked row (l == 0).
-  template <class X, class F, class Row, class Live>
-  LOCKSTEP_HD void store_lse(X& x, const FusedAttentionParams& p, const Row& row, const Live& live,
+  // sum l: -inf for a fully masked row (l == 0); stored by the lanes where `writer` holds.
+  template <class X, class F, class Row, class W>
+  LOCKSTEP_HD void store_lse(X& x, const FusedAttentionParams& p, const Row& row, const W& writer,
                              const F& m, const F& l) const {
     if (p.lse == nullptr) return;
     const F lse = x.select(l == 0.0f, -kInf, m + x.log(l));
     float* lrow = p.lse + (std::int64_t{b} * p.H + h) * p.Sq + s0;
-    x.store(lrow, row, lse, live & (x.lane() == 0));
+    x.store(lrow, row, lse, writer);
   }
 };
 
-// Grid: x = ceil(Sq / 32) query tiles, y = H, z = B. 4 warps; warp w owns rows 8w .. 8w + 7.
+// Note [exact register tiles]
+// Grid: x = ceil(Sq / kRows) query tiles, y = H, z = B; 128 threads. Thread t owns the 4 query
+// rows 4 rg .. 4 rg + 3 of the block (rg = t / 8, a row group; the 8 threads of a row group are
+// consecutive lanes of one warp) and, per K/V tile, the keys kg * 4 + e + 32 u of the tile
+// (kg = t % 8, e < 4, u < kTile / 32) and the output columns kg * 4 + e + 32 u (u < D / 32).
+// Q and each K tile are transposed into shared memory, so that one d step of the scores reads
+// one 16-byte quad of Q (4 rows) and kTile / 32 quads of K (4 keys each) for 4 * kTile / 8 fmas,
+// and one key of P x V reads one quad of P (4 rows) and D / 32 quads of V for D / 2 fmas: 8 to
+// 21 fmas per shared load where the 32-row kernel before it (up to 27fdb0a) did one (run 29: it
+// was bound by issue and shared-memory wavefronts together).
+// The order of every sum (the bits, the same on both backends):
+//   score  = fma chain over d = 0 .. D-1, then times scale (masked keys: -inf);
+//   per tile and row: the tile max (exact), w_j = exp(score_j - m_new) (0 when m_new = -inf),
+//   alpha = exp(m_old - m_new) (1 when m_new = -inf); the thread's kTile / 8 weights summed in
+//   the order (u, e), then a butterfly over the 8 threads of the row group (offsets 4, 2, 1);
+//   l = l * alpha + that sum; acc = acc * alpha, then fma over the tile's keys in order;
+//   out = acc / l (0 when l = 0), log-sum-exp m + log(l) (-inf when l = 0).
+// Tiles of kTile keys in order (64 at head_dim <= 128, 32 at 256, which keeps the accumulators
+// at 128 registers); tiles past a causal block's last row are skipped.
 template <int D>
 struct FusedAttentionExact {
   static_assert(D % 32 == 0 && D <= 256, "head_dim: a multiple of 32, at most 256");
   static constexpr const char* kName = "fused_attention_exact";
   static constexpr int kThreads = 128;
-  static constexpr int kRows = 32;      // query rows per block
-  static constexpr int kRowsPerWarp = 8;
-  static constexpr int kTile = 32;      // keys per tile
-  static constexpr int kCols = D / 32;  // output columns per lane
-  static constexpr int kKPitch = D + 1; // K tile row pitch: column reads avoid bank conflicts
+  static constexpr int kRows = 64;                  // query rows per block: 16 groups of 4
+  static constexpr int kTile = D <= 128 ? 64 : 32;  // keys per tile
+  static constexpr int kKeyQuads = kTile / 32;      // key quads per thread
+  static constexpr int kKeys = 4 * kKeyQuads;       // keys per thread
+  static constexpr int kColQuads = D / 32;          // output column quads per thread
+  static constexpr int kQPitch = kRows + 4;         // Qt[d][row]: 16-byte rows, 4-way stores
+  static constexpr int kKPitch = kTile + 4;         // Kt[d][key]
+  static constexpr int kPPitch = kRows + 4;         // Pt[key][row]
   static constexpr std::size_t kSharedBytes =
-      (kRows * D + kTile * kKPitch + kTile * D + kRows * kTile) * sizeof(float) + 128;
+      (D * kQPitch + D * kKPitch + kTile * D + kTile * kPPitch) * sizeof(float) + 128;
   using Params = FusedAttentionParams;
 
   template <class X>
@@ -92,10 +114,10 @@ struct FusedAttentionExact {
     using F = typename X::template Lanes<float>;
     using I = typename X::template Lanes<lane_int>;
     using B = typename X::template Lanes<bool>;
-    float* Qs = x.template shared<float>(kRows * D);
-    float* Ks = x.template shared<float>(kTile * kKPitch);
+    float* Qt = x.template shared<float>(D * kQPitch);
+    float* Kt = x.template shared<float>(D * kKPitch);
     float* Vs = x.template shared<float>(kTile * D);
-    float* Ps = x.template shared<float>(kRows * kTile);
+    float* Pt = x.template shared<float>(kTile * kPPitch);
 
     const FusedBlock fb(x, p, kRows);
     const int s0 = fb.s0, rows = fb.rows, shift = fb.shift;
@@ -104,24 +126,25 @@ struct FusedAttentionExact {
     const int q_ss = fb.q_ss, k_ss = fb.k_ss, v_ss = fb.v_ss, o_ss = fb.o_ss;
 
     const I t = x.thread();
-    const I lane = x.lane();
-    const I w = x.warp();
+    const I kg = t & 7;         // key group (scores) and column group (output)
+    const I r4 = (t >> 3) * 4;  // the thread's first row in the block
 
-    // The block's query rows into shared memory (rows past Sq are zeros, never stored).
+    // The block's query rows, transposed (rows past Sq are zeros, never stored).
     for (int r = 0; r < kRows; ++r)
       for (int c0 = 0; c0 < D; c0 += kThreads) {
         const I c = t + c0;
-        x.store(Qs, c + r * D, x.load(qb, c + r * q_ss, (c < D) & (r < rows), 0.0f), c < D);
+        x.store(Qt, c * kQPitch + r, x.load(qb, c + r * q_ss, (c < D) & (r < rows), 0.0f), c < D);
       }
 
-    // Per row of the warp: running max, running sum, and the lane's D/32 output columns.
-    F m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kCols];
+    F m[4], l[4], acc[4][kColQuads][4];
     LOCKSTEP_UNROLL
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      m[r] = -kInf;
-      l[r] = 0.0f;
+    for (int i = 0; i < 4; ++i) {
+      m[i] = -kInf;
+      l[i] = 0.0f;
       LOCKSTEP_UNROLL
-      for (int c = 0; c < kCols; ++c) acc[r][c] = 0.0f;
+      for (int u = 0; u < kColQuads; ++u)
+        LOCKSTEP_UNROLL
+        for (int e = 0; e < 4; ++e) acc[i][u][e] = 0.0f;
     }
 
     const int last_key = fb.last_key(p);
@@ -134,61 +157,98 @@ struct FusedAttentionExact {
         for (int c0 = 0; c0 < D; c0 += kThreads) {
           const I c = t + c0;
           const B ok = (c < D) & (r < keys);
-          x.store(Ks, c + r * kKPitch, x.load(kt, c + r * k_ss, ok, 0.0f), c < D);
+          x.store(Kt, c * kKPitch + r, x.load(kt, c + r * k_ss, ok, 0.0f), c < D);
           x.store(Vs, c + r * D, x.load(vt, c + r * v_ss, ok, 0.0f), c < D);
         }
       x.sync();
-      // Scores: lane j owns key j0 + j; each of the warp's rows is one fma chain over d.
-      F s[kRowsPerWarp];
+
+      // Scores: each an fma chain over d.
+      F s[4][kKeys];
       LOCKSTEP_UNROLL
-      for (int r = 0; r < kRowsPerWarp; ++r) s[r] = 0.0f;
+      for (int i = 0; i < 4; ++i)
+        LOCKSTEP_UNROLL
+        for (int j = 0; j < kKeys; ++j) s[i][j] = 0.0f;
       for (int d = 0; d < D; ++d) {
-        const F kv = x.load(Ks, lane * kKPitch + d);
+        const auto q = x.load4(Qt, r4 + d * kQPitch);
         LOCKSTEP_UNROLL
-        for (int r = 0; r < kRowsPerWarp; ++r)
-          s[r] = x.fma(x.load(Qs, (w * kRowsPerWarp + r) * D + d), kv, s[r]);
-      }
-      LOCKSTEP_UNROLL
-      for (int r = 0; r < kRowsPerWarp; ++r) {
-        const I row = w * kRowsPerWarp + r;  // in the block
-        const I qi = row + s0;                // in the sequence
-        B visible = (lane < keys) & (row < rows);
-        if (p.causal) visible = visible & (lane + j0 <= qi + shift);
-        const F sc = x.select(visible, s[r] * p.scale, -kInf);
-        const F m_new = x.max(m[r], x.warp_max(sc));
-        const B none = m_new == -kInf;  // nothing visible yet in this row
-        const F pj = x.select(none, 0.0f, x.exp(sc - m_new));
-        const F alpha = x.select(none, 1.0f, x.exp(m[r] - m_new));
-        l[r] = l[r] * alpha + x.warp_sum(pj);
-        m[r] = m_new;
-        x.store(Ps, row * kTile + lane, pj);
-        LOCKSTEP_UNROLL
-        for (int c = 0; c < kCols; ++c) acc[r][c] = acc[r][c] * alpha;
-      }
-      x.sync();  // P is read by every lane of its warp (racecheck: a warp barrier is required)
-      // P x V: lane owns columns lane + 32 c; every key of the tile in order.
-      for (int j = 0; j < kTile; ++j) {
-        F vv[kCols];
-        LOCKSTEP_UNROLL
-        for (int c = 0; c < kCols; ++c) vv[c] = x.load(Vs, j * D + lane + 32 * c);
-        LOCKSTEP_UNROLL
-        for (int r = 0; r < kRowsPerWarp; ++r) {
-          const F pr = x.load(Ps, (w * kRowsPerWarp + r) * kTile + j);
+        for (int u = 0; u < kKeyQuads; ++u) {
+          const auto k = x.load4(Kt, kg * 4 + (32 * u + d * kKPitch));
           LOCKSTEP_UNROLL
-          for (int c = 0; c < kCols; ++c) acc[r][c] = x.fma(pr, vv[c], acc[r][c]);
+          for (int i = 0; i < 4; ++i) {
+            const auto& qi = i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
+            s[i][4 * u + 0] = x.fma(qi, k.x, s[i][4 * u + 0]);
+            s[i][4 * u + 1] = x.fma(qi, k.y, s[i][4 * u + 1]);
+            s[i][4 * u + 2] = x.fma(qi, k.z, s[i][4 * u + 2]);
+            s[i][4 * u + 3] = x.fma(qi, k.w, s[i][4 * u + 3]);
+          }
+        }
+      }
+
+      // Online softmax per row; the weights go to shared memory, transposed.
+      LOCKSTEP_UNROLL
+      for (int i = 0; i < 4; ++i) {
+        const I row = r4 + i;  // in the block
+        const I qi = row + s0;  // in the sequence
+        const B live = row < rows;
+        F sc[kKeys];
+        F mt = -kInf;
+        LOCKSTEP_UNROLL
+        for (int j = 0; j < kKeys; ++j) {
+          const I key = kg * 4 + (32 * (j / 4) + j % 4);
+          B visible = (key < keys) & live;
+          if (p.causal) visible = visible & (key + j0 <= qi + shift);
+          sc[j] = x.select(visible, s[i][j] * p.scale, -kInf);
+          mt = x.max(mt, sc[j]);
+        }
+        const F m_new = x.max(m[i], x.template warp_max<8>(mt));
+        const B none = m_new == -kInf;  // nothing visible yet in this row
+        F ps = 0.0f;
+        LOCKSTEP_UNROLL
+        for (int j = 0; j < kKeys; ++j) {
+          const F w = x.select(none, 0.0f, x.exp(sc[j] - m_new));
+          ps = ps + w;
+          x.store(Pt, (kg * 4 + (32 * (j / 4) + j % 4)) * kPPitch + row, w);
+        }
+        const F alpha = x.select(none, 1.0f, x.exp(m[i] - m_new));
+        l[i] = l[i] * alpha + x.template warp_sum<8>(ps);
+        m[i] = m_new;
+        LOCKSTEP_UNROLL
+        for (int u = 0; u < kColQuads; ++u)
+          LOCKSTEP_UNROLL
+          for (int e = 0; e < 4; ++e) acc[i][u][e] = acc[i][u][e] * alpha;
+      }
+      x.sync();  // P is read by the other threads of its row group
+
+      // P x V: every key of the tile in order.
+      for (int j = 0; j < kTile; ++j) {
+        const auto pw = x.load4(Pt, r4 + j * kPPitch);
+        LOCKSTEP_UNROLL
+        for (int u = 0; u < kColQuads; ++u) {
+          const auto v = x.load4(Vs, kg * 4 + (32 * u + j * D));
+          LOCKSTEP_UNROLL
+          for (int i = 0; i < 4; ++i) {
+            const auto& pi = i == 0 ? pw.x : i == 1 ? pw.y : i == 2 ? pw.z : pw.w;
+            acc[i][u][0] = x.fma(pi, v.x, acc[i][u][0]);
+            acc[i][u][1] = x.fma(pi, v.y, acc[i][u][1]);
+            acc[i][u][2] = x.fma(pi, v.z, acc[i][u][2]);
+            acc[i][u][3] = x.fma(pi, v.w, acc[i][u][3]);
+          }
         }
       }
     }
 
     LOCKSTEP_UNROLL
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      const I row = w * kRowsPerWarp + r;
+    for (int i = 0; i < 4; ++i) {
+      const I row = r4 + i;
       const B live = row < rows;
-      const B empty = l[r] == 0.0f;  // fully masked row
+      const B empty = l[i] == 0.0f;  // fully masked row
       LOCKSTEP_UNROLL
-      for (int c = 0; c < kCols; ++c)
-        x.store(ob, row * o_ss + lane + 32 * c, x.select(empty, 0.0f, acc[r][c] / l[r]), live);
-      fb.store_lse(x, p, row, live, m[r], l[r]);
+      for (int u = 0; u < kColQuads; ++u)
+        LOCKSTEP_UNROLL
+        for (int e = 0; e < 4; ++e)
+          x.store(ob, row * o_ss + kg * 4 + (32 * u + e), x.select(empty, 0.0f, acc[i][u][e] / l[i]),
+                  live);
+      fb.store_lse(x, p, row, live & (kg == 0), m[i], l[i]);
     }
   }
 };
