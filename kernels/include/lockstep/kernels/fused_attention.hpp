@@ -74,39 +74,42 @@ struct FusedBlock {
 };
 
 // Note [exact register tiles]
-// Grid: x = ceil(Sq / kRows) query tiles, y = H, z = B; 128 threads. Thread t owns the 4 query
-// rows 4 rg .. 4 rg + 3 of the block (rg = t / 8, a row group; the 8 threads of a row group are
-// consecutive lanes of one warp) and, per K/V tile, the keys kg * 4 + e + 32 u of the tile
-// (kg = t % 8, e < 4, u < kTile / 32) and the output columns kg * 4 + e + 32 u (u < D / 32).
-// Q and each K tile are transposed into shared memory, so that one d step of the scores reads
-// one 16-byte quad of Q (4 rows) and kTile / 32 quads of K (4 keys each) for 4 * kTile / 8 fmas,
-// and one key of P x V reads one quad of P (4 rows) and D / 32 quads of V for D / 2 fmas: 8 to
-// 21 fmas per shared load where the 32-row kernel before it (up to 27fdb0a) did one (run 29: it
-// was bound by issue and shared-memory wavefronts together).
-// The order of every sum (the bits, the same on both backends):
+// Grid: x = ceil(Sq / kRows) query tiles, y = H, z = B; 16 * KG threads. Thread t owns the 4
+// query rows 4 rg .. 4 rg + 3 of the block (rg = t / KG, a row group; the KG threads of a row
+// group are consecutive lanes of one warp) and, per K/V tile, the keys kg * 4 + e + 4 KG u of
+// the tile (kg = t % KG, e < 4, u < kTile / (4 KG)) and the output columns kg * 4 + e + 4 KG u
+// (u < D / (4 KG)). Q and each K tile are transposed into shared memory, so that one d step of
+// the scores reads one 16-byte quad of Q (4 rows) and kTile / (4 KG) quads of K (4 keys each),
+// and one key of P x V reads one quad of P (4 rows) and D / (4 KG) quads of V: 5 to 21 fmas per
+// shared load where the 32-row kernel before it (up to 27fdb0a) did one (run 29: it was bound by
+// issue and shared-memory wavefronts together). The weights P share the K tile's memory (K is
+// consumed by then), which keeps two blocks per SM at head_dim 128.
+// The order of every sum (the bits, the same on both backends; KG is part of it):
 //   score  = fma chain over d = 0 .. D-1, then times scale (masked keys: -inf);
 //   per tile and row: the tile max (exact), w_j = exp(score_j - m_new) (0 when m_new = -inf),
-//   alpha = exp(m_old - m_new) (1 when m_new = -inf); the thread's kTile / 8 weights summed in
-//   the order (u, e), then a butterfly over the 8 threads of the row group (offsets 4, 2, 1);
+//   alpha = exp(m_old - m_new) (1 when m_new = -inf); the thread's kTile / KG weights summed in
+//   the order (u, e), then a butterfly over the KG threads of the row group;
 //   l = l * alpha + that sum; acc = acc * alpha, then fma over the tile's keys in order;
 //   out = acc / l (0 when l = 0), log-sum-exp m + log(l) (-inf when l = 0).
 // Tiles of kTile keys in order (64 at head_dim <= 128, 32 at 256, which keeps the accumulators
 // at 128 registers); tiles past a causal block's last row are skipped.
-template <int D>
+template <int D, int KG = 8>
 struct FusedAttentionExact {
   static_assert(D % 32 == 0 && D <= 256, "head_dim: a multiple of 32, at most 256");
+  static_assert((KG == 8 || KG == 16) && D % (4 * KG) == 0, "threads per row group: 8, or 16 at D % 64 == 0");
   static constexpr const char* kName = "fused_attention_exact";
-  static constexpr int kThreads = 128;
+  static constexpr int kThreads = 16 * KG;
   static constexpr int kRows = 64;                  // query rows per block: 16 groups of 4
   static constexpr int kTile = D <= 128 ? 64 : 32;  // keys per tile
-  static constexpr int kKeyQuads = kTile / 32;      // key quads per thread
-  static constexpr int kKeys = 4 * kKeyQuads;       // keys per thread
-  static constexpr int kColQuads = D / 32;          // output column quads per thread
-  static constexpr int kQPitch = kRows + 4;         // Qt[d][row]: 16-byte rows, 4-way stores
-  static constexpr int kKPitch = kTile + 4;         // Kt[d][key]
-  static constexpr int kPPitch = kRows + 4;         // Pt[key][row]
+  static constexpr int kKeyQuads = kTile / (4 * KG);  // key quads per thread
+  static constexpr int kKeys = 4 * kKeyQuads;         // keys per thread
+  static constexpr int kColQuads = D / (4 * KG);      // output column quads per thread
+  static constexpr int kQPitch = kRows;       // Qt[d][row] (written once: conflicts are cheap)
+  static constexpr int kKPitch = kTile + 4;   // Kt[d][key]: 16-byte rows, 4-way stores
+  static constexpr int kPPitch = kRows + 4;   // Pt[key][row], in Kt's memory
+  static constexpr int kKPFloats = D * kKPitch > kTile * kPPitch ? D * kKPitch : kTile * kPPitch;
   static constexpr std::size_t kSharedBytes =
-      (D * kQPitch + D * kKPitch + kTile * D + kTile * kPPitch) * sizeof(float) + 128;
+      (D * kQPitch + kKPFloats + kTile * D) * sizeof(float) + 128;
   using Params = FusedAttentionParams;
 
   template <class X>
@@ -115,9 +118,9 @@ struct FusedAttentionExact {
     using I = typename X::template Lanes<lane_int>;
     using B = typename X::template Lanes<bool>;
     float* Qt = x.template shared<float>(D * kQPitch);
-    float* Kt = x.template shared<float>(D * kKPitch);
+    float* Kt = x.template shared<float>(kKPFloats);
+    float* Pt = Kt;
     float* Vs = x.template shared<float>(kTile * D);
-    float* Pt = x.template shared<float>(kTile * kPPitch);
 
     const FusedBlock fb(x, p, kRows);
     const int s0 = fb.s0, rows = fb.rows, shift = fb.shift;
@@ -126,8 +129,8 @@ struct FusedAttentionExact {
     const int q_ss = fb.q_ss, k_ss = fb.k_ss, v_ss = fb.v_ss, o_ss = fb.o_ss;
 
     const I t = x.thread();
-    const I kg = t & 7;         // key group (scores) and column group (output)
-    const I r4 = (t >> 3) * 4;  // the thread's first row in the block
+    const I kg = t & (KG - 1);   // key group (scores) and column group (output)
+    const I r4 = (t >> (KG == 8 ? 3 : 4)) * 4;  // the thread's first row in the block
 
     // The block's query rows, transposed (rows past Sq are zeros, never stored).
     for (int r = 0; r < kRows; ++r)
@@ -150,7 +153,7 @@ struct FusedAttentionExact {
     const int last_key = fb.last_key(p);
     for (int j0 = 0; j0 < last_key; j0 += kTile) {
       const int keys = static_cast<int>(imin(last_key - j0, kTile));
-      x.sync();  // the previous tile's K, V and P are consumed
+      x.sync();  // the previous tile's P (in Kt's memory) and V are consumed
       const float* kt = kb + std::int64_t{j0} * p.k_ss;
       const float* vt = vb + std::int64_t{j0} * p.v_ss;
       for (int r = 0; r < kTile; ++r)
@@ -172,7 +175,7 @@ struct FusedAttentionExact {
         const auto q = x.load4(Qt, r4 + d * kQPitch);
         LOCKSTEP_UNROLL
         for (int u = 0; u < kKeyQuads; ++u) {
-          const auto k = x.load4(Kt, kg * 4 + (32 * u + d * kKPitch));
+          const auto k = x.load4(Kt, kg * 4 + (4 * KG * u + d * kKPitch));
           LOCKSTEP_UNROLL
           for (int i = 0; i < 4; ++i) {
             const auto& qi = i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
@@ -183,6 +186,7 @@ struct FusedAttentionExact {
           }
         }
       }
+      x.sync();  // every thread is done with K before P overwrites it
 
       // Online softmax per row; the weights go to shared memory, transposed.
       LOCKSTEP_UNROLL
@@ -194,23 +198,23 @@ struct FusedAttentionExact {
         F mt = -kInf;
         LOCKSTEP_UNROLL
         for (int j = 0; j < kKeys; ++j) {
-          const I key = kg * 4 + (32 * (j / 4) + j % 4);
+          const I key = kg * 4 + (4 * KG * (j / 4) + j % 4);
           B visible = (key < keys) & live;
           if (p.causal) visible = visible & (key + j0 <= qi + shift);
           sc[j] = x.select(visible, s[i][j] * p.scale, -kInf);
           mt = x.max(mt, sc[j]);
         }
-        const F m_new = x.max(m[i], x.template warp_max<8>(mt));
+        const F m_new = x.max(m[i], x.template warp_max<KG>(mt));
         const B none = m_new == -kInf;  // nothing visible yet in this row
         F ps = 0.0f;
         LOCKSTEP_UNROLL
         for (int j = 0; j < kKeys; ++j) {
           const F w = x.select(none, 0.0f, x.exp(sc[j] - m_new));
           ps = ps + w;
-          x.store(Pt, (kg * 4 + (32 * (j / 4) + j % 4)) * kPPitch + row, w);
+          x.store(Pt, (kg * 4 + (4 * KG * (j / 4) + j % 4)) * kPPitch + row, w);
         }
         const F alpha = x.select(none, 1.0f, x.exp(m[i] - m_new));
-        l[i] = l[i] * alpha + x.template warp_sum<8>(ps);
+        l[i] = l[i] * alpha + x.template warp_sum<KG>(ps);
         m[i] = m_new;
         LOCKSTEP_UNROLL
         for (int u = 0; u < kColQuads; ++u)
@@ -224,7 +228,7 @@ struct FusedAttentionExact {
         const auto pw = x.load4(Pt, r4 + j * kPPitch);
         LOCKSTEP_UNROLL
         for (int u = 0; u < kColQuads; ++u) {
-          const auto v = x.load4(Vs, kg * 4 + (32 * u + j * D));
+          const auto v = x.load4(Vs, kg * 4 + (4 * KG * u + j * D));
           LOCKSTEP_UNROLL
           for (int i = 0; i < 4; ++i) {
             const auto& pi = i == 0 ? pw.x : i == 1 ? pw.y : i == 2 ? pw.z : pw.w;
@@ -246,7 +250,7 @@ struct FusedAttentionExact {
       for (int u = 0; u < kColQuads; ++u)
         LOCKSTEP_UNROLL
         for (int e = 0; e < 4; ++e)
-          x.store(ob, row * o_ss + kg * 4 + (32 * u + e), x.select(empty, 0.0f, acc[i][u][e] / l[i]),
+          x.store(ob, row * o_ss + kg * 4 + (4 * KG * u + e), x.select(empty, 0.0f, acc[i][u][e] / l[i]),
                   live);
       fb.store_lse(x, p, row, live & (kg == 0), m[i], l[i]);
     }
