@@ -41,17 +41,7 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
                     static_cast<std::uint32_t>(heads), static_cast<std::uint32_t>(batch)};
     launch<K>(s, grid, K::kSharedBytes, kp);
   };
-  if (!tensor_core) {
-    // LOCKSTEP_FUSED_EXACT_KG=16: 16 threads per row group at head_dim 64 and 128 (Note [exact
-    // register tiles]; a measurement knob: other bits than the default's 8).
-    static const int kg = [] {
-      const char* v = std::getenv("LOCKSTEP_FUSED_EXACT_KG");
-      return v != nullptr ? std::atoi(v) : 8;
-    }();
-    if constexpr (D == 64 || D == 128)
-      if (kg == 16) return go(kernels::FusedAttentionExact<D, 16>{}, p);
-    return go(kernels::FusedAttentionExact<D>{}, p);
-  }
+  if (!tensor_core) return go(kernels::FusedAttentionExact<D>{}, p);
   // K and V rounded to fp16 once, packed in the stream's scratch (Note [fused tensor-core
   // rounding points]), then the fused kernel.
   kernels::FusedAttentionParams tp = p;

@@ -93,7 +93,19 @@ struct FusedBlock {
 //   out = acc / l (0 when l = 0), log-sum-exp m + log(l) (-inf when l = 0).
 // Tiles of kTile keys in order (64 at head_dim <= 128, 32 at 256, which keeps the accumulators
 // at 128 registers); tiles past a causal block's last row are skipped.
-template <int D, int KG = 8>
+//
+// Note [exact tile pipeline]
+// Per tile: K's loads (transposed into shared memory), scores, softmax (P into K's memory),
+// P x V. The tile's V is copied with 16-byte asynchronous copies issued before its K is loaded
+// (after the previous tile's P x V) and waited for before its P x V, so V's loads run under K's
+// loads and the scores. A V that is not 16-byte aligned (a wrapped buffer, or a row stride not a
+// multiple of 4) is loaded with plain loads instead. Loading K into registers during the
+// previous P x V as well spilled (ptxas: 204 bytes at head_dim 128 under two blocks per SM).
+// Only when loads happen changes: not the bits.
+
+// KG = 16 threads per row group at head_dim 128 (42.7 vs 47.6 ms at B4 H32 L4096, run 54), 8
+// elsewhere (head_dim 64: 1.68 vs 1.89 ms at 16x16x1024 causal); part of the bits.
+template <int D, int KG = (D == 128 ? 16 : 8)>
 struct FusedAttentionExact {
   static_assert(D % 32 == 0 && D <= 256, "head_dim: a multiple of 32, at most 256");
   static_assert((KG == 8 || KG == 16) && D % (4 * KG) == 0, "threads per row group: 8, or 16 at D % 64 == 0");
@@ -110,7 +122,50 @@ struct FusedAttentionExact {
   static constexpr int kKPFloats = D * kKPitch > kTile * kPPitch ? D * kKPitch : kTile * kPPitch;
   static constexpr std::size_t kSharedBytes =
       (D * kQPitch + kKPFloats + kTile * D) * sizeof(float) + 128;
+  // Blocks per SM that shared memory allows (228 KB per SM, 1 KB reserved per block), stated
+  // to ptxas so that it keeps the registers within them (without it, head_dim 128 took 232).
+  static constexpr int kMinBlocks = static_cast<int>(228 * 1024 / (kSharedBytes + 1024)) > 4
+                                        ? 4
+                                        : static_cast<int>(228 * 1024 / (kSharedBytes + 1024));
   using Params = FusedAttentionParams;
+  static constexpr int kLoads = kTile * D / kThreads;  // K or V elements per thread and tile
+  static_assert(kLoads * kThreads == kTile * D && kLoads % 4 == 0, "whole quads per thread");
+  // Element i of the thread's share of a tile: key and column (kThreads consecutive elements
+  // per pass, so the global loads are coalesced).
+  template <class X>
+  LOCKSTEP_HD static typename X::template Lanes<lane_int> tile_key(X& x, int i) {
+    return x.idiv(x.thread() + i * kThreads, D);
+  }
+  // The K tile's rows [0, keys) (zeros past them), transposed, into Kt.
+  template <class X>
+  LOCKSTEP_HD static void store_k(X& x, float* Kt, const float* kt, int k_ss, int keys) {
+    LOCKSTEP_UNROLL_4
+    for (int i = 0; i < kLoads; ++i) {
+      const typename X::template Lanes<lane_int> key = tile_key(x, i);
+      const typename X::template Lanes<lane_int> c = x.thread() + i * kThreads - key * D;
+      x.store(Kt, c * kKPitch + key, x.load(kt, c + key * k_ss, key < keys, 0.0f));
+    }
+  }
+  // The V tile into Vs: 16-byte asynchronous copies (zeros past `keys`), or plain loads.
+  template <class X>
+  LOCKSTEP_HD static void issue_v(X& x, float* Vs, const float* vt, int v_ss, int keys, bool async) {
+    if (async) {
+      LOCKSTEP_UNROLL_4
+      for (int i = 0; i < kLoads / 4; ++i) {
+        const typename X::template Lanes<lane_int> key = x.idiv(x.thread() + i * kThreads, D / 4);
+        const typename X::template Lanes<lane_int> c = (x.thread() + i * kThreads - key * (D / 4)) * 4;
+        x.copy4_async(Vs, c + key * D, vt, c + key * v_ss, key < keys);
+      }
+    } else {
+      LOCKSTEP_UNROLL_4
+      for (int i = 0; i < kLoads; ++i) {
+        const typename X::template Lanes<lane_int> key = tile_key(x, i);
+        const typename X::template Lanes<lane_int> c = x.thread() + i * kThreads - key * D;
+        x.store(Vs, c + key * D, x.load(vt, c + key * v_ss, key < keys, 0.0f));
+      }
+    }
+    x.async_commit();
+  }
 
   template <class X>
   LOCKSTEP_HD static void run(X& x, const Params& p) {
@@ -150,20 +205,19 @@ struct FusedAttentionExact {
         for (int e = 0; e < 4; ++e) acc[i][u][e] = 0.0f;
     }
 
+    // Note [exact tile pipeline]: tile j + 1's V is copied asynchronously during its K's loads
+    // and its scores (16-byte copies; plain loads when V is not 16-byte aligned).
+    const bool v_async = (reinterpret_cast<std::uintptr_t>(vb) & 15) == 0 && v_ss % 4 == 0;
     const int last_key = fb.last_key(p);
+    if (last_key > 0) {
+      const int keys0 = static_cast<int>(imin(last_key, kTile));
+      issue_v(x, Vs, vb, v_ss, keys0, v_async);
+      store_k(x, Kt, kb, k_ss, keys0);
+    }
     for (int j0 = 0; j0 < last_key; j0 += kTile) {
       const int keys = static_cast<int>(imin(last_key - j0, kTile));
-      x.sync();  // the previous tile's P (in Kt's memory) and V are consumed
-      const float* kt = kb + std::int64_t{j0} * p.k_ss;
-      const float* vt = vb + std::int64_t{j0} * p.v_ss;
-      for (int r = 0; r < kTile; ++r)
-        for (int c0 = 0; c0 < D; c0 += kThreads) {
-          const I c = t + c0;
-          const B ok = (c < D) & (r < keys);
-          x.store(Kt, c * kKPitch + r, x.load(kt, c + r * k_ss, ok, 0.0f), c < D);
-          x.store(Vs, c + r * D, x.load(vt, c + r * v_ss, ok, 0.0f), c < D);
-        }
-      x.sync();
+      const int next_keys = static_cast<int>(imin(last_key - j0 - kTile, kTile));  // <= 0: none
+      x.sync();  // K of this tile stored
 
       // Scores: each an fma chain over d.
       F s[4][kKeys];
@@ -221,7 +275,8 @@ struct FusedAttentionExact {
           LOCKSTEP_UNROLL
           for (int e = 0; e < 4; ++e) acc[i][u][e] = acc[i][u][e] * alpha;
       }
-      x.sync();  // P is read by the other threads of its row group
+      x.template async_wait<0>();  // this tile's V
+      x.sync();  // P is read by the other threads of its row group; V has landed
 
       // P x V: every key of the tile in order.
       for (int j = 0; j < kTile; ++j) {
@@ -238,6 +293,11 @@ struct FusedAttentionExact {
             acc[i][u][3] = x.fma(pi, v.w, acc[i][u][3]);
           }
         }
+      }
+      if (next_keys > 0) {
+        x.sync();  // P (in Kt's memory) and V are consumed
+        issue_v(x, Vs, vb + std::int64_t{j0 + kTile} * p.v_ss, v_ss, next_keys, v_async);
+        store_k(x, Kt, kb + std::int64_t{j0 + kTile} * p.k_ss, k_ss, next_keys);
       }
     }
 
