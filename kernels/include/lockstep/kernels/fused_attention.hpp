@@ -136,15 +136,23 @@ struct FusedAttentionExact {
   LOCKSTEP_HD static typename X::template Lanes<lane_int> tile_key(X& x, int i) {
     return x.idiv(x.thread() + i * kThreads, D);
   }
-  // The K tile's rows [0, keys) (zeros past them), transposed, into Kt.
+  // The K tile's rows [0, keys) (zeros past them), transposed, into Kt: all of a thread's loads
+  // in flight at once where the registers allow (at most 32; head_dim 96 spilled with 48).
   template <class X>
   LOCKSTEP_HD static void store_k(X& x, float* Kt, const float* kt, int k_ss, int keys) {
-    LOCKSTEP_UNROLL_4
-    for (int i = 0; i < kLoads; ++i) {
-      const typename X::template Lanes<lane_int> key = tile_key(x, i);
-      const typename X::template Lanes<lane_int> c = x.thread() + i * kThreads - key * D;
-      x.store(Kt, c * kKPitch + key, x.load(kt, c + key * k_ss, key < keys, 0.0f));
+    if constexpr (kLoads <= 32) {
+      LOCKSTEP_UNROLL
+      for (int i = 0; i < kLoads; ++i) store_k_element(x, Kt, kt, k_ss, keys, i);
+    } else {
+      LOCKSTEP_UNROLL_4
+      for (int i = 0; i < kLoads; ++i) store_k_element(x, Kt, kt, k_ss, keys, i);
     }
+  }
+  template <class X>
+  LOCKSTEP_HD static void store_k_element(X& x, float* Kt, const float* kt, int k_ss, int keys, int i) {
+    const typename X::template Lanes<lane_int> key = tile_key(x, i);
+    const typename X::template Lanes<lane_int> c = x.thread() + i * kThreads - key * D;
+    x.store(Kt, c * kKPitch + key, x.load(kt, c + key * k_ss, key < keys, 0.0f));
   }
   // The V tile into Vs: 16-byte asynchronous copies (zeros past `keys`), or plain loads.
   template <class X>
