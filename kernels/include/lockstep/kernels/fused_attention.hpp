@@ -136,23 +136,28 @@ struct FusedAttentionExact {
   LOCKSTEP_HD static typename X::template Lanes<lane_int> tile_key(X& x, int i) {
     return x.idiv(x.thread() + i * kThreads, D);
   }
-  // The K tile's rows [0, keys) (zeros past them), transposed, into Kt: all of a thread's loads
-  // in flight at once where the registers allow (at most 32; head_dim 96 spilled with 48).
-  template <class X>
-  LOCKSTEP_HD static void store_k(X& x, float* Kt, const float* kt, int k_ss, int keys) {
-    if constexpr (kLoads <= 32) {
+  // R rows of D floats from src (row stride ss; zeros for rows at or past `valid`), transposed
+  // into dst[d * pitch + row]: the block's Q (R = kRows) and each K tile (R = kTile). Thread t
+  // takes elements t, t + kThreads, ... (coalesced); all of its loads are in flight at once
+  // where the registers allow (at most 32: head_dim 96 spilled with 48).
+  template <int R, class X>
+  LOCKSTEP_HD static void transpose_in(X& x, float* dst, int pitch, const float* src, int ss, int valid) {
+    constexpr int kPer = R * D / kThreads;
+    static_assert(kPer * kThreads == R * D, "whole rows per block pass");
+    if constexpr (kPer <= 32) {
       LOCKSTEP_UNROLL
-      for (int i = 0; i < kLoads; ++i) store_k_element(x, Kt, kt, k_ss, keys, i);
+      for (int i = 0; i < kPer; ++i) transpose_element(x, dst, pitch, src, ss, valid, i);
     } else {
       LOCKSTEP_UNROLL_4
-      for (int i = 0; i < kLoads; ++i) store_k_element(x, Kt, kt, k_ss, keys, i);
+      for (int i = 0; i < kPer; ++i) transpose_element(x, dst, pitch, src, ss, valid, i);
     }
   }
   template <class X>
-  LOCKSTEP_HD static void store_k_element(X& x, float* Kt, const float* kt, int k_ss, int keys, int i) {
-    const typename X::template Lanes<lane_int> key = tile_key(x, i);
-    const typename X::template Lanes<lane_int> c = x.thread() + i * kThreads - key * D;
-    x.store(Kt, c * kKPitch + key, x.load(kt, c + key * k_ss, key < keys, 0.0f));
+  LOCKSTEP_HD static void transpose_element(X& x, float* dst, int pitch, const float* src, int ss,
+                                            int valid, int i) {
+    const typename X::template Lanes<lane_int> row = tile_key(x, i);
+    const typename X::template Lanes<lane_int> c = x.thread() + i * kThreads - row * D;
+    x.store(dst, c * pitch + row, x.load(src, c + row * ss, row < valid, 0.0f));
   }
   // The V tile into Vs: 16-byte asynchronous copies (zeros past `keys`), or plain loads.
   template <class X>
@@ -196,11 +201,7 @@ struct FusedAttentionExact {
     const I r4 = (t >> (KG == 8 ? 3 : 4)) * 4;  // the thread's first row in the block
 
     // The block's query rows, transposed (rows past Sq are zeros, never stored).
-    for (int r = 0; r < kRows; ++r)
-      for (int c0 = 0; c0 < D; c0 += kThreads) {
-        const I c = t + c0;
-        x.store(Qt, c * kQPitch + r, x.load(qb, c + r * q_ss, (c < D) & (r < rows), 0.0f), c < D);
-      }
+    transpose_in<kRows>(x, Qt, kQPitch, qb, q_ss, rows);
 
     F m[4], l[4], acc[4][kColQuads][4];
     LOCKSTEP_UNROLL
@@ -220,7 +221,7 @@ struct FusedAttentionExact {
     if (last_key > 0) {
       const int keys0 = static_cast<int>(imin(last_key, kTile));
       issue_v(x, Vs, vb, v_ss, keys0, v_async);
-      store_k(x, Kt, kb, k_ss, keys0);
+      transpose_in<kTile>(x, Kt, kKPitch, kb, k_ss, keys0);
     }
     for (int j0 = 0; j0 < last_key; j0 += kTile) {
       const int keys = static_cast<int>(imin(last_key - j0, kTile));
@@ -305,7 +306,7 @@ struct FusedAttentionExact {
       if (next_keys > 0) {
         x.sync();  // P (in Kt's memory) and V are consumed
         issue_v(x, Vs, vb + std::int64_t{j0 + kTile} * p.v_ss, v_ss, next_keys, v_async);
-        store_k(x, Kt, kb + std::int64_t{j0 + kTile} * p.k_ss, k_ss, next_keys);
+        transpose_in<kTile>(x, Kt, kKPitch, kb + std::int64_t{j0 + kTile} * p.k_ss, k_ss, next_keys);
       }
     }
 
