@@ -41,19 +41,7 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
                     static_cast<std::uint32_t>(heads), static_cast<std::uint32_t>(batch)};
     launch<K>(s, grid, K::kSharedBytes, kp);
   };
-  if (!tensor_core) {
-    // LOCKSTEP_FUSED_EXACT_KG=8|16: the other row-group width at head_dim 128 / 64 (a
-    // measurement knob: other bits than the default's).
-    static const int kg = [] {
-      const char* v = std::getenv("LOCKSTEP_FUSED_EXACT_KG");
-      return v != nullptr ? std::atoi(v) : 0;
-    }();
-    if constexpr (D == 128)
-      if (kg == 8) return go(kernels::FusedAttentionExact<128, 8>{}, p);
-    if constexpr (D == 64)
-      if (kg == 16) return go(kernels::FusedAttentionExact<64, 16>{}, p);
-    return go(kernels::FusedAttentionExact<D>{}, p);
-  }
+  if (!tensor_core) return go(kernels::FusedAttentionExact<D>{}, p);
   // K and V rounded to fp16 once, packed in the stream's scratch (Note [fused tensor-core
   // rounding points]), then the fused kernel.
   kernels::FusedAttentionParams tp = p;

@@ -44,7 +44,6 @@ using AllKernels = KernelList<
     DecodeMerge<96, 2, 3, 1>,
     FusedAttentionExact<32>, FusedAttentionExact<64>, FusedAttentionExact<96>,
     FusedAttentionExact<128>, FusedAttentionExact<256>,
-    FusedAttentionExact<128, 8>, FusedAttentionExact<64, 16>,  // measurement (LOCKSTEP_FUSED_EXACT_KG)
     FusedAttentionTensorCore<32>, FusedAttentionTensorCore<64>, FusedAttentionTensorCore<96>,
     FusedAttentionTensorCore<128>, FusedAttentionTensorCore<256>,
     FusedAttentionTensorCore<64, 2>, FusedAttentionTensorCore<96, 2>, FusedAttentionTensorCore<128, 2>,
