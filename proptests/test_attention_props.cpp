@@ -131,14 +131,22 @@ RC_GTEST_PROP(Attention, KvCacheScatter, ()) {
 namespace lockstep::harness {
 namespace {
 
+// Exact's tiles are 64 keys (32 at head_dim 256) and 64 query rows (Note [exact register tiles]):
+// lengths at and around one, two and three tiles, and up to five tiles of keys, besides the edge
+// sizes, so that the pipelined loads (Note [exact tile pipeline]) meet every tile boundary.
+rc::Gen<std::int64_t> exact_tile_size_gen(std::int64_t max) {
+  return rc::gen::oneOf(rc::gen::element<std::int64_t>(31, 32, 33, 63, 64, 65, 127, 128, 129, 192, 193),
+                        size_gen(max));
+}
+
 RC_GTEST_PROP(Attention, FusedExact, ()) {
   FusedCaseShape s;
   s.dim = *rc::gen::element<std::int64_t>(32, 64, 96, 128, 256);
   s.batch = *rc::gen::inRange<std::int64_t>(1, 3);
   s.kv_heads = *rc::gen::inRange<std::int64_t>(1, 3);
   s.heads = s.kv_heads * *rc::gen::inRange<std::int64_t>(1, 4);
-  s.seq_q = *size_gen(130);
-  s.seq_kv = *rc::gen::oneOf(rc::gen::just(s.seq_q), size_gen(130));
+  s.seq_q = *exact_tile_size_gen(200);
+  s.seq_kv = *rc::gen::oneOf(rc::gen::just(s.seq_q), exact_tile_size_gen(300));
   s.causal = *rc::gen::arbitrary<bool>();
   s.interleaved = *rc::gen::arbitrary<bool>();
   s.seed = *rc::gen::arbitrary<std::uint64_t>();

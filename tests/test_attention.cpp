@@ -832,6 +832,64 @@ TEST_P(Attention, FusedNanQueryRowGivesNanOutput) {
   }
 }
 
+// Exact with no key tile at all: seq_kv == 0, and causal blocks whose rows see no key (seq_q -
+// seq_kv >= 64 rows: the block walks no tile). Every such row is +0 with log-sum-exp -inf; the
+// rows that see keys are finite, and the last row (which sees all 5 keys) equals non-causal
+// attention of that row over the 5 keys.
+TEST_P(Attention, FusedExactRowsWithoutKeys) {
+  Lcg rng{17};
+  for (std::int64_t D : {32, 64, 96, 128, 256}) {
+    SCOPED_TRACE("D=" + std::to_string(D));
+    auto buf = [&](std::size_t n) {
+      Buffer<float> x(dev, n);
+      x.copy_from_host(s(), rng.floats(n, 1.0f));
+      return x;
+    };
+    auto q = buf(std::size_t(2 * 200 * D)), k = buf(std::size_t(5 * D)), v = buf(std::size_t(5 * D));
+    AttentionOptions o;
+    o.precision = AttentionPrecision::kExact;
+    {  // seq_kv == 0
+      Buffer<float> k0(dev, 0), v0(dev, 0);
+      auto out = filled(std::size_t(2 * 200 * D), 42.0f), lse = filled(2 * 200, 42.0f);
+      o.lse = &lse;
+      attention(s(), q, k0, v0, out, AttentionShape{1, 2, 1, 200, 0, D}, o);
+      for (float x : out.to_vector(s())) ASSERT_EQ(bits(x), 0u);
+      for (float x : lse.to_vector(s())) ASSERT_TRUE(std::isinf(x) && x < 0);
+    }
+    // causal, 200 queries and 5 keys: row i sees keys j <= i - 195.
+    auto out = filled(std::size_t(2 * 200 * D), 42.0f), lse = filled(2 * 200, 42.0f);
+    o.lse = &lse;
+    o.causal = true;
+    attention(s(), q, k, v, out, AttentionShape{1, 2, 1, 200, 5, D}, o);
+    const auto ho = out.to_vector(s()), hl = lse.to_vector(s());
+    for (std::int64_t h = 0; h < 2; ++h)
+      for (std::int64_t i = 0; i < 200; ++i) {
+        const bool sees = i >= 195;
+        ASSERT_EQ(std::isinf(hl[h * 200 + i]) && hl[h * 200 + i] < 0, !sees) << h << " " << i;
+        for (std::int64_t d = 0; d < D; ++d) {
+          const float x = ho[(h * 200 + i) * D + d];
+          if (sees) ASSERT_TRUE(std::isfinite(x)) << h << " " << i << " " << d;
+          else ASSERT_EQ(bits(x), 0u) << h << " " << i << " " << d;
+        }
+      }
+    // The last row of each head against non-causal attention of that one query row.
+    std::vector<float> hq = q.to_vector(s()), last(std::size_t(2 * D));
+    for (std::int64_t h = 0; h < 2; ++h)
+      std::copy_n(hq.begin() + (h * 200 + 199) * D, D, last.begin() + h * D);
+    Buffer<float> q1(dev, last.size());
+    q1.copy_from_host(s(), last);
+    auto out1 = filled(std::size_t(2 * D), 42.0f), lse1 = filled(2, 42.0f);
+    o.causal = false;
+    o.lse = &lse1;
+    attention(s(), q1, k, v, out1, AttentionShape{1, 2, 1, 1, 5, D}, o);
+    const auto h1 = out1.to_vector(s()), l1 = lse1.to_vector(s());
+    for (std::int64_t h = 0; h < 2; ++h) {
+      EXPECT_EQ(bits(hl[h * 200 + 199]), bits(l1[h]));
+      for (std::int64_t d = 0; d < D; ++d) ASSERT_EQ(bits(ho[(h * 200 + 199) * D + d]), bits(h1[h * D + d])) << d;
+    }
+  }
+}
+
 // Exact copies V tiles with 16-byte asynchronous copies when V is 16-byte aligned and with plain
 // loads otherwise (Note [exact tile pipeline]): a K and V 4 bytes off give the same bytes as
 // aligned ones holding the same values, out and lse, for every head_dim's kernel.
