@@ -146,18 +146,25 @@ struct FusedAttentionExact {
     static_assert(kPer * kThreads == R * D, "whole rows per block pass");
     if constexpr (kPer <= 32) {
       LOCKSTEP_UNROLL
-      for (int i = 0; i < kPer; ++i) transpose_element(x, dst, pitch, src, ss, valid, i);
+      for (int i = 0; i < kPer; ++i) copy_element(x, dst, pitch, 1, src, ss, valid, i);
     } else {
       LOCKSTEP_UNROLL_4
-      for (int i = 0; i < kPer; ++i) transpose_element(x, dst, pitch, src, ss, valid, i);
+      for (int i = 0; i < kPer; ++i) copy_element(x, dst, pitch, 1, src, ss, valid, i);
     }
   }
+  // Element i of the thread's share: src[c + row * ss] (0 for rows at or past `valid`) into
+  // dst[c * dc + row * dr].
   template <class X>
-  LOCKSTEP_HD static void transpose_element(X& x, float* dst, int pitch, const float* src, int ss,
-                                            int valid, int i) {
+  LOCKSTEP_HD static void copy_element(X& x, float* dst, int dc, int dr, const float* src, int ss,
+                                       int valid, int i) {
     const typename X::template Lanes<lane_int> row = tile_key(x, i);
     const typename X::template Lanes<lane_int> c = x.thread() + i * kThreads - row * D;
-    x.store(dst, c * pitch + row, x.load(src, c + row * ss, row < valid, 0.0f));
+    x.store(dst, c * dc + row * dr, x.load(src, c + row * ss, row < valid, 0.0f));
+  }
+  // Key j of the thread's kKeys in the tile (Note [exact register tiles]).
+  template <class I>
+  LOCKSTEP_HD static auto tile_key_of(const I& kg, int j) {
+    return kg * 4 + (4 * KG * (j / 4) + j % 4);
   }
   // The V tile into Vs: 16-byte asynchronous copies (zeros past `keys`), or plain loads.
   template <class X>
@@ -171,11 +178,7 @@ struct FusedAttentionExact {
       }
     } else {
       LOCKSTEP_UNROLL_4
-      for (int i = 0; i < kLoads; ++i) {
-        const typename X::template Lanes<lane_int> key = tile_key(x, i);
-        const typename X::template Lanes<lane_int> c = x.thread() + i * kThreads - key * D;
-        x.store(Vs, c + key * D, x.load(vt, c + key * v_ss, key < keys, 0.0f));
-      }
+      for (int i = 0; i < kLoads; ++i) copy_element(x, Vs, 1, D, vt, v_ss, keys, i);
     }
     x.async_commit();
   }
@@ -251,7 +254,7 @@ struct FusedAttentionExact {
           const auto k = x.load4(Kt, kg * 4 + (4 * KG * u + d * kKPitch));
           LOCKSTEP_UNROLL
           for (int i = 0; i < 4; ++i) {
-            const auto& qi = i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
+            const auto& qi = quad_part(q, i);
             s[i][4 * u + 0] = x.fma(qi, k.x, s[i][4 * u + 0]);
             s[i][4 * u + 1] = x.fma(qi, k.y, s[i][4 * u + 1]);
             s[i][4 * u + 2] = x.fma(qi, k.z, s[i][4 * u + 2]);
@@ -271,7 +274,7 @@ struct FusedAttentionExact {
         F mt = -kInf;
         LOCKSTEP_UNROLL
         for (int j = 0; j < kKeys; ++j) {
-          const I key = kg * 4 + (4 * KG * (j / 4) + j % 4);
+          const I key = tile_key_of(kg, j);
           B visible = (key < keys) & live;
           if (p.causal) visible = visible & (key + j0 <= qi + shift);
           sc[j] = x.select(visible, s[i][j] * p.scale, -kInf);
@@ -284,7 +287,7 @@ struct FusedAttentionExact {
         for (int j = 0; j < kKeys; ++j) {
           const F w = x.select(none, 0.0f, x.exp(sc[j] - m_new));
           ps = ps + w;
-          x.store(Pt, (kg * 4 + (4 * KG * (j / 4) + j % 4)) * kPPitch + row, w);
+          x.store(Pt, tile_key_of(kg, j) * kPPitch + row, w);
         }
         const F alpha = x.select(none, 1.0f, x.exp(m[i] - m_new));
         l[i] = l[i] * alpha + x.template warp_sum<KG>(ps);
@@ -305,7 +308,7 @@ struct FusedAttentionExact {
           const auto v = x.load4(Vs, kg * 4 + (4 * KG * u + j * D));
           LOCKSTEP_UNROLL
           for (int i = 0; i < 4; ++i) {
-            const auto& pi = i == 0 ? pw.x : i == 1 ? pw.y : i == 2 ? pw.z : pw.w;
+            const auto& pi = quad_part(pw, i);
             acc[i][u][0] = x.fma(pi, v.x, acc[i][u][0]);
             acc[i][u][1] = x.fma(pi, v.y, acc[i][u][1]);
             acc[i][u][2] = x.fma(pi, v.z, acc[i][u][2]);

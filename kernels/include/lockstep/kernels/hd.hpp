@@ -19,6 +19,13 @@
 #define LOCKSTEP_HD_OUTLINED_ON_CPU __attribute__((noinline))
 #endif
 
+// Component i (0 x, 1 y, 2 z, 3 w; a constant once the loop over it is unrolled) of a quad, as
+// x.load4 returns it on either backend.
+template <class Q>
+LOCKSTEP_HD const auto& quad_part(const Q& q, int i) {
+  return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
+}
+
 // Unroll a loop with a compile-time trip count (register arrays must not be indexed at run time).
 #if defined(__CUDACC__)
 #define LOCKSTEP_UNROLL _Pragma("unroll")
