@@ -78,12 +78,11 @@ struct FusedBlock {
 // query rows 4 rg .. 4 rg + 3 of the block (rg = t / KG, a row group; the KG threads of a row
 // group are consecutive lanes of one warp) and, per K/V tile, the keys kg * 4 + e + 4 KG u of
 // the tile (kg = t % KG, e < 4, u < kTile / (4 KG)) and the output columns kg * 4 + e + 4 KG u
-// (u < D / (4 KG)). Q and each K tile are transposed into shared memory, so that one d step of
-// the scores reads one 16-byte quad of Q (4 rows) and kTile / (4 KG) quads of K (4 keys each),
-// and one key of P x V reads one quad of P (4 rows) and D / (4 KG) quads of V: 5 to 21 fmas per
-// shared load where the 32-row kernel before it (up to 27fdb0a) did one (run 29: it was bound by
-// issue and shared-memory wavefronts together). The weights P share the K tile's memory (K is
-// consumed by then), which keeps two blocks per SM at head_dim 128.
+// (u < D / (4 KG)). Q is transposed into shared memory; K, V and P keep one row per key. Four
+// d steps of the scores read four 16-byte quads of Q (4 rows at each d) and one quad of K per
+// key (4 d), and one key of P x V reads one quad of P (4 rows) and D / (4 KG) quads of V: 5 to
+// 21 fmas per shared load where the 32-row kernel before it (up to 27fdb0a) did one (run 29: it
+// was bound by issue and shared-memory wavefronts together).
 // The order of every sum (the bits, the same on both backends; KG is part of it):
 //   score  = fma chain over d = 0 .. D-1, then times scale (masked keys: -inf);
 //   per tile and row: the tile max (exact), w_j = exp(score_j - m_new) (0 when m_new = -inf),
@@ -94,14 +93,25 @@ struct FusedBlock {
 // Tiles of kTile keys in order (64 at head_dim <= 128, 32 at 256, which keeps the accumulators
 // at 128 registers); tiles past a causal block's last row are skipped.
 //
+// Note [exact shared layout]
+// K and P rows are stored with their 16-byte quads permuted: quad c of row r sits at quad
+// c ^ ((r / 4) & 7) (swizzle). The KG threads of a row group read the same quad of their own keys
+// (rows 4 apart), and write P as one quad (4 rows) per key: without the permutation those
+// accesses fall on the same banks (rows of 64 or D floats: a multiple of 32 banks), with it on
+// eight different bank groups, so every such access takes the fewest wavefronts its bytes need.
+// (Before, K was stored transposed, 4-way conflicted, and P as single floats, 8-way.) The
+// permutation moves data, never arithmetic: the bits are the same.
+//
 // Note [exact tile pipeline]
-// Per tile: K's loads (transposed into shared memory), scores, softmax (P into K's memory),
-// P x V. The tile's V is copied with 16-byte asynchronous copies issued before its K is loaded
-// (after the previous tile's P x V) and waited for before its P x V, so V's loads run under K's
-// loads and the scores. A V that is not 16-byte aligned (a wrapped buffer, or a row stride not a
-// multiple of 4) is loaded with plain loads instead. Loading K into registers during the
-// previous P x V as well spilled (ptxas: 204 bytes at head_dim 128 under two blocks per SM).
-// Only when loads happen changes: not the bits.
+// K and V tiles arrive by 16-byte asynchronous copies (plain loads when an operand is not
+// 16-byte aligned: a wrapped buffer, or a row stride not a multiple of 4). Per tile j:
+//   wait for K_j; barrier; copy V_j (tile 0: in the prologue, with K_0);
+//   scores from K_j; barrier;
+//   with a P buffer of its own: copy K_{j+1}, which then lands during the softmax and P x V;
+//   softmax (P into shared memory); wait for V_j; barrier; P x V;
+//   with P in K's memory instead: barrier; copy K_{j+1}.
+// P gets its own buffer where that costs no block per SM (kSeparateP: head_dim 32, 128 and 256;
+// at 64 and 96 it would cost one of four or three). Only when loads happen changes: not the bits.
 
 // KG = 16 threads per row group at head_dim 128 (42.7 vs 47.6 ms at B4 H32 L4096, run 54), 8
 // elsewhere (head_dim 64: 1.68 vs 1.89 ms at 16x16x1024 causal); part of the bits.
@@ -117,68 +127,81 @@ struct FusedAttentionExact {
   static constexpr int kKeys = 4 * kKeyQuads;         // keys per thread
   static constexpr int kColQuads = D / (4 * KG);      // output column quads per thread
   static constexpr int kQPitch = kRows;       // Qt[d][row] (written once: conflicts are cheap)
-  static constexpr int kKPitch = kTile + 4;   // Kt[d][key]: 16-byte rows, 4-way stores
-  static constexpr int kPPitch = kRows + 4;   // Pt[key][row], in Kt's memory
-  static constexpr int kKPFloats = D * kKPitch > kTile * kPPitch ? D * kKPitch : kTile * kPPitch;
-  static constexpr std::size_t kSharedBytes =
-      (D * kQPitch + kKPFloats + kTile * D) * sizeof(float) + 128;
-  // Blocks per SM that shared memory allows (228 KB per SM, 1 KB reserved per block), stated
-  // to ptxas so that it keeps the registers within them (without it, head_dim 128 took 232).
-  static constexpr int kMinBlocks = static_cast<int>(228 * 1024 / (kSharedBytes + 1024)) > 4
-                                        ? 4
-                                        : static_cast<int>(228 * 1024 / (kSharedBytes + 1024));
+  static constexpr int kKFloats = kTile * D;      // K[key][d], swizzled (Note [exact shared layout])
+  static constexpr int kPFloats = kTile * kRows;  // P[key][row], swizzled
+  static constexpr int kVFloats = kTile * D;      // V[key][d]
+  static constexpr std::size_t shared_bytes(bool separate_p) {
+    const int kp = separate_p ? kKFloats + kPFloats : (kKFloats > kPFloats ? kKFloats : kPFloats);
+    return (std::size_t{D} * kQPitch + kp + kVFloats) * sizeof(float) + 128;
+  }
+  // Blocks per SM that shared memory allows (228 KB per SM, 1 KB reserved per block), at most 4.
+  static constexpr int blocks_for(std::size_t bytes) {
+    return static_cast<int>(228 * 1024 / (bytes + 1024)) > 4 ? 4
+                                                             : static_cast<int>(228 * 1024 / (bytes + 1024));
+  }
+  static constexpr bool kSeparateP = blocks_for(shared_bytes(true)) >= blocks_for(shared_bytes(false));
+  static constexpr std::size_t kSharedBytes = shared_bytes(kSeparateP);
+  // Stated to ptxas so that it keeps the registers within them (without it, head_dim 128 took 232).
+  static constexpr int kMinBlocks = blocks_for(kSharedBytes);
   using Params = FusedAttentionParams;
   static constexpr int kLoads = kTile * D / kThreads;  // K or V elements per thread and tile
   static_assert(kLoads * kThreads == kTile * D && kLoads % 4 == 0, "whole quads per thread");
-  // Element i of the thread's share of a tile: key and column (kThreads consecutive elements
-  // per pass, so the global loads are coalesced).
-  template <class X>
-  LOCKSTEP_HD static typename X::template Lanes<lane_int> tile_key(X& x, int i) {
-    return x.idiv(x.thread() + i * kThreads, D);
+  static_assert(D / 4 % 8 == 0 && kRows / 4 % 8 == 0, "swizzled rows: a multiple of 8 quads");
+
+  // Offset of quad c of row r in a swizzled tile of rows of w floats (Note [exact shared layout]).
+  template <class R, class C>
+  LOCKSTEP_HD static auto swizzled(const R& r, const C& c, int w) {
+    return r * w + ((c ^ ((r >> 2) & 7)) << 2);
   }
-  // R rows of D floats from src (row stride ss; zeros for rows at or past `valid`), transposed
-  // into dst[d * pitch + row]: the block's Q (R = kRows) and each K tile (R = kTile). Thread t
-  // takes elements t, t + kThreads, ... (coalesced); all of its loads are in flight at once
-  // where the registers allow (at most 32: head_dim 96 spilled with 48).
-  template <int R, class X>
-  LOCKSTEP_HD static void transpose_in(X& x, float* dst, int pitch, const float* src, int ss, int valid) {
-    constexpr int kPer = R * D / kThreads;
-    static_assert(kPer * kThreads == R * D, "whole rows per block pass");
-    if constexpr (kPer <= 32) {
-      LOCKSTEP_UNROLL
-      for (int i = 0; i < kPer; ++i) copy_element(x, dst, pitch, 1, src, ss, valid, i);
-    } else {
-      LOCKSTEP_UNROLL_4
-      for (int i = 0; i < kPer; ++i) copy_element(x, dst, pitch, 1, src, ss, valid, i);
+  // Rows of D floats from src (row stride ss; zeros for rows at or past `valid`), transposed
+  // into dst[d * kQPitch + row]: the block's Q. Thread t takes elements t, t + kThreads, ...
+  // (coalesced); all of its loads are in flight at once where the registers allow.
+  template <class X>
+  LOCKSTEP_HD static void transpose_q(X& x, float* dst, const float* src, int ss, int valid) {
+    constexpr int kPer = kRows * D / kThreads;
+    static_assert(kPer * kThreads == kRows * D, "whole rows per block pass");
+    LOCKSTEP_UNROLL
+    for (int i = 0; i < kPer; ++i) {
+      const typename X::template Lanes<lane_int> row = x.idiv(x.thread() + i * kThreads, D);
+      const typename X::template Lanes<lane_int> c = x.thread() + i * kThreads - row * D;
+      x.store(dst, c * kQPitch + row, x.load(src, c + row * ss, row < valid, 0.0f));
     }
-  }
-  // Element i of the thread's share: src[c + row * ss] (0 for rows at or past `valid`) into
-  // dst[c * dc + row * dr].
-  template <class X>
-  LOCKSTEP_HD static void copy_element(X& x, float* dst, int dc, int dr, const float* src, int ss,
-                                       int valid, int i) {
-    const typename X::template Lanes<lane_int> row = tile_key(x, i);
-    const typename X::template Lanes<lane_int> c = x.thread() + i * kThreads - row * D;
-    x.store(dst, c * dc + row * dr, x.load(src, c + row * ss, row < valid, 0.0f));
   }
   // Key j of the thread's kKeys in the tile (Note [exact register tiles]).
   template <class I>
   LOCKSTEP_HD static auto tile_key_of(const I& kg, int j) {
     return kg * 4 + (4 * KG * (j / 4) + j % 4);
   }
-  // The V tile into Vs: 16-byte asynchronous copies (zeros past `keys`), or plain loads.
-  template <class X>
-  LOCKSTEP_HD static void issue_v(X& x, float* Vs, const float* vt, int v_ss, int keys, bool async) {
-    if (async) {
-      LOCKSTEP_UNROLL_4
-      for (int i = 0; i < kLoads / 4; ++i) {
-        const typename X::template Lanes<lane_int> key = x.idiv(x.thread() + i * kThreads, D / 4);
-        const typename X::template Lanes<lane_int> c = (x.thread() + i * kThreads - key * (D / 4)) * 4;
-        x.copy4_async(Vs, c + key * D, vt, c + key * v_ss, key < keys);
+  // A K tile (swizzled) or V tile (not) of `keys` rows from src into dst, zeros up to kTile rows:
+  // 16-byte asynchronous copies, or plain loads. Commits a group (empty when keys <= 0).
+  template <bool kSwizzle, class X>
+  LOCKSTEP_HD static void issue_tile(X& x, float* dst, const float* src, int ss, int keys, bool async) {
+    using I = typename X::template Lanes<lane_int>;
+    if (keys > 0) {
+      if (async) {
+        LOCKSTEP_UNROLL_4
+        for (int i = 0; i < kLoads / 4; ++i) {
+          const I key = x.idiv(x.thread() + i * kThreads, D / 4);
+          const I c = x.thread() + i * kThreads - key * (D / 4);  // quad in the row
+          if constexpr (kSwizzle) {
+            x.copy4_async(dst, swizzled(key, c, D), src, c * 4 + key * ss, key < keys);
+          } else {
+            x.copy4_async(dst, c * 4 + key * D, src, c * 4 + key * ss, key < keys);
+          }
+        }
+      } else {
+        LOCKSTEP_UNROLL_4
+        for (int i = 0; i < kLoads; ++i) {
+          const I key = x.idiv(x.thread() + i * kThreads, D);
+          const I c = x.thread() + i * kThreads - key * D;
+          const auto v = x.load(src, c + key * ss, key < keys, 0.0f);
+          if constexpr (kSwizzle) {
+            x.store(dst, swizzled(key, c >> 2, D) + (c & 3), v);
+          } else {
+            x.store(dst, c + key * D, v);
+          }
+        }
       }
-    } else {
-      LOCKSTEP_UNROLL_4
-      for (int i = 0; i < kLoads; ++i) copy_element(x, Vs, 1, D, vt, v_ss, keys, i);
     }
     x.async_commit();
   }
@@ -189,9 +212,9 @@ struct FusedAttentionExact {
     using I = typename X::template Lanes<lane_int>;
     using B = typename X::template Lanes<bool>;
     float* Qt = x.template shared<float>(D * kQPitch);
-    float* Kt = x.template shared<float>(kKPFloats);
-    float* Pt = Kt;
-    float* Vs = x.template shared<float>(kTile * D);
+    float* Ks = x.template shared<float>(kSeparateP || kKFloats >= kPFloats ? kKFloats : kPFloats);
+    float* Ps = kSeparateP ? x.template shared<float>(kPFloats) : Ks;
+    float* Vs = x.template shared<float>(kVFloats);
 
     const FusedBlock fb(x, p, kRows);
     const int s0 = fb.s0, rows = fb.rows, shift = fb.shift;
@@ -202,12 +225,24 @@ struct FusedAttentionExact {
     const I t = x.thread();
     const I kg = t & (KG - 1);   // key group (scores) and column group (output)
     const I r4 = (t >> (KG == 8 ? 3 : 4)) * 4;  // the thread's first row in the block
+    const I ksw = kg & 7;        // the swizzle of each of the thread's keys: (key / 4) & 7
+    const I pq = t >> (KG == 8 ? 3 : 4);  // the thread's row quad in P
+
+    // Note [exact tile pipeline]: K_0 and V_0 are copied while Q is loaded.
+    const bool k_async = (reinterpret_cast<std::uintptr_t>(kb) & 15) == 0 && k_ss % 4 == 0;
+    const bool v_async = (reinterpret_cast<std::uintptr_t>(vb) & 15) == 0 && v_ss % 4 == 0;
+    const int last_key = fb.last_key(p);
+    if (last_key > 0) {
+      const int keys0 = static_cast<int>(imin(last_key, kTile));
+      issue_tile<true>(x, Ks, kb, k_ss, keys0, k_async);
+      issue_tile<false>(x, Vs, vb, v_ss, keys0, v_async);
+    }
 
     // The block's query rows, transposed (rows past Sq are zeros, never stored). At head_dim 128
     // all of a thread's loads at once (2% faster than the row loop, run 57); elsewhere the row
     // loop (whisper-tiny at head_dim 64 was 7% slower with the batched loads, run 57).
     if constexpr (D == 128) {
-      transpose_in<kRows>(x, Qt, kQPitch, qb, q_ss, rows);
+      transpose_q(x, Qt, qb, q_ss, rows);
     } else {
       for (int r = 0; r < kRows; ++r)
         for (int c0 = 0; c0 < D; c0 += kThreads) {
@@ -227,44 +262,46 @@ struct FusedAttentionExact {
         for (int e = 0; e < 4; ++e) acc[i][u][e] = 0.0f;
     }
 
-    // Note [exact tile pipeline]: tile j + 1's V is copied asynchronously during its K's loads
-    // and its scores (16-byte copies; plain loads when V is not 16-byte aligned).
-    const bool v_async = (reinterpret_cast<std::uintptr_t>(vb) & 15) == 0 && v_ss % 4 == 0;
-    const int last_key = fb.last_key(p);
-    if (last_key > 0) {
-      const int keys0 = static_cast<int>(imin(last_key, kTile));
-      issue_v(x, Vs, vb, v_ss, keys0, v_async);
-      transpose_in<kTile>(x, Kt, kKPitch, kb, k_ss, keys0);
-    }
     for (int j0 = 0; j0 < last_key; j0 += kTile) {
       const int keys = static_cast<int>(imin(last_key - j0, kTile));
       const int next_keys = static_cast<int>(imin(last_key - j0 - kTile, kTile));  // <= 0: none
-      x.sync();  // K of this tile stored
+      // K_j: pending after it are V_0 on the first tile and nothing later (V_{j-1} was waited for
+      // before P x V).
+      if (j0 == 0) {
+        x.template async_wait<1>();
+      } else {
+        x.template async_wait<0>();
+      }
+      x.sync();  // K_j (and Q) visible; every thread is done with tile j - 1's P and V
+      if (j0 > 0) issue_tile<false>(x, Vs, vb + std::int64_t{j0} * p.v_ss, v_ss, keys, v_async);
 
-      // Scores: each an fma chain over d.
+      // Scores: each an fma chain over d, four d at a time.
       F s[4][kKeys];
       LOCKSTEP_UNROLL
       for (int i = 0; i < 4; ++i)
         LOCKSTEP_UNROLL
         for (int j = 0; j < kKeys; ++j) s[i][j] = 0.0f;
-      for (int d = 0; d < D; ++d) {
-        const auto q = x.load4(Qt, r4 + d * kQPitch);
+      for (int dq = 0; dq < D / 4; ++dq) {
+        const I kc = ((ksw ^ dq) << 2);  // the quad's place in each of the thread's K rows
+        decltype(x.load4(Qt, r4)) q[4];
         LOCKSTEP_UNROLL
-        for (int u = 0; u < kKeyQuads; ++u) {
-          const auto k = x.load4(Kt, kg * 4 + (4 * KG * u + d * kKPitch));
+        for (int e = 0; e < 4; ++e) q[e] = x.load4(Qt, r4 + (4 * dq + e) * kQPitch);
+        LOCKSTEP_UNROLL
+        for (int j = 0; j < kKeys; ++j) {
+          const auto k = x.load4(Ks, tile_key_of(kg, j) * D + kc);
           LOCKSTEP_UNROLL
           for (int i = 0; i < 4; ++i) {
-            const auto& qi = quad_part(q, i);
-            s[i][4 * u + 0] = x.fma(qi, k.x, s[i][4 * u + 0]);
-            s[i][4 * u + 1] = x.fma(qi, k.y, s[i][4 * u + 1]);
-            s[i][4 * u + 2] = x.fma(qi, k.z, s[i][4 * u + 2]);
-            s[i][4 * u + 3] = x.fma(qi, k.w, s[i][4 * u + 3]);
+            s[i][j] = x.fma(quad_part(q[0], i), k.x, s[i][j]);
+            s[i][j] = x.fma(quad_part(q[1], i), k.y, s[i][j]);
+            s[i][j] = x.fma(quad_part(q[2], i), k.z, s[i][j]);
+            s[i][j] = x.fma(quad_part(q[3], i), k.w, s[i][j]);
           }
         }
       }
-      x.sync();  // every thread is done with K before P overwrites it
+      x.sync();  // every thread is done with K_j
+      if constexpr (kSeparateP) issue_tile<true>(x, Ks, kb + std::int64_t{j0 + kTile} * p.k_ss, k_ss, next_keys, k_async);
 
-      // Online softmax per row; the weights go to shared memory, transposed.
+      // Online softmax per row; the weights replace the scores, then go to P one key at a time.
       LOCKSTEP_UNROLL
       for (int i = 0; i < 4; ++i) {
         const I row = r4 + i;  // in the block
@@ -285,9 +322,8 @@ struct FusedAttentionExact {
         F ps = 0.0f;
         LOCKSTEP_UNROLL
         for (int j = 0; j < kKeys; ++j) {
-          const F w = x.select(none, 0.0f, x.exp(sc[j] - m_new));
-          ps = ps + w;
-          x.store(Pt, tile_key_of(kg, j) * kPPitch + row, w);
+          s[i][j] = x.select(none, 0.0f, x.exp(sc[j] - m_new));
+          ps = ps + s[i][j];
         }
         const F alpha = x.select(none, 1.0f, x.exp(m[i] - m_new));
         l[i] = l[i] * alpha + x.template warp_sum<KG>(ps);
@@ -297,12 +333,17 @@ struct FusedAttentionExact {
           LOCKSTEP_UNROLL
           for (int e = 0; e < 4; ++e) acc[i][u][e] = acc[i][u][e] * alpha;
       }
-      x.template async_wait<0>();  // this tile's V
-      x.sync();  // P is read by the other threads of its row group; V has landed
+      LOCKSTEP_UNROLL
+      for (int j = 0; j < kKeys; ++j)
+        x.store4(Ps, swizzled(tile_key_of(kg, j), pq, kRows),
+                 decltype(x.load4(Qt, r4)){s[0][j], s[1][j], s[2][j], s[3][j]});
+      // V_j: pending after it is K_{j+1} where P has its own buffer.
+      x.template async_wait<kSeparateP ? 1 : 0>();
+      x.sync();  // P is read by the other threads of its row group; V_j has landed
 
       // P x V: every key of the tile in order.
       for (int j = 0; j < kTile; ++j) {
-        const auto pw = x.load4(Pt, r4 + j * kPPitch);
+        const auto pw = x.load4(Ps, j * kRows + ((pq ^ ((j >> 2) & 7)) << 2));
         LOCKSTEP_UNROLL
         for (int u = 0; u < kColQuads; ++u) {
           const auto v = x.load4(Vs, kg * 4 + (4 * KG * u + j * D));
@@ -316,10 +357,11 @@ struct FusedAttentionExact {
           }
         }
       }
-      if (next_keys > 0) {
-        x.sync();  // P (in Kt's memory) and V are consumed
-        issue_v(x, Vs, vb + std::int64_t{j0 + kTile} * p.v_ss, v_ss, next_keys, v_async);
-        transpose_in<kTile>(x, Kt, kKPitch, kb + std::int64_t{j0 + kTile} * p.k_ss, k_ss, next_keys);
+      if constexpr (!kSeparateP) {
+        if (next_keys > 0) {
+          x.sync();  // P (in K's memory) is consumed
+          issue_tile<true>(x, Ks, kb + std::int64_t{j0 + kTile} * p.k_ss, k_ss, next_keys, k_async);
+        }
       }
     }
 
