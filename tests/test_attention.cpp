@@ -966,6 +966,41 @@ TEST_P(Attention, FusedTensorCoreRowsPerBlockGiveTheSameBytes) {
     }
 }
 
+// Exact at head_dim 64 with P in K's memory and with P in a buffer of its own (the host picks by
+// grid size; LOCKSTEP_FUSED_EXACT_P forces either): the same bytes, out and log-sum-exp.
+TEST_P(Attention, FusedExactPBuffersGiveTheSameBytes) {
+  Lcg rng{12};
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "full");
+    const std::int64_t D = 64;
+    const AttentionShape sh{2, 4, 2, 150, 201, D};
+    auto buf = [&](std::size_t n) {
+      Buffer<float> x(dev, n);
+      x.copy_from_host(s(), rng.floats(n, 2.0f));
+      return x;
+    };
+    auto q = buf(std::size_t(2 * 4 * 150 * D)), k = buf(std::size_t(2 * 2 * 201 * D)),
+         v = buf(std::size_t(2 * 2 * 201 * D));
+    std::vector<float> outs[2], lses[2];
+    for (int i = 0; i < 2; ++i) {
+      auto out = filled(std::size_t(2 * 4 * 150 * D), 42.0f), lse = filled(2 * 4 * 150, 42.0f);
+      AttentionOptions o;
+      o.precision = AttentionPrecision::kExact;
+      o.causal = causal;
+      o.lse = &lse;
+      ::setenv("LOCKSTEP_FUSED_EXACT_P", i == 0 ? "0" : "1", 1);
+      attention(s(), q, k, v, out, sh, o);
+      ::unsetenv("LOCKSTEP_FUSED_EXACT_P");
+      outs[i] = out.to_vector(s());
+      lses[i] = lse.to_vector(s());
+    }
+    for (std::size_t e = 0; e < outs[0].size(); ++e) ASSERT_EQ(bits(outs[0][e]), bits(outs[1][e])) << e;
+    for (std::size_t e = 0; e < lses[0].size(); ++e) ASSERT_EQ(bits(lses[0][e]), bits(lses[1][e])) << e;
+    ASSERT_NE(outs[0][0], 42.0f);
+    ASSERT_NE(lses[0][0], 42.0f);
+  }
+}
+
 LOCKSTEP_INSTANTIATE_BACKENDS(Attention);
 
 

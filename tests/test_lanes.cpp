@@ -86,6 +86,38 @@ TEST(Lanes, Quad16ByteLoadsAndStores) {
   for (int i = 0; i < N * 4; ++i) ASSERT_EQ(out[i], float(i));
 }
 
+// Every path of load4 and store4 against its scalar meaning: contiguous, broadcast, gathered
+// (all lanes active: staged 16-byte copies), masked (inactive lanes load zeros, store nothing).
+TEST(Lanes, QuadGathersAndScattersMatchTheirScalarMeaning) {
+  alignas(64) char smem[64];
+  X x(smem, sizeof smem);
+  std::vector<float> data(N * 8 + 64);
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = float(i) * 0.5f - 3.0f;
+  const auto t = x.thread();
+  auto perm = [](int i) { return ((i * 5 + 3) % N) * 2; };  // distinct quads, 32 bytes apart
+  const auto g = x.load4(data.data(), ((t * 5 + 3) % N) * 8);             // gathered
+  const auto b = x.load4(data.data(), t * 0 + 12);                       // broadcast
+  const auto m = x.load4(data.data(), ((t * 5 + 3) % N) * 8, (t % 3) != 1);  // masked gather
+  for (int i = 0; i < N; ++i) {
+    const int o = perm(i) * 4;
+    ASSERT_EQ(g.x[i], data[o]);
+    ASSERT_EQ(g.y[i], data[o + 1]);
+    ASSERT_EQ(g.z[i], data[o + 2]);
+    ASSERT_EQ(g.w[i], data[o + 3]);
+    ASSERT_EQ(b.z[i], data[14]);
+    ASSERT_EQ(m.w[i], (i % 3) != 1 ? data[o + 3] : 0.0f);
+  }
+  std::vector<float> out(N * 8 + 64, -1.0f);
+  x.store4(out.data(), ((t * 5 + 3) % N) * 8, g, (t % 4) != 2);  // scattered, partly masked
+  std::vector<float> want(out.size(), -1.0f);
+  for (int i = 0; i < N; ++i)
+    if (i % 4 != 2)
+      for (int e = 0; e < 4; ++e) want[perm(i) * 4 + e] = data[perm(i) * 4 + e];
+  for (std::size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], want[i]) << i;
+  x.store4(out.data(), ((t * 5 + 3) % N) * 8, b);  // scattered, every lane
+  for (int i = 0; i < N; ++i) ASSERT_EQ(out[perm(i) * 4 + 1], data[13]);
+}
+
 // CUDA: for (k = W/2; k >= 1; k /= 2) v = op(v, __shfl_xor_sync(~0, v, k)); per warp.
 template <class Op>
 std::vector<float> cuda_butterfly(std::vector<float> v, int W, Op op) {

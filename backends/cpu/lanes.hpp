@@ -650,9 +650,22 @@ class CpuExec {
         hn::Store(b, d, q.y.data() + c * kL);
         hn::Store(e, d, q.z.data() + c * kL);
         hn::Store(f, d, q.w.data() + c * kL);
+      } else if (hn::AllTrue(DI(), mc.m) && !hn::AllTrue(DI(), hn::Eq(oc.v, hn::Set(DI(), o0)))) {
+        // Gathered quads (e.g. the rows of a swizzled tile): one 16-byte copy per lane into a
+        // staging array, then the same de-interleaving load as above; cheaper than four gathers.
+        alignas(64) std::int32_t offs[kL];
+        alignas(64) T staged[4 * kL];
+        hn::Store(oc.v, DI(), offs);
+        for (int i = 0; i < kL; ++i) std::memcpy(staged + 4 * i, base + offs[i], 4 * sizeof(T));
+        hn::Vec<mem_tag_t<T>> a, b, e, f;
+        hn::LoadInterleaved4(d, staged, a, b, e, f);
+        hn::Store(a, d, q.x.data() + c * kL);
+        hn::Store(b, d, q.y.data() + c * kL);
+        hn::Store(e, d, q.z.data() + c * kL);
+        hn::Store(f, d, q.w.data() + c * kL);
       } else {
-        // Each of the four values as a lane load of its own: broadcast, gathered or masked
-        // (load_chunk's paths; masked-off lanes get zeros and are never read).
+        // Each of the four values as a lane load of its own: broadcast or masked (load_chunk's
+        // paths; masked-off lanes get zeros and are never read).
         hn::Store(load_chunk<T>(base, oc, mc, T{}).v, d, q.x.data() + c * kL);
         hn::Store(load_chunk<T>(base + 1, oc, mc, T{}).v, d, q.y.data() + c * kL);
         hn::Store(load_chunk<T>(base + 2, oc, mc, T{}).v, d, q.z.data() + c * kL);
@@ -679,18 +692,17 @@ class CpuExec {
                               hn::Load(d, q.z.data() + c * kL), hn::Load(d, q.w.data() + c * kL),
                               d, base + o0);
       } else {
+        // Interleaved into a staging array, then one 16-byte copy per active lane (in lane
+        // order: a later lane wins on equal offsets, which a race-free kernel never has).
         alignas(64) std::int32_t off[kL], act[kL];
+        alignas(64) T staged[4 * kL];
         hn::Store(oc.v, DI(), off);
         hn::Store(hn::VecFromMask(DI(), mc.m), DI(), act);
-        for (int i = 0; i < kL; ++i) {
-          if (!act[i]) continue;
-          const int l = c * kL + i;
-          T* p = base + off[i];
-          p[0] = q.x[l];
-          p[1] = q.y[l];
-          p[2] = q.z[l];
-          p[3] = q.w[l];
-        }
+        hn::StoreInterleaved4(hn::Load(d, q.x.data() + c * kL), hn::Load(d, q.y.data() + c * kL),
+                              hn::Load(d, q.z.data() + c * kL), hn::Load(d, q.w.data() + c * kL),
+                              d, staged);
+        for (int i = 0; i < kL; ++i)
+          if (act[i]) std::memcpy(base + off[i], staged + 4 * i, 4 * sizeof(T));
       }
     }
   }

@@ -111,11 +111,16 @@ struct FusedBlock {
 //   softmax (P into shared memory); wait for V_j; barrier; P x V;
 //   with P in K's memory instead: barrier; copy K_{j+1}.
 // P gets its own buffer where that costs no block per SM (kSeparateP: head_dim 32, 128 and 256;
-// at 64 and 96 it would cost one of four or three). Only when loads happen changes: not the bits.
+// at 64 and 96 it would cost one of four or three blocks), and at head_dim 64 also when the grid
+// fits in three blocks per SM (the host chooses: whisper-tiny's 144 blocks took 0.241 instead of
+// 0.255 ms, while 16x16x1024 causal, 4096 blocks, took 1.34-1.36 instead of 1.31-1.34: run 60).
+// Only when loads happen changes: not the bits.
 
 // KG = 16 threads per row group at head_dim 128 (42.7 vs 47.6 ms at B4 H32 L4096, run 54), 8
 // elsewhere (head_dim 64: 1.68 vs 1.89 ms at 16x16x1024 causal); part of the bits.
-template <int D, int KG = (D == 128 ? 16 : 8)>
+// SP: P in its own buffer (1), in K's memory (0), or where that costs no block per SM (-1;
+// Note [exact tile pipeline]); a schedule choice, the same bits.
+template <int D, int KG = (D == 128 ? 16 : 8), int SP = -1>
 struct FusedAttentionExact {
   static_assert(D % 32 == 0 && D <= 256, "head_dim: a multiple of 32, at most 256");
   static_assert((KG == 8 || KG == 16) && D % (4 * KG) == 0, "threads per row group: 8, or 16 at D % 64 == 0");
@@ -139,7 +144,8 @@ struct FusedAttentionExact {
     return static_cast<int>(228 * 1024 / (bytes + 1024)) > 4 ? 4
                                                              : static_cast<int>(228 * 1024 / (bytes + 1024));
   }
-  static constexpr bool kSeparateP = blocks_for(shared_bytes(true)) >= blocks_for(shared_bytes(false));
+  static constexpr bool kSeparateP =
+      SP >= 0 ? SP != 0 : blocks_for(shared_bytes(true)) >= blocks_for(shared_bytes(false));
   static constexpr std::size_t kSharedBytes = shared_bytes(kSeparateP);
   // Stated to ptxas so that it keeps the registers within them (without it, head_dim 128 took 232).
   static constexpr int kMinBlocks = blocks_for(kSharedBytes);
@@ -147,6 +153,10 @@ struct FusedAttentionExact {
   static constexpr int kLoads = kTile * D / kThreads;  // K or V elements per thread and tile
   static_assert(kLoads * kThreads == kTile * D && kLoads % 4 == 0, "whole quads per thread");
   static_assert(D / 4 % 8 == 0 && kRows / 4 % 8 == 0, "swizzled rows: a multiple of 8 quads");
+  // d quads per unrolled step of the scores: 8 (every swizzle an immediate) where the registers
+  // allow; 4 with 8 keys per thread at head_dim 64 and 96 (ptxas: 8 spilled 56 bytes at 64; 4
+  // spilled 4 bytes at head_dim 32, which has 8 quads in all).
+  static constexpr int kDqStep = kKeys > 4 && D > 32 ? 4 : 8;
 
   // Offset of quad c of row r in a swizzled tile of rows of w floats (Note [exact shared layout]).
   template <class R, class C>
@@ -281,20 +291,26 @@ struct FusedAttentionExact {
       for (int i = 0; i < 4; ++i)
         LOCKSTEP_UNROLL
         for (int j = 0; j < kKeys; ++j) s[i][j] = 0.0f;
-      for (int dq = 0; dq < D / 4; ++dq) {
-        const I kc = ((ksw ^ dq) << 2);  // the quad's place in each of the thread's K rows
-        decltype(x.load4(Qt, r4)) q[4];
+      // d quads kDqStep a + b, b unrolled, so that each load's address is a register of the thread
+      // plus an immediate (the swizzle of quad dq is (dq & ~7) + ((dq & 7) ^ ksw)).
+      for (int a = 0; a < D / 4 / kDqStep; ++a) {
         LOCKSTEP_UNROLL
-        for (int e = 0; e < 4; ++e) q[e] = x.load4(Qt, r4 + (4 * dq + e) * kQPitch);
-        LOCKSTEP_UNROLL
-        for (int j = 0; j < kKeys; ++j) {
-          const auto k = x.load4(Ks, tile_key_of(kg, j) * D + kc);
+        for (int b = 0; b < kDqStep; ++b) {
+          const int dq = kDqStep * a + b;
+          decltype(x.load4(Qt, r4)) q[4];
           LOCKSTEP_UNROLL
-          for (int i = 0; i < 4; ++i) {
-            s[i][j] = x.fma(quad_part(q[0], i), k.x, s[i][j]);
-            s[i][j] = x.fma(quad_part(q[1], i), k.y, s[i][j]);
-            s[i][j] = x.fma(quad_part(q[2], i), k.z, s[i][j]);
-            s[i][j] = x.fma(quad_part(q[3], i), k.w, s[i][j]);
+          for (int e = 0; e < 4; ++e) q[e] = x.load4(Qt, r4 + (4 * dq + e) * kQPitch);
+          const I kc = ((ksw ^ (dq & 7)) << 2) + kg * (4 * D);  // quad dq of the thread's first key, less its row group of 8
+          LOCKSTEP_UNROLL
+          for (int j = 0; j < kKeys; ++j) {
+            const auto k = x.load4(Ks, kc + (tile_key_of(0, j) * D + 4 * (dq & ~7)));
+            LOCKSTEP_UNROLL
+            for (int i = 0; i < 4; ++i) {
+              s[i][j] = x.fma(quad_part(q[0], i), k.x, s[i][j]);
+              s[i][j] = x.fma(quad_part(q[1], i), k.y, s[i][j]);
+              s[i][j] = x.fma(quad_part(q[2], i), k.z, s[i][j]);
+              s[i][j] = x.fma(quad_part(q[3], i), k.w, s[i][j]);
+            }
           }
         }
       }
@@ -302,6 +318,9 @@ struct FusedAttentionExact {
       if constexpr (kSeparateP) issue_tile<true>(x, Ks, kb + std::int64_t{j0 + kTile} * p.k_ss, k_ss, next_keys, k_async);
 
       // Online softmax per row; the weights replace the scores, then go to P one key at a time.
+      // A tile whose every key is visible to every row of the block skips the mask (the rows past
+      // Sq then get weights too: their Q is zeros, and nothing of them is stored).
+      const bool masked = keys < kTile || rows < kRows || (p.causal && j0 + kTile - 1 > s0 + shift);
       LOCKSTEP_UNROLL
       for (int i = 0; i < 4; ++i) {
         const I row = r4 + i;  // in the block
@@ -311,10 +330,14 @@ struct FusedAttentionExact {
         F mt = -kInf;
         LOCKSTEP_UNROLL
         for (int j = 0; j < kKeys; ++j) {
-          const I key = tile_key_of(kg, j);
-          B visible = (key < keys) & live;
-          if (p.causal) visible = visible & (key + j0 <= qi + shift);
-          sc[j] = x.select(visible, s[i][j] * p.scale, -kInf);
+          if (masked) {  // block-uniform
+            const I key = tile_key_of(kg, j);
+            B visible = (key < keys) & live;
+            if (p.causal) visible = visible & (key + j0 <= qi + shift);
+            sc[j] = x.select(visible, s[i][j] * p.scale, -kInf);
+          } else {
+            sc[j] = s[i][j] * p.scale;
+          }
           mt = x.max(mt, sc[j]);
         }
         const F m_new = x.max(m[i], x.template warp_max<KG>(mt));
@@ -341,19 +364,28 @@ struct FusedAttentionExact {
       x.template async_wait<kSeparateP ? 1 : 0>();
       x.sync();  // P is read by the other threads of its row group; V_j has landed
 
-      // P x V: every key of the tile in order.
-      for (int j = 0; j < kTile; ++j) {
-        const auto pw = x.load4(Ps, j * kRows + ((pq ^ ((j >> 2) & 7)) << 2));
+      // P x V: every key of the tile in order; keys 32 a + 4 b + c, b and c unrolled (P's swizzle of
+      // key 4 b + c is b).
+      for (int a = 0; a < kTile / 32; ++a) {
         LOCKSTEP_UNROLL
-        for (int u = 0; u < kColQuads; ++u) {
-          const auto v = x.load4(Vs, kg * 4 + (4 * KG * u + j * D));
+        for (int b = 0; b < 8; ++b) {
+          const I pc = (pq ^ b) << 2;
           LOCKSTEP_UNROLL
-          for (int i = 0; i < 4; ++i) {
-            const auto& pi = quad_part(pw, i);
-            acc[i][u][0] = x.fma(pi, v.x, acc[i][u][0]);
-            acc[i][u][1] = x.fma(pi, v.y, acc[i][u][1]);
-            acc[i][u][2] = x.fma(pi, v.z, acc[i][u][2]);
-            acc[i][u][3] = x.fma(pi, v.w, acc[i][u][3]);
+          for (int c = 0; c < 4; ++c) {
+            const int j = 32 * a + 4 * b + c;
+            const auto pw = x.load4(Ps, pc + j * kRows);
+            LOCKSTEP_UNROLL
+            for (int u = 0; u < kColQuads; ++u) {
+              const auto v = x.load4(Vs, kg * 4 + (4 * KG * u + j * D));
+              LOCKSTEP_UNROLL
+              for (int i = 0; i < 4; ++i) {
+                const auto& pi = quad_part(pw, i);
+                acc[i][u][0] = x.fma(pi, v.x, acc[i][u][0]);
+                acc[i][u][1] = x.fma(pi, v.y, acc[i][u][1]);
+                acc[i][u][2] = x.fma(pi, v.z, acc[i][u][2]);
+                acc[i][u][3] = x.fma(pi, v.w, acc[i][u][3]);
+              }
+            }
           }
         }
       }

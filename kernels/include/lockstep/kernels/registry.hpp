@@ -42,7 +42,7 @@ using AllKernels = KernelList<
     DecodeMerge<128, 32, 4, 1>,  // short rows (few merge blocks): Note [merge schedule]
     DecodeMerge<128, 2>, DecodeMerge<128, 4>, DecodeMerge<128, 16>,  // schedule variants
     DecodeMerge<96, 2, 3, 1>,
-    FusedAttentionExact<32>, FusedAttentionExact<64>, FusedAttentionExact<96>,
+    FusedAttentionExact<32>, FusedAttentionExact<64>, FusedAttentionExact<64, 8, 1>, FusedAttentionExact<96>,
     FusedAttentionExact<128>, FusedAttentionExact<256>,
     FusedAttentionTensorCore<32>, FusedAttentionTensorCore<64>, FusedAttentionTensorCore<96>,
     FusedAttentionTensorCore<128>, FusedAttentionTensorCore<256>,
