@@ -35,7 +35,9 @@ struct FusedAttentionParams {
 
 // What a block of either fused kernel owns: query rows [s0, s0 + rows) of head h in batch b, kv
 // head hk (GQA), and the base pointers and 32-bit row strides of its operands. Grid: x = query
-// tile of kRows rows, y = head, z = batch.
+// tile of kRows rows, y = head, z = batch. Causal: block x takes tile gx - 1 - x, so that the
+// tiles that see the most keys start first and the grid ends with the shortest blocks (blocks
+// start in the order of their index). Which block computes a tile changes, not how: same bits.
 struct FusedBlock {
   int b, h, hk, s0, rows;
   int shift;  // causal: row i sees keys j <= i + shift (bottom-right alignment)
@@ -47,7 +49,7 @@ struct FusedBlock {
 
   template <class X>
   LOCKSTEP_HD FusedBlock(X& x, const FusedAttentionParams& p, int kRows)
-      : b(x.block_z()), h(x.block_y()), hk(h / (p.H / p.Hkv)), s0(x.block_x() * kRows),
+      : b(x.block_z()), h(x.block_y()), hk(h / (p.H / p.Hkv)), s0((p.causal ? x.grid_x() - 1 - x.block_x() : x.block_x()) * kRows),
         rows(static_cast<int>(imin(p.Sq - s0, kRows))), shift(p.Skv - p.Sq),
         qb(p.q + b * p.q_sb + h * p.q_sh + std::int64_t{s0} * p.q_ss),
         kb(p.k + b * p.k_sb + hk * p.k_sh),
@@ -154,9 +156,10 @@ struct FusedAttentionExact {
   static_assert(kLoads * kThreads == kTile * D && kLoads % 4 == 0, "whole quads per thread");
   static_assert(D / 4 % 8 == 0 && kRows / 4 % 8 == 0, "swizzled rows: a multiple of 8 quads");
   // d quads per unrolled step of the scores: 8 (every swizzle an immediate) where the registers
-  // allow; 4 with 8 keys per thread at head_dim 64 and 96 (ptxas: 8 spilled 56 bytes at 64; 4
-  // spilled 4 bytes at head_dim 32, which has 8 quads in all).
-  static constexpr int kDqStep = kKeys > 4 && D > 32 ? 4 : 8;
+  // allow; with 8 keys per thread at head_dim 64 and 96, 4, and 2 under four blocks per SM (128
+  // registers: at head_dim 64, 8 spilled 56 bytes and 4 spilled 24); head_dim 32 has 8 quads in
+  // all, one step (4 spilled 4 bytes there).
+  static constexpr int kDqStep = kKeys > 4 && D > 32 ? (kMinBlocks >= 4 ? 2 : 4) : 8;
 
   // Offset of quad c of row r in a swizzled tile of rows of w floats (Note [exact shared layout]).
   template <class R, class C>
