@@ -890,14 +890,21 @@ TEST_P(Attention, FusedExactRowsWithoutKeys) {
   }
 }
 
-// Exact copies V tiles with 16-byte asynchronous copies when V is 16-byte aligned and with plain
-// loads otherwise (Note [exact tile pipeline]): a K and V 4 bytes off give the same bytes as
-// aligned ones holding the same values, out and lse, for every head_dim's kernel.
+// Exact copies K and V tiles with 16-byte asynchronous copies when they are 16-byte aligned and
+// with plain loads otherwise (Note [exact tile pipeline]): a K and V 4 bytes off give the same
+// bytes as aligned ones holding the same values, out and lse, for every head_dim's kernel (at
+// head_dim 64 both: P in K's memory and in its own buffer).
 TEST_P(Attention, FusedExactMisalignedInputsGiveTheSameBytes) {
   Lcg rng{13};
-  for (std::int64_t D : {32, 64, 96, 128, 256})
+  for (std::int64_t d : {32, 64, 96, 128, 256, -64})
     for (bool causal : {false, true}) {
-      SCOPED_TRACE("D=" + std::to_string(D) + (causal ? " causal" : ""));
+      // -64: head_dim 64 with P in K's memory forced (this grid is small enough for the other).
+      if (d < 0) ::setenv("LOCKSTEP_FUSED_EXACT_P", "0", 1);
+      struct Unset {
+        ~Unset() { ::unsetenv("LOCKSTEP_FUSED_EXACT_P"); }
+      } unset;
+      const std::int64_t D = d < 0 ? -d : d;
+      SCOPED_TRACE("D=" + std::to_string(D) + (causal ? " causal" : "") + (d < 0 ? " P in K" : ""));
       const AttentionShape sh{1, 2, 1, 70, 150, D};
       const std::size_t nq = std::size_t(2 * 70 * D), nkv = std::size_t(150 * D);
       const auto hq = rng.floats(nq, 1.0f), hk = rng.floats(nkv, 1.0f), hv = rng.floats(nkv, 1.0f);
@@ -963,6 +970,41 @@ TEST_P(Attention, FusedTensorCoreRowsPerBlockGiveTheSameBytes) {
       for (std::size_t e = 0; e < outs[0].size(); ++e) ASSERT_EQ(bits(outs[0][e]), bits(outs[1][e])) << e;
       for (std::size_t e = 0; e < lses[0].size(); ++e) ASSERT_EQ(bits(lses[0][e]), bits(lses[1][e])) << e;
       ASSERT_NE(outs[0][0], 42.0f);
+    }
+}
+
+// Exact skips the mask on tiles whose every key is visible to every row of a full 64-row block.
+// Rows do not interact, so a block of 63 rows (every tile masked) must give the same bytes for
+// its rows as a block of 64 (full tiles unmasked): non-causal, and causal with the diagonal two
+// tiles to the right (the extra row of the 64-row call sees one more key that no other row sees).
+TEST_P(Attention, FusedExactUnmaskedTilesGiveTheMaskedBytes) {
+  Lcg rng{14};
+  for (std::int64_t D : {64, 128})
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE("D=" + std::to_string(D) + (causal ? " causal" : ""));
+      const std::int64_t skv = causal ? 192 : 200;
+      const auto hq = rng.floats(std::size_t(64 * D), 2.0f);
+      const auto hk = rng.floats(std::size_t(skv * D), 2.0f), hv = rng.floats(std::size_t(skv * D), 2.0f);
+      std::vector<float> outs[2], lses[2];
+      for (int i = 0; i < 2; ++i) {
+        const std::int64_t sq = 64 - i, sk = causal ? skv - i : skv;  // causal: the same shift
+        const AttentionShape sh{1, 1, 1, sq, sk, D};
+        Buffer<float> q(dev, std::size_t(sq * D)), k(dev, std::size_t(sk * D)), v(dev, std::size_t(sk * D));
+        q.copy_from_host(s(), std::vector<float>(hq.begin(), hq.begin() + sq * D));
+        k.copy_from_host(s(), std::vector<float>(hk.begin(), hk.begin() + sk * D));
+        v.copy_from_host(s(), std::vector<float>(hv.begin(), hv.begin() + sk * D));
+        auto out = filled(std::size_t(sq * D), 42.0f), lse = filled(std::size_t(sq), 42.0f);
+        AttentionOptions o;
+        o.precision = AttentionPrecision::kExact;
+        o.causal = causal;
+        o.lse = &lse;
+        attention(s(), q, k, v, out, sh, o);
+        outs[i] = out.to_vector(s());
+        lses[i] = lse.to_vector(s());
+      }
+      for (std::size_t e = 0; e < outs[1].size(); ++e) ASSERT_EQ(bits(outs[0][e]), bits(outs[1][e])) << e;
+      for (std::size_t e = 0; e < lses[1].size(); ++e) ASSERT_EQ(bits(lses[0][e]), bits(lses[1][e])) << e;
+      ASSERT_NE(outs[1][0], 42.0f);
     }
 }
 

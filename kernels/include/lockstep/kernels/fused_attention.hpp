@@ -35,9 +35,12 @@ struct FusedAttentionParams {
 
 // What a block of either fused kernel owns: query rows [s0, s0 + rows) of head h in batch b, kv
 // head hk (GQA), and the base pointers and 32-bit row strides of its operands. Grid: x = query
-// tile of kRows rows, y = head, z = batch. Causal: block x takes tile gx - 1 - x, so that the
-// tiles that see the most keys start first and the grid ends with the shortest blocks (blocks
-// start in the order of their index). Which block computes a tile changes, not how: same bits.
+// tile of kRows rows, y = head, z = batch. With reverse_causal and a causal mask, block x takes
+// tile gx - 1 - x: within each (batch, head) the tiles that see the most keys start first, and
+// the grid ends with short blocks (blocks start roughly in the order of their index). Which
+// block computes a tile changes, not how: the same bits. Exact takes it (16x16x1024x64 causal:
+// 1.305-1.311 instead of 1.353 ms, run 62); TensorCore does not (at head_dim 128 its kernels
+// were 1.3-1.7% slower with it, causal or not, run 62: a change of register allocation).
 struct FusedBlock {
   int b, h, hk, s0, rows;
   int shift;  // causal: row i sees keys j <= i + shift (bottom-right alignment)
@@ -48,8 +51,9 @@ struct FusedBlock {
   int q_ss, k_ss, v_ss, o_ss;
 
   template <class X>
-  LOCKSTEP_HD FusedBlock(X& x, const FusedAttentionParams& p, int kRows)
-      : b(x.block_z()), h(x.block_y()), hk(h / (p.H / p.Hkv)), s0((p.causal ? x.grid_x() - 1 - x.block_x() : x.block_x()) * kRows),
+  LOCKSTEP_HD FusedBlock(X& x, const FusedAttentionParams& p, int kRows, bool reverse_causal = false)
+      : b(x.block_z()), h(x.block_y()), hk(h / (p.H / p.Hkv)),
+        s0((reverse_causal && p.causal ? x.grid_x() - 1 - x.block_x() : x.block_x()) * kRows),
         rows(static_cast<int>(imin(p.Sq - s0, kRows))), shift(p.Skv - p.Sq),
         qb(p.q + b * p.q_sb + h * p.q_sh + std::int64_t{s0} * p.q_ss),
         kb(p.k + b * p.k_sb + hk * p.k_sh),
@@ -157,8 +161,8 @@ struct FusedAttentionExact {
   static_assert(D / 4 % 8 == 0 && kRows / 4 % 8 == 0, "swizzled rows: a multiple of 8 quads");
   // d quads per unrolled step of the scores: 8 (every swizzle an immediate) where the registers
   // allow; with 8 keys per thread at head_dim 64 and 96, 4, and 2 under four blocks per SM (128
-  // registers: at head_dim 64, 8 spilled 56 bytes and 4 spilled 24); head_dim 32 has 8 quads in
-  // all, one step (4 spilled 4 bytes there).
+  // registers: at head_dim 64, 8 spilled 56 bytes, and 4 spilled 24 once the causal tile order was
+  // reversed); head_dim 32 has 8 quads in all, one step (4 spilled 4 bytes there).
   static constexpr int kDqStep = kKeys > 4 && D > 32 ? (kMinBlocks >= 4 ? 2 : 4) : 8;
 
   // Offset of quad c of row r in a swizzled tile of rows of w floats (Note [exact shared layout]).
@@ -229,7 +233,7 @@ struct FusedAttentionExact {
     float* Ps = kSeparateP ? x.template shared<float>(kPFloats) : Ks;
     float* Vs = x.template shared<float>(kVFloats);
 
-    const FusedBlock fb(x, p, kRows);
+    const FusedBlock fb(x, p, kRows, /*reverse_causal=*/true);
     const int s0 = fb.s0, rows = fb.rows, shift = fb.shift;
     const float *qb = fb.qb, *kb = fb.kb, *vb = fb.vb;
     float* ob = fb.ob;
@@ -321,8 +325,7 @@ struct FusedAttentionExact {
       if constexpr (kSeparateP) issue_tile<true>(x, Ks, kb + std::int64_t{j0 + kTile} * p.k_ss, k_ss, next_keys, k_async);
 
       // Online softmax per row; the weights replace the scores, then go to P one key at a time.
-      // A tile whose every key is visible to every row of the block skips the mask (the rows past
-      // Sq then get weights too: their Q is zeros, and nothing of them is stored).
+      // A tile whose every key is visible to every row of a full block (64 rows) skips the mask.
       const bool masked = keys < kTile || rows < kRows || (p.causal && j0 + kTile - 1 > s0 + shift);
       LOCKSTEP_UNROLL
       for (int i = 0; i < 4; ++i) {
