@@ -42,6 +42,38 @@ class Attention : public BackendTest {
       EXPECT_FALSE(e.limit().empty()) << e.what();
     }
   }
+  // A schedule knob (environment variable) set to a and then to b gives the same bytes, out and
+  // log-sum-exp, for fused attention of shape sh (inputs uniform in [-range, range]).
+  void expect_knob_gives_same_bytes(const char* knob, const char* a, const char* b,
+                                    AttentionPrecision precision, const AttentionShape& sh,
+                                    bool causal, Lcg& rng, float range) {
+    const std::size_t nq = std::size_t(sh.batch * sh.heads * sh.seq_q * sh.head_dim);
+    const std::size_t nkv = std::size_t(sh.batch * sh.kv_heads * sh.seq_kv * sh.head_dim);
+    const std::size_t nl = std::size_t(sh.batch * sh.heads * sh.seq_q);
+    auto buf = [&](std::size_t n) {
+      Buffer<float> x(dev, n);
+      x.copy_from_host(s(), rng.floats(n, range));
+      return x;
+    };
+    auto q = buf(nq), k = buf(nkv), v = buf(nkv);
+    std::vector<float> outs[2], lses[2];
+    for (int i = 0; i < 2; ++i) {
+      auto out = filled(nq, 42.0f), lse = filled(nl, 42.0f);
+      AttentionOptions o;
+      o.precision = precision;
+      o.causal = causal;
+      o.lse = &lse;
+      ::setenv(knob, i == 0 ? a : b, 1);
+      attention(s(), q, k, v, out, sh, o);
+      ::unsetenv(knob);
+      outs[i] = out.to_vector(s());
+      lses[i] = lse.to_vector(s());
+    }
+    for (std::size_t e = 0; e < outs[0].size(); ++e) ASSERT_EQ(bits(outs[0][e]), bits(outs[1][e])) << e;
+    for (std::size_t e = 0; e < lses[0].size(); ++e) ASSERT_EQ(bits(lses[0][e]), bits(lses[1][e])) << e;
+    ASSERT_NE(outs[0][0], 42.0f);
+    ASSERT_NE(lses[0][0], 42.0f);
+  }
   static bool same(const std::vector<float>& a, const std::vector<float>& b) {
     if (a.size() != b.size()) return false;
     for (std::size_t i = 0; i < a.size(); ++i)
@@ -946,30 +978,8 @@ TEST_P(Attention, FusedTensorCoreRowsPerBlockGiveTheSameBytes) {
   for (std::int64_t D : {64, 128})
     for (bool causal : {false, true}) {
       SCOPED_TRACE("D=" + std::to_string(D) + (causal ? " causal" : ""));
-      const AttentionShape sh{2, 4, 2, 200, 230, D};
-      auto buf = [&](std::size_t n) {
-        Buffer<float> x(dev, n);
-        x.copy_from_host(s(), rng.floats(n, 1.0f));
-        return x;
-      };
-      auto q = buf(std::size_t(2 * 4 * 200 * D)), k = buf(std::size_t(2 * 2 * 230 * D)),
-           v = buf(std::size_t(2 * 2 * 230 * D));
-      std::vector<float> outs[2], lses[2];
-      for (int i = 0; i < 2; ++i) {
-        auto out = filled(std::size_t(2 * 4 * 200 * D), 42.0f), lse = filled(2 * 4 * 200, 42.0f);
-        AttentionOptions o;
-        o.precision = AttentionPrecision::kTensorCore;
-        o.causal = causal;
-        o.lse = &lse;
-        ::setenv("LOCKSTEP_FUSED_TC_ROWS", i == 0 ? "64" : "128", 1);
-        attention(s(), q, k, v, out, sh, o);
-        ::unsetenv("LOCKSTEP_FUSED_TC_ROWS");
-        outs[i] = out.to_vector(s());
-        lses[i] = lse.to_vector(s());
-      }
-      for (std::size_t e = 0; e < outs[0].size(); ++e) ASSERT_EQ(bits(outs[0][e]), bits(outs[1][e])) << e;
-      for (std::size_t e = 0; e < lses[0].size(); ++e) ASSERT_EQ(bits(lses[0][e]), bits(lses[1][e])) << e;
-      ASSERT_NE(outs[0][0], 42.0f);
+      expect_knob_gives_same_bytes("LOCKSTEP_FUSED_TC_ROWS", "64", "128", AttentionPrecision::kTensorCore,
+                                   AttentionShape{2, 4, 2, 200, 230, D}, causal, rng, 1.0f);
     }
 }
 
@@ -1014,32 +1024,8 @@ TEST_P(Attention, FusedExactPBuffersGiveTheSameBytes) {
   Lcg rng{12};
   for (bool causal : {false, true}) {
     SCOPED_TRACE(causal ? "causal" : "full");
-    const std::int64_t D = 64;
-    const AttentionShape sh{2, 4, 2, 150, 201, D};
-    auto buf = [&](std::size_t n) {
-      Buffer<float> x(dev, n);
-      x.copy_from_host(s(), rng.floats(n, 2.0f));
-      return x;
-    };
-    auto q = buf(std::size_t(2 * 4 * 150 * D)), k = buf(std::size_t(2 * 2 * 201 * D)),
-         v = buf(std::size_t(2 * 2 * 201 * D));
-    std::vector<float> outs[2], lses[2];
-    for (int i = 0; i < 2; ++i) {
-      auto out = filled(std::size_t(2 * 4 * 150 * D), 42.0f), lse = filled(2 * 4 * 150, 42.0f);
-      AttentionOptions o;
-      o.precision = AttentionPrecision::kExact;
-      o.causal = causal;
-      o.lse = &lse;
-      ::setenv("LOCKSTEP_FUSED_EXACT_P", i == 0 ? "0" : "1", 1);
-      attention(s(), q, k, v, out, sh, o);
-      ::unsetenv("LOCKSTEP_FUSED_EXACT_P");
-      outs[i] = out.to_vector(s());
-      lses[i] = lse.to_vector(s());
-    }
-    for (std::size_t e = 0; e < outs[0].size(); ++e) ASSERT_EQ(bits(outs[0][e]), bits(outs[1][e])) << e;
-    for (std::size_t e = 0; e < lses[0].size(); ++e) ASSERT_EQ(bits(lses[0][e]), bits(lses[1][e])) << e;
-    ASSERT_NE(outs[0][0], 42.0f);
-    ASSERT_NE(lses[0][0], 42.0f);
+    expect_knob_gives_same_bytes("LOCKSTEP_FUSED_EXACT_P", "0", "1", AttentionPrecision::kExact,
+                                 AttentionShape{2, 4, 2, 150, 201, 64}, causal, rng, 2.0f);
   }
 }
 
