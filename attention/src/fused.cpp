@@ -57,9 +57,9 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
   };
   if (!tensor_core) {
     if constexpr (D == 64) {
-      const std::int64_t blocks = kernels::ceil_div(seq_q, std::int64_t{64}) * heads * batch;
-      if (use_separate_p(blocks, s.device().caps().multiprocessors))
-        return go(kernels::FusedAttentionExact<64, 8, 1>{}, p);
+      using SeparateP = kernels::FusedAttentionExact<64, 8, 1>;
+      const std::int64_t blocks = kernels::ceil_div(seq_q, std::int64_t{SeparateP::kRows}) * heads * batch;
+      if (use_separate_p(blocks, s.device().caps().multiprocessors)) return go(SeparateP{}, p);
     }
     return go(kernels::FusedAttentionExact<D>{}, p);
   }

@@ -643,22 +643,22 @@ class CpuExec {
       const VI oc = o.eval(c);
       const VM mc = m.eval(c);
       const std::int32_t o0 = hn::GetLane(oc.v);
+      // Contiguous quads are de-interleaved straight from memory; gathered ones (e.g. the rows of
+      // a swizzled tile) first by one 16-byte copy per lane into a staging array, which is
+      // cheaper than four gathers.
+      alignas(64) T staged[4 * kL];
+      const T* quads = nullptr;
       if (quads_contiguous(oc, mc, o0)) {
-        hn::Vec<mem_tag_t<T>> a, b, e, f;
-        hn::LoadInterleaved4(d, base + o0, a, b, e, f);
-        hn::Store(a, d, q.x.data() + c * kL);
-        hn::Store(b, d, q.y.data() + c * kL);
-        hn::Store(e, d, q.z.data() + c * kL);
-        hn::Store(f, d, q.w.data() + c * kL);
+        quads = base + o0;
       } else if (hn::AllTrue(DI(), mc.m) && !hn::AllTrue(DI(), hn::Eq(oc.v, hn::Set(DI(), o0)))) {
-        // Gathered quads (e.g. the rows of a swizzled tile): one 16-byte copy per lane into a
-        // staging array, then the same de-interleaving load as above; cheaper than four gathers.
         alignas(64) std::int32_t offs[kL];
-        alignas(64) T staged[4 * kL];
         hn::Store(oc.v, DI(), offs);
         for (int i = 0; i < kL; ++i) std::memcpy(staged + 4 * i, base + offs[i], 4 * sizeof(T));
+        quads = staged;
+      }
+      if (quads != nullptr) {
         hn::Vec<mem_tag_t<T>> a, b, e, f;
-        hn::LoadInterleaved4(d, staged, a, b, e, f);
+        hn::LoadInterleaved4(d, quads, a, b, e, f);
         hn::Store(a, d, q.x.data() + c * kL);
         hn::Store(b, d, q.y.data() + c * kL);
         hn::Store(e, d, q.z.data() + c * kL);

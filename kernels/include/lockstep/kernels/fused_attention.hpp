@@ -141,14 +141,18 @@ struct FusedAttentionExact {
   static constexpr int kKFloats = kTile * D;      // K[key][d], swizzled (Note [exact shared layout])
   static constexpr int kPFloats = kTile * kRows;  // P[key][row], swizzled
   static constexpr int kVFloats = kTile * D;      // V[key][d]
+  // K's buffer: also P's when P has no buffer of its own.
+  static constexpr int k_buffer_floats(bool separate_p) {
+    return separate_p || kKFloats >= kPFloats ? kKFloats : kPFloats;
+  }
   static constexpr std::size_t shared_bytes(bool separate_p) {
-    const int kp = separate_p ? kKFloats + kPFloats : (kKFloats > kPFloats ? kKFloats : kPFloats);
+    const int kp = k_buffer_floats(separate_p) + (separate_p ? kPFloats : 0);
     return (std::size_t{D} * kQPitch + kp + kVFloats) * sizeof(float) + 128;
   }
   // Blocks per SM that shared memory allows (228 KB per SM, 1 KB reserved per block), at most 4.
   static constexpr int blocks_for(std::size_t bytes) {
-    return static_cast<int>(228 * 1024 / (bytes + 1024)) > 4 ? 4
-                                                             : static_cast<int>(228 * 1024 / (bytes + 1024));
+    const int n = static_cast<int>(228 * 1024 / (bytes + 1024));
+    return n > 4 ? 4 : n;
   }
   static constexpr bool kSeparateP =
       SP >= 0 ? SP != 0 : blocks_for(shared_bytes(true)) >= blocks_for(shared_bytes(false));
@@ -189,6 +193,15 @@ struct FusedAttentionExact {
   LOCKSTEP_HD static auto tile_key_of(const I& kg, int j) {
     return kg * 4 + (4 * KG * (j / 4) + j % 4);
   }
+  // Offset of quad c of row `key` in a K tile (swizzled) or a V tile (not): the async copies.
+  template <bool kSwizzle, class R, class C>
+  LOCKSTEP_HD static auto tile_quad(const R& key, const C& c) {
+    if constexpr (kSwizzle) {
+      return swizzled(key, c, D);
+    } else {
+      return c * 4 + key * D;
+    }
+  }
   // A K tile (swizzled) or V tile (not) of `keys` rows from src into dst, zeros up to kTile rows:
   // 16-byte asynchronous copies, or plain loads. Commits a group (empty when keys <= 0).
   template <bool kSwizzle, class X>
@@ -200,11 +213,7 @@ struct FusedAttentionExact {
         for (int i = 0; i < kLoads / 4; ++i) {
           const I key = x.idiv(x.thread() + i * kThreads, D / 4);
           const I c = x.thread() + i * kThreads - key * (D / 4);  // quad in the row
-          if constexpr (kSwizzle) {
-            x.copy4_async(dst, swizzled(key, c, D), src, c * 4 + key * ss, key < keys);
-          } else {
-            x.copy4_async(dst, c * 4 + key * D, src, c * 4 + key * ss, key < keys);
-          }
+          x.copy4_async(dst, tile_quad<kSwizzle>(key, c), src, c * 4 + key * ss, key < keys);
         }
       } else {
         LOCKSTEP_UNROLL_4
@@ -229,7 +238,7 @@ struct FusedAttentionExact {
     using I = typename X::template Lanes<lane_int>;
     using B = typename X::template Lanes<bool>;
     float* Qt = x.template shared<float>(D * kQPitch);
-    float* Ks = x.template shared<float>(kSeparateP || kKFloats >= kPFloats ? kKFloats : kPFloats);
+    float* Ks = x.template shared<float>(k_buffer_floats(kSeparateP));
     float* Ps = kSeparateP ? x.template shared<float>(kPFloats) : Ks;
     float* Vs = x.template shared<float>(kVFloats);
 
@@ -239,11 +248,12 @@ struct FusedAttentionExact {
     float* ob = fb.ob;
     const int q_ss = fb.q_ss, k_ss = fb.k_ss, v_ss = fb.v_ss, o_ss = fb.o_ss;
 
+    using Q4 = decltype(x.load4(Qt, x.thread()));
     const I t = x.thread();
-    const I kg = t & (KG - 1);   // key group (scores) and column group (output)
-    const I r4 = (t >> (KG == 8 ? 3 : 4)) * 4;  // the thread's first row in the block
-    const I ksw = kg & 7;        // the swizzle of each of the thread's keys: (key / 4) & 7
-    const I pq = t >> (KG == 8 ? 3 : 4);  // the thread's row quad in P
+    const I kg = t & (KG - 1);               // key group (scores) and column group (output)
+    const I pq = t >> (KG == 8 ? 3 : 4);     // the thread's row group: its row quad in P
+    const I r4 = pq * 4;                     // the thread's first row in the block
+    const I ksw = kg & 7;                    // the swizzle of each of the thread's keys: (key / 4) & 7
 
     // Note [exact tile pipeline]: K_0 and V_0 are copied while Q is loaded.
     const bool k_async = (reinterpret_cast<std::uintptr_t>(kb) & 15) == 0 && k_ss % 4 == 0;
@@ -304,7 +314,7 @@ struct FusedAttentionExact {
         LOCKSTEP_UNROLL
         for (int b = 0; b < kDqStep; ++b) {
           const int dq = kDqStep * a + b;
-          decltype(x.load4(Qt, r4)) q[4];
+          Q4 q[4];
           LOCKSTEP_UNROLL
           for (int e = 0; e < 4; ++e) q[e] = x.load4(Qt, r4 + (4 * dq + e) * kQPitch);
           const I kc = ((ksw ^ (dq & 7)) << 2) + kg * (4 * D);  // quad dq of the thread's first key, less its row group of 8
@@ -365,7 +375,7 @@ struct FusedAttentionExact {
       LOCKSTEP_UNROLL
       for (int j = 0; j < kKeys; ++j)
         x.store4(Ps, swizzled(tile_key_of(kg, j), pq, kRows),
-                 decltype(x.load4(Qt, r4)){s[0][j], s[1][j], s[2][j], s[3][j]});
+                 Q4{s[0][j], s[1][j], s[2][j], s[3][j]});
       // V_j: pending after it is K_{j+1} where P has its own buffer.
       x.template async_wait<kSeparateP ? 1 : 0>();
       x.sync();  // P is read by the other threads of its row group; V_j has landed
