@@ -138,7 +138,7 @@ Result flash(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t Hkv, std
   r.note = std::string("bytes = K + V (each slot's L tokens) + q + out + new K/V; ") +
            (B <= kernels::kInlineRows ? "positions inline" : "1 H2D copy of the positions") +
            " + " + std::to_string(r.launches) + " launch(es): chunk kernel with the append" +
-           (r.launches > 1 ? ", merge" : " and the merge folded in");
+           (r.launches > 1 ? ", merge" : " and the merge (folded in, or its blocks in the same grid)");
   return r;
 }
 

@@ -122,8 +122,9 @@ TEST_P(Attention, IncrementalOfLengthZeroGivesZeros) {
 
 // How the merge of run_decode learns that a row's chunks are done: it waits for the whole chunk
 // kernel (no counters), or on the stream's counters (Note [block signals]), or it is folded into
-// the chunk kernel and not launched (Note [folded merge]).
-enum class DecodeSync { kKernel, kSignals, kFold };
+// the chunk kernel and not launched (Note [folded merge]), or its blocks follow the chunk blocks
+// in one launch and wait on the counters there (Note [one grid]).
+enum class DecodeSync { kKernel, kSignals, kFold, kOneGrid };
 
 // Chunk then Merge over `rows` query rows (row r's q is row r of q; every row reads slot 0's
 // cache) of length len; with counters, checks that they are zero afterwards.
@@ -152,14 +153,24 @@ std::vector<float> run_decode(Stream& s, const std::shared_ptr<Device>& dev, con
   p.max_len = L;
   p.scale = 1.0f / std::sqrt(float(D));
   p.heads_per_block = Chunk::kHeads;
-  if (sync != DecodeSync::kKernel) p.counters = detail::StreamAccess::counters(s, rows * blocks_y * 2);
+  const std::size_t counter_ints = rows * blocks_y * 2 + 1;  // the pairs, then the ticket
+  if (sync != DecodeSync::kKernel) p.counters = detail::StreamAccess::counters(s, counter_ints);
+  if (sync != DecodeSync::kKernel) p.ticket = p.counters + (counter_ints - 1);
   p.fold = sync == DecodeSync::kFold ? 1 : 0;
-  launch<Chunk>(s, Dim3{std::uint32_t(chunks), std::uint32_t(blocks_y), std::uint32_t(rows)},
-                Chunk::kSharedBytes, p);
-  if (sync != DecodeSync::kFold)
+  if (sync == DecodeSync::kOneGrid) {
+    using One = kernels::DecodeOneGrid<Chunk, Merge>;
+    if constexpr (kernels::registered_v<One>)
+      launch<One>(s, Dim3{std::uint32_t(One::chunk_blocks(p) + One::merge_blocks(p)), 1, 1}, One::kSharedBytes, p);
+    else
+      ADD_FAILURE() << "no DecodeOneGrid of this chunk kernel and merge in AllKernels";
+  } else {
+    launch<Chunk>(s, Dim3{std::uint32_t(chunks), std::uint32_t(blocks_y), std::uint32_t(rows)},
+                  Chunk::kSharedBytes, p);
+  }
+  if (sync == DecodeSync::kKernel || sync == DecodeSync::kSignals)
     launch<Merge>(s, Dim3{std::uint32_t(H * Merge::kSlices), std::uint32_t(rows), 1}, Merge::kSharedBytes, p);
   if (p.counters != nullptr) {
-    std::vector<std::int32_t> counters(rows * blocks_y * 2, -1);
+    std::vector<std::int32_t> counters(counter_ints, -1);
     detail::StreamAccess::copy_d2h(s, counters.data(), p.counters, counters.size() * sizeof(std::int32_t));
     s.synchronize();
     for (std::size_t i = 0; i < counters.size(); ++i) EXPECT_EQ(counters[i], 0) << "counter " << i;
@@ -264,15 +275,16 @@ TEST_P(Attention, DecodeSignalsGiveTheSameBytesAndLeaveCountersZero) {
   // Note [folded merge]: incremental_attention's chunks are those of its length; with 4 heads per
   // block, up to 2 chunks (G * chunks <= 8) the chunk kernel merges, one launch; more take the
   // separate merge, which waits on the counters: two launches.
+  // Note [one grid]: the larger merges run in the chunk kernel's launch too: one launch always.
   const bool default_schedule =
       std::getenv("LOCKSTEP_DECODE_FOLD") == nullptr && std::getenv("LOCKSTEP_DECODE_SIGNALS") == nullptr &&
-      std::getenv("LOCKSTEP_DECODE_STAGES") == nullptr && std::getenv("LOCKSTEP_DECODE_DIAG_ONLY") == nullptr;
+      std::getenv("LOCKSTEP_DECODE_STAGES") == nullptr && std::getenv("LOCKSTEP_DECODE_DIAG_ONLY") == nullptr &&
+      std::getenv("LOCKSTEP_DECODE_ONE_GRID") == nullptr;
   for (int len : {4999, 1, 0, 700, 5000}) {
     SCOPED_TRACE("length " + std::to_string(len));
     const auto launches_before = s().launches();
     incremental_attention(s(), in.q, in.k, in.v, len, out, sh);
-    const std::uint64_t expected = (std::max(len, 1) + 255) / 256 <= 2 ? 1 : 2;
-    if (default_schedule) EXPECT_EQ(s().launches() - launches_before, expected) << "folded merge: one launch";
+    if (default_schedule) EXPECT_EQ(s().launches() - launches_before, 1u) << "folded merge or one grid: one launch";
     const auto plain = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
     EXPECT_TRUE(same(out.to_vector(s()), plain));
     std::vector<std::int32_t> counters(64, -1);
@@ -296,8 +308,9 @@ TEST_P(Attention, DecodeSignalsGiveTheSameBytesAndLeaveCountersZero) {
   for (int step = 0; step < 2; ++step) {
     const auto launches_before = s().launches();
     flash_decoding(s(), cache, 0, fq, fk, fv, std::vector<std::int64_t>{1000 + step, -1, 300 + step}, fo);
-    // 5 chunks x 4 heads per block: too large a merge to fold by default (Note [folded merge]).
-    if (default_schedule) EXPECT_EQ(s().launches() - launches_before, 2u) << "the chunk kernel and the merge";
+    // 5 chunks x 4 heads per block: too large a merge to fold by default (Note [folded merge]),
+    // so the merge blocks follow the chunk blocks in one grid (Note [one grid]).
+    if (default_schedule) EXPECT_EQ(s().launches() - launches_before, 1u) << "the chunk kernel and the merge, one grid";
     std::vector<std::int32_t> counters(64, -1);
     auto* c = detail::StreamAccess::counters(s(), counters.size());
     detail::StreamAccess::copy_d2h(s(), counters.data(), c, counters.size() * sizeof(std::int32_t));
@@ -349,6 +362,54 @@ TEST_P(Attention, DecodeFoldedMergeGivesTheSameBytes) {
       const auto ref = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
       const auto f = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kFold);
       EXPECT_TRUE(same(ref, f));
+    }
+  }
+}
+
+// Note [one grid]: the chunk blocks and the merge blocks in one launch, each block's work given
+// by its ticket, give the bytes of the two launches, for every chunk variant with the merges
+// launch_decode pairs it with, rows of one merge batch and of several, three rows (blocks of
+// different rows interleaved in ticket order), rows of length 0; the counters and the ticket end
+// at zero (run_decode checks), so calls in a row work.
+TEST_P(Attention, DecodeOneGridGivesTheSameBytes) {
+  using kernels::DecodeChunk;
+  using kernels::DecodeMerge;
+  constexpr int L = 9000, H = 8, Hkv = 2;
+  {
+    constexpr int D = 128;
+    DecodeInputs<D> in(dev, s(), 3 * H, Hkv, L, 6160u);
+    for (int len : {0, 1, 2048, 4000, 9000}) {
+      SCOPED_TRACE("D 128, length " + std::to_string(len));
+      const auto ref = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+      const auto a = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kOneGrid);
+      const auto b = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D, 32, 4, 1>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kOneGrid);
+      const auto c = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D, 2>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kOneGrid);
+      const auto d = run_decode<DecodeChunk<D, 1, 2, 3>, DecodeMerge<D, 32, 4, 1>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kOneGrid);
+      const auto e = run_decode<DecodeChunk<D, 2, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kOneGrid);
+      EXPECT_TRUE(same(ref, a)) << "4 heads per block";
+      EXPECT_TRUE(same(ref, b)) << "4 heads per block, sliced merge";
+      EXPECT_TRUE(same(ref, c)) << "4 heads per block, 2-chunk merge batches";
+      EXPECT_TRUE(same(ref, d)) << "1 head per block, sliced merge";
+      EXPECT_TRUE(same(ref, e)) << "2 heads per block";
+      if (len == 0) EXPECT_TRUE(std::all_of(a.begin(), a.end(), [](float x) { return x == 0.0f; }));
+      const auto rows3 = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 3, DecodeSync::kOneGrid);
+      const auto rows3s = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 3, DecodeSync::kSignals);
+      EXPECT_TRUE(same(rows3, rows3s)) << "three rows, one grid vs two launches";
+      EXPECT_TRUE(std::equal(ref.begin(), ref.end(), rows3.begin(),
+                             [](float x, float y) { return std::bit_cast<std::uint32_t>(x) == std::bit_cast<std::uint32_t>(y); }))
+          << "row 0 of three vs the single row";
+    }
+  }
+  {
+    constexpr int D = 64;  // 8 heads per block at most
+    DecodeInputs<D> in(dev, s(), H, Hkv, L, 6161u);
+    for (int len : {300, 9000}) {
+      SCOPED_TRACE("D 64, length " + std::to_string(len));
+      const auto ref = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+      const auto a = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kOneGrid);
+      const auto b = run_decode<DecodeChunk<D, 1, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kOneGrid);
+      EXPECT_TRUE(same(ref, a)) << "4 heads per block";
+      EXPECT_TRUE(same(ref, b)) << "1 head per block";
     }
   }
 }

@@ -73,6 +73,12 @@ int fold_knob() {
   static const int f = env_knob("LOCKSTEP_DECODE_FOLD", -1);
   return f;
 }
+// LOCKSTEP_DECODE_ONE_GRID=0: the chunk kernel and the merge as two launches where one
+// DecodeOneGrid would do (Note [one grid]); a measurement knob, the same bits.
+int one_grid_knob() {
+  static const int n = env_knob("LOCKSTEP_DECODE_ONE_GRID", 1);
+  return n;
+}
 int stages_knob() {
   static const int ns = env_knob("LOCKSTEP_DECODE_STAGES", -1);
   return ns;
@@ -138,12 +144,49 @@ bool fold_merge(const kernels::DecodeParams& p) {
   if (fold_knob() >= 0) return fold_knob() != 0;
   return p.max_chunks <= K::FoldMerge::kBatch && K::kHeads * p.max_chunks <= 8;
 }
+// Calls f.template operator()<M>(grid) with the merge kernel for p's rows and merge_grid (H
+// blocks by rows); grid is M's (its slices multiply x).
+template <int D, class F>
+void with_merge_variant(const Stream& s, const kernels::DecodeParams& p, Dim3 merge_grid, F&& f) {
+  if constexpr (D == 128) {
+    const int mb = merge_batch_knob();
+    if (mb == 4) return f.template operator()<kernels::DecodeMerge<128, 4>>(merge_grid);
+    if (mb == 16) return f.template operator()<kernels::DecodeMerge<128, 16>>(merge_grid);
+    // Fewer merge blocks than multiprocessors (B = 1): 4 slices per head, a 128-chunk row in
+    // one round trip. Otherwise a batch just large enough for the cache's rows, so that few
+    // loads are masked off. The bits do not depend on these choices (Note [merge schedule]).
+    using Sliced = kernels::DecodeMerge<128, 32, 4, 1>;
+    if (mb == 0 && std::int64_t{merge_grid.x} * merge_grid.y < s.device().caps().multiprocessors)
+      return f.template operator()<Sliced>(Dim3{merge_grid.x * Sliced::kSlices, merge_grid.y, 1});
+    if (mb == 0 && p.max_chunks <= 8) return f.template operator()<kernels::DecodeMerge<128, 2>>(merge_grid);
+    if (mb == 0 && p.max_chunks <= 16) return f.template operator()<kernels::DecodeMerge<128, 4>>(merge_grid);
+  }
+  return f.template operator()<kernels::DecodeMerge<D>>(merge_grid);
+}
+
+// Note [one grid]: launches the chunk kernel K and the merge M as one DecodeOneGrid, where that
+// pair is registered and the knob allows; returns whether it did.
+template <class K, class M>
+bool launch_one_grid(Stream& s, kernels::DecodeParams p, Dim3 merge_grid) {
+  using One = kernels::DecodeOneGrid<K, M>;
+  if constexpr (kernels::registered_v<One>) {
+    if (one_grid_knob() == 0 || p.counters == nullptr || p.ticket == nullptr || diag_only_knob() != 0) return false;
+    const std::int64_t blocks = One::chunk_blocks(p) + One::merge_blocks(p);
+    // Merge blocks by rows: the grid of M as with_merge_variant gave it.
+    if (std::int64_t{merge_grid.x} != std::int64_t{p.H} * M::kSlices || blocks > 0x7fffffff) return false;
+    launch_with_shared<One>(s, p, Dim3{static_cast<std::uint32_t>(blocks), 1, 1});
+    return true;
+  } else {
+    return false;
+  }
+}
+
 // Enqueues the chunk kernel and the merge; returns the launches.
 template <int D>
 int launch_chunk_and_merge(Stream& s, kernels::DecodeParams p, int g, Dim3 chunk_grid,
                            Dim3 merge_grid) {
   int launches = 0;
-  bool folded = false;
+  bool folded = false, one_grid = false;
   if (diag_only_knob() != 2) {
     with_chunk_variant<D>(g, [&]<class K>() {
       folded = fold_merge<K>(p);
@@ -155,28 +198,18 @@ int launch_chunk_and_merge(Stream& s, kernels::DecodeParams p, int g, Dim3 chunk
         p.k_append = p.v_append = nullptr;
         p.status = nullptr;
       }
-      launch_with_shared<K>(s, p, chunk_grid);
+      if (!folded) {
+        with_merge_variant<D>(s, p, merge_grid, [&]<class M>(Dim3 mg) {
+          one_grid = launch_one_grid<K, M>(s, p, mg);
+        });
+      }
+      if (!one_grid) launch_with_shared<K>(s, p, chunk_grid);
       ++launches;
     });
   }
-  if (diag_only_knob() == 1 || folded) return launches;
+  if (diag_only_knob() == 1 || folded || one_grid) return launches;
   ++launches;
-  if constexpr (D == 128) {
-    const int mb = merge_batch_knob();
-    if (mb == 4) return launch_with_shared<kernels::DecodeMerge<128, 4>>(s, p, merge_grid), launches;
-    if (mb == 16) return launch_with_shared<kernels::DecodeMerge<128, 16>>(s, p, merge_grid), launches;
-    // Fewer merge blocks than multiprocessors (B = 1): 4 slices per head, a 128-chunk row in
-    // one round trip. Otherwise a batch just large enough for the cache's rows, so that few
-    // loads are masked off. The bits do not depend on these choices (Note [merge schedule]).
-    using Sliced = kernels::DecodeMerge<128, 32, 4, 1>;
-    if (mb == 0 && std::int64_t{merge_grid.x} * merge_grid.y < s.device().caps().multiprocessors)
-      return launch_with_shared<Sliced>(s, p, Dim3{merge_grid.x * Sliced::kSlices, merge_grid.y, 1}), launches;
-    if (mb == 0 && p.max_chunks <= 8)
-      return launch_with_shared<kernels::DecodeMerge<128, 2>>(s, p, merge_grid), launches;
-    if (mb == 0 && p.max_chunks <= 16)
-      return launch_with_shared<kernels::DecodeMerge<128, 4>>(s, p, merge_grid), launches;
-  }
-  launch_with_shared<kernels::DecodeMerge<D>>(s, p, merge_grid);
+  with_merge_variant<D>(s, p, merge_grid, [&]<class M>(Dim3 mg) { launch_with_shared<M>(s, p, mg); });
   return launches;
 }
 }  // namespace
@@ -206,8 +239,11 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
   // Note [block signals]: a counter pair per (row, block y of the chunk grid). Off for the
   // measurement-only knob, which launches one kernel without the other.
   p.heads_per_block = g;
-  const std::size_t counter_ints = std::size_t(p.rows) * (p.H / g) * 2;
+  // Note [one grid]: one more int, DecodeOneGrid's ticket, after the pairs.
+  const std::size_t pair_ints = std::size_t(p.rows) * (p.H / g) * 2;
+  const std::size_t counter_ints = pair_ints + 1;
   p.counters = diag_only_knob() == 0 && signals_knob() != 0 ? StreamAccess::counters(s, counter_ints) : nullptr;
+  p.ticket = p.counters != nullptr ? p.counters + pair_ints : nullptr;
   const std::uint32_t rows_grid = static_cast<std::uint32_t>(std::min<std::int32_t>(p.rows, 65535));
   const Dim3 chunk_grid{static_cast<std::uint32_t>(p.max_chunks),
                         static_cast<std::uint32_t>(p.Hkv * (group / g)), rows_grid};

@@ -19,12 +19,14 @@
 #include <hwy/highway.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <tuple>
 #include <type_traits>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "lockstep/error.hpp"
@@ -776,11 +778,23 @@ class CpuExec {
   }
   // The signalling kernel has finished here, so the count is final: anything but the target is
   // a counter left over by an interrupted call, which the GPU could only wait on forever (or pass
-  // too early); it is reported as a bug instead.
-  int wait_signals(std::int32_t* c, int target) const {
-    const std::int32_t count = std::atomic_ref<std::int32_t>(c[0]).load(std::memory_order_acquire);
+  // too early); it is reported as a bug instead. same_grid (Note [one grid]): the signalling
+  // blocks are in this launch and may still run on other threads; the wait yields until they
+  // have signalled (they hold lower tickets and never wait, so they finish), and a count that is
+  // still short after a minute is reported as the same bug.
+  int wait_signals(std::int32_t* c, int target, bool same_grid = false) const {
+    std::atomic_ref<std::int32_t> a(c[0]);
+    std::int32_t count = a.load(std::memory_order_acquire);
+    if (same_grid && count < target) count = wait_for_count(a, target);
     if (count != target) signals_mismatch(count, target);
     return std::atomic_ref<std::int32_t>(c[1]).fetch_add(1, std::memory_order_acq_rel);
+  }
+  // Note [one grid]: the block's ticket (*c before the add); ticket total - 1 resets *c.
+  int block_ticket(std::int32_t* c, int total) const {
+    std::atomic_ref<std::int32_t> a(*c);
+    const std::int32_t t = a.fetch_add(1, std::memory_order_acq_rel);
+    if (t == total - 1) a.store(0, std::memory_order_relaxed);
+    return t;
   }
   void release_signals(std::int32_t* c, int ticket, int readers) const {
     if (ticket != readers - 1) return;
@@ -1068,6 +1082,7 @@ class CpuExec {
   }
   [[noreturn]] static void shared_overflow(std::size_t need, std::size_t have);
   [[noreturn]] static void signals_mismatch(int count, int target);
+  static std::int32_t wait_for_count(std::atomic_ref<std::int32_t> a, int target);
 
   BlockCoords blk_;
   char* smem_;
@@ -1092,6 +1107,17 @@ void CpuExec<N>::signals_mismatch(int count, int target) {
                                        ("counter at " + std::to_string(count) + ", expected " +
                                         std::to_string(target) + " (Note [block signals])")
                                            .c_str());
+}
+
+template <int N>
+std::int32_t CpuExec<N>::wait_for_count(std::atomic_ref<std::int32_t> a, int target) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  std::int32_t count = a.load(std::memory_order_acquire);
+  while (count < target && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::yield();
+    count = a.load(std::memory_order_acquire);
+  }
+  return count;
 }
 
 #undef LS_INLINE

@@ -162,7 +162,8 @@ struct CudaExec {
     }
     return __syncthreads_or(last) != 0;
   }
-  __device__ __forceinline__ int wait_signals(std::int32_t* c, int target) const {
+  // same_grid (Note [one grid]): the signalling blocks are in this launch; the same wait.
+  __device__ __forceinline__ int wait_signals(std::int32_t* c, int target, bool /*same_grid*/ = false) const {
     int ticket = 0;
     if (threadIdx.x == 0) {
       while (*static_cast<volatile std::int32_t*>(c) < target) {
@@ -172,6 +173,18 @@ struct CudaExec {
       }
       __threadfence();
       ticket = atomicAdd(c + 1, 1);
+    }
+    __syncthreads();
+    return ticket;
+  }
+  // Note [one grid] (kernels/decode.hpp): the block's ticket, *c before thread 0's atomic add,
+  // the same for every thread; the block that takes ticket total - 1 resets *c to zero.
+  __device__ __forceinline__ int block_ticket(std::int32_t* c, int total) const {
+    __shared__ int ticket;
+    if (threadIdx.x == 0) {
+      const int t = atomicAdd(c, 1);
+      if (t == total - 1) atomicExch(c, 0);
+      ticket = t;
     }
     __syncthreads();
     return ticket;

@@ -54,6 +54,9 @@ struct DecodeParams {
   // counts up and the merge resets; heads_per_block is the chunk kernel's G.
   std::int32_t* counters;
   std::int32_t heads_per_block;
+  // Note [one grid]: a zero that DecodeOneGrid's blocks take their tickets from (and its last
+  // ticket resets); unused by the other kernels.
+  std::int32_t* ticket;
   // Note [folded merge]: 1: the last chunk block of each (row, block y) merges its heads (a chunk
   // kernel with async tiles, counters set and one row per block: rows <= 65535); no merge launch.
   std::int32_t fold;
@@ -138,6 +141,13 @@ LOCKSTEP_HD int row_length(X& x, const DecodeParams& p, int r) {
   const int len = raw_length(x, p, r);
   return (len < 0 || len > p.max_len) ? 0 : len;
 }
+
+// A block's coordinates in its (chunk) grid: its own block index, or the one its ticket gives in
+// DecodeOneGrid (Note [one grid]).
+struct BlockAt {
+  int x, y, z;  // block
+  int gy, gz;   // grid extents in y and z
+};
 
 // out[r, h, :] = the chunks of row r merged. Grid: x = H * S, y = row (loops past 65535). A row of
 // length 0 gives zeros.
@@ -368,10 +378,20 @@ struct DecodeMerge {
   LOCKSTEP_HD static void run(X& x, const Params& p) {
     if (p.counters == nullptr) x.wait_prior_grids();  // else Note [block signals]
     x.allow_dependent_grids();
+    merge_block(x, p, x.block_x(), x.block_y(), x.grid_y(), false);
+    // With signals the chunk kernel may still be retiring; waiting for it here keeps the rule
+    // that a kernel completes after the one before it (Note [overlapped launches]).
+    if (p.counters != nullptr) x.wait_prior_grids();
+  }
+
+  // The work of merge block (bx, by) of a merge grid of gy rows of blocks; same_grid: the chunk
+  // blocks run in the same launch (Note [one grid]).
+  template <class X>
+  LOCKSTEP_HD static void merge_block(X& x, const Params& p, int bx, int by, int gy, bool same_grid) {
     const Smem sm = shared_arrays(x);
-    const int h = x.block_x() / kSlices;
-    const int d0 = (x.block_x() % kSlices) * kSlice;
-    for (int r = x.block_y(); r < p.rows; r += x.grid_y()) {
+    const int h = bx / kSlices;
+    const int d0 = (bx % kSlices) * kSlice;
+    for (int r = by; r < p.rows; r += gy) {
       // Note [block signals]: all max_chunks chunk blocks of (row, kv head group) signal, so the
       // wait needs no length; the length is read after it (ordered after the chunk blocks' own
       // reads of it).
@@ -379,14 +399,11 @@ struct DecodeMerge {
       int ticket = 0;
       if (p.counters != nullptr) {
         counter = p.counters + (std::int64_t{r} * (p.H / p.heads_per_block) + h / p.heads_per_block) * 2;
-        ticket = x.wait_signals(counter, p.max_chunks);
+        ticket = x.wait_signals(counter, p.max_chunks, same_grid);
       }
       merge_heads<1>(x, p, r, h, d0, sm);
       if (counter != nullptr) x.release_signals(counter, ticket, p.heads_per_block * kSlices);
     }
-    // With signals the chunk kernel may still be retiring; waiting for it here keeps the rule
-    // that a kernel completes after the one before it (Note [overlapped launches]).
-    if (p.counters != nullptr) x.wait_prior_grids();
   }
 };
 
@@ -469,6 +486,15 @@ struct DecodeChunk {
 
   template <class X>
   LOCKSTEP_HD static void run(X& x, const Params& p) {
+    x.wait_prior_grids();
+    x.allow_dependent_grids();
+    chunk_block(x, p, BlockAt{x.block_x(), x.block_y(), x.block_z(), x.grid_y(), x.grid_z()});
+  }
+
+  // The work of chunk block c (Note [one grid]: also a block of DecodeOneGrid). Out of line on
+  // the CPU, so that the chunk kernel and its one-grid kernels share one copy per SIMD variant.
+  template <class X>
+  LOCKSTEP_HD_OUTLINED_ON_CPU static void chunk_block(X& x, const Params& p, const BlockAt c) {
     using F = typename X::template Lanes<float>;
     using I = typename X::template Lanes<lane_int>;
     using B = typename X::template Lanes<bool>;
@@ -477,28 +503,26 @@ struct DecodeChunk {
     float* P = x.template shared<float>(G * kDecodeChunk);   // exp(score - chunk max)
     float* O = x.template shared<float>(kWarps * G * D);     // per-warp partial outputs
     float* ring = x.template shared<float>(NS * kTileRows * D);  // Note [async tiles]
-
-    x.wait_prior_grids();
-    x.allow_dependent_grids();
+    const int by = c.y;
     const int group = p.H / p.Hkv;
     const int subgroups = group / G;
-    const int hk = x.block_y() / subgroups;
-    const int h0 = hk * group + (x.block_y() % subgroups) * G;  // first query head served
-    const int chunk = x.block_x();
+    const int hk = by / subgroups;
+    const int h0 = hk * group + (by % subgroups) * G;  // first query head served
+    const int chunk = c.x;
     const I lane = x.lane();
     const I l8 = lane & 7;                 // lane within the 8 lanes that share a row
     const I row_in_iter = x.warp() * 4 + (lane >> 3);  // 16 rows per block iteration
 
     int merge_r = -1;  // Note [folded merge]: the row this block merges, if any
-    for (int r = x.block_z(); r < p.rows; r += x.grid_z()) {
+    for (int r = c.z; r < p.rows; r += c.gz) {
       const int len = row_length(x, p, r);
       const int t0 = chunk * kDecodeChunk;
       // Note [block signals]: every chunk block signals its (row, block y) counter once.
       std::int32_t* const counter =
-          p.counters != nullptr ? p.counters + (std::int64_t{r} * x.grid_y() + x.block_y()) * 2 : nullptr;
+          p.counters != nullptr ? p.counters + (std::int64_t{r} * c.gy + by) * 2 : nullptr;
       // Note [device positions], with the append (Note [fused append]; a variant without async
       // tiles leaves the status to its separate scatter).
-      if (NS > 0 && p.status != nullptr && chunk == 0 && x.block_y() == 0) {
+      if (NS > 0 && p.status != nullptr && chunk == 0 && by == 0) {
         const int raw = raw_length(x, p, r);
         if (raw < 0 || raw > p.max_len) x.store(p.status, x.thread() * 0, r + 1, x.thread() == 0);
       }
@@ -521,7 +545,7 @@ struct DecodeChunk {
       if constexpr (NS > 0) {
         LOCKSTEP_UNROLL
         for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live, nrow, kn, vn);
-        if (appends && x.block_y() % subgroups == 0) {  // one block per kv head writes the cache
+        if (appends && by % subgroups == 0) {  // one block per kv head writes the cache
           const std::int64_t dst = kv_off + std::int64_t{nrow} * D;
           for (int d0 = 0; d0 < D; d0 += kThreads) {
             const I d = x.thread() + d0;
@@ -724,6 +748,63 @@ struct DecodeChunk {
     }
     x.signal(counter);
     return false;
+  }
+};
+
+// Note [one grid]
+// DecodeOneGrid<C, M> is the chunk kernel C and the merge M in one launch: its grid is C's
+// blocks followed by M's, as one row of blocks. A block's work is not given by its block index
+// but by a ticket, an atomic add on p.ticket after the wait for the prior kernel: tickets below
+// C's block count run that chunk block (BlockAt from the ticket, x fastest, as C's own grid),
+// the rest that merge block, which waits on its (row, block y) counter as with programmatic
+// launch (Note [block signals]). This cannot deadlock whatever order the blocks are scheduled
+// in: a merge block that waits holds a ticket above every chunk block's, and every ticket below
+// it was taken by a block that had started and so runs on; chunk blocks never wait. The CPU
+// device takes the same tickets (each thread runs one block at a time; a merge block that finds
+// its counter short yields until the chunk blocks on the other threads have signalled). The
+// block that takes the last ticket resets p.ticket to zero for the next call (every ticket is
+// taken by then; the next kernel on the stream waits for this one). The arithmetic is C's and
+// M's: the bits are those of the two launches (tested); what changes is one launch instead of
+// two, about 3 us less host time per eager call (docs/gpu-results.md), for one atomic round
+// trip at the start of each block.
+template <class C, class M>
+struct DecodeOneGrid {
+  static constexpr const char* kName = "decode_one_grid";
+  static_assert(C::kThreads == M::kThreads, "a merge block is a chunk block");
+  static_assert(C::kStages > 0, "chunk kernels with async tiles (a merge waits on signals)");
+  static constexpr int kThreads = C::kThreads;
+  static constexpr bool kOverlapsPrior = true;  // Note [overlapped launches]
+  static constexpr std::size_t kSharedBytes =
+      C::kSharedBytes > M::kSharedBytes ? C::kSharedBytes : M::kSharedBytes;
+  using Chunk = C;
+  using Merge = M;
+  using Params = DecodeParams;
+  // Rows of blocks in each part (rows beyond 65535 loop, as in the two launches).
+  static constexpr std::int64_t grid_rows(const Params& p) { return p.rows < 65535 ? p.rows : 65535; }
+  static constexpr std::int64_t chunk_blocks(const Params& p) {
+    return std::int64_t{p.max_chunks} * (p.H / C::kHeads) * grid_rows(p);
+  }
+  static constexpr std::int64_t merge_blocks(const Params& p) {
+    return std::int64_t{p.H} * M::kSlices * grid_rows(p);
+  }
+
+  template <class X>
+  LOCKSTEP_HD static void run(X& x, const Params& p) {
+    x.wait_prior_grids();  // p.ticket is free once the previous call's grid is done
+    x.allow_dependent_grids();
+    const std::int64_t nc = chunk_blocks(p);
+    const int gz = static_cast<int>(grid_rows(p));
+    const int t = x.block_ticket(p.ticket, static_cast<int>(nc + merge_blocks(p)));
+    if (t < nc) {
+      const int gy = p.H / C::kHeads;
+      const int cx = t % p.max_chunks;
+      const int cyz = t / p.max_chunks;
+      C::chunk_block(x, p, BlockAt{cx, cyz % gy, cyz / gy, gy, gz});
+    } else {
+      const int m = static_cast<int>(t - nc);
+      const int mx = p.H * M::kSlices;
+      M::merge_block(x, p, m % mx, m / mx, gz, true);
+    }
   }
 };
 

@@ -42,6 +42,18 @@ using AllKernels = KernelList<
     DecodeMerge<128, 32, 4, 1>,  // short rows (few merge blocks): Note [merge schedule]
     DecodeMerge<128, 2>, DecodeMerge<128, 4>, DecodeMerge<128, 16>,  // schedule variants
     DecodeMerge<96, 2, 3, 1>,
+    // Note [one grid]: the default chunk kernels with the merges launch_decode picks for them
+    DecodeOneGrid<DecodeChunk<32, 1, 1, 4>, DecodeMerge<32>>, DecodeOneGrid<DecodeChunk<32, 2, 1, 4>, DecodeMerge<32>>,
+    DecodeOneGrid<DecodeChunk<32, 4, 1, 4>, DecodeMerge<32>>, DecodeOneGrid<DecodeChunk<32, 8, 1, 4>, DecodeMerge<32>>,
+    DecodeOneGrid<DecodeChunk<64, 1, 1, 4>, DecodeMerge<64>>, DecodeOneGrid<DecodeChunk<64, 2, 1, 4>, DecodeMerge<64>>,
+    DecodeOneGrid<DecodeChunk<64, 4, 1, 4>, DecodeMerge<64>>, DecodeOneGrid<DecodeChunk<64, 8, 1, 4>, DecodeMerge<64>>,
+    DecodeOneGrid<DecodeChunk<96, 1, 1, 4>, DecodeMerge<96>>, DecodeOneGrid<DecodeChunk<96, 2, 1, 4>, DecodeMerge<96>>,
+    DecodeOneGrid<DecodeChunk<96, 4, 1, 4>, DecodeMerge<96>>,
+    DecodeOneGrid<DecodeChunk<128, 1, 2, 3>, DecodeMerge<128>>, DecodeOneGrid<DecodeChunk<128, 1, 2, 3>, DecodeMerge<128, 32, 4, 1>>,
+    DecodeOneGrid<DecodeChunk<128, 2, 1, 4>, DecodeMerge<128>>, DecodeOneGrid<DecodeChunk<128, 2, 1, 4>, DecodeMerge<128, 32, 4, 1>>,
+    DecodeOneGrid<DecodeChunk<128, 4, 1, 4>, DecodeMerge<128>>, DecodeOneGrid<DecodeChunk<128, 4, 1, 4>, DecodeMerge<128, 32, 4, 1>>,
+    DecodeOneGrid<DecodeChunk<128, 4, 1, 4>, DecodeMerge<128, 2>>, DecodeOneGrid<DecodeChunk<128, 4, 1, 4>, DecodeMerge<128, 4>>,
+    DecodeOneGrid<DecodeChunk<256, 1, 1, 4>, DecodeMerge<256>>, DecodeOneGrid<DecodeChunk<256, 2, 1, 4>, DecodeMerge<256>>,
     FusedAttentionExact<32>, FusedAttentionExact<64>, FusedAttentionExact<64, 8, 1>, FusedAttentionExact<96>,
     FusedAttentionExact<128>, FusedAttentionExact<256>,
     FusedAttentionTensorCore<32>, FusedAttentionTensorCore<64>, FusedAttentionTensorCore<96>,
@@ -62,5 +74,13 @@ struct kernel_index<K, KernelList<Ks...>> {
 };
 template <class K>
 inline constexpr int kernel_index_v = kernel_index<K, AllKernels>::value;
+
+// Whether K is in AllKernels (a choice among template variants at compile time).
+template <class K, class List>
+struct in_kernel_list;
+template <class K, class... Ks>
+struct in_kernel_list<K, KernelList<Ks...>> : std::bool_constant<(std::is_same_v<K, Ks> || ...)> {};
+template <class K>
+inline constexpr bool registered_v = in_kernel_list<K, AllKernels>::value;
 
 }  // namespace lockstep::kernels
