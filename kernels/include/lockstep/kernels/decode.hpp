@@ -767,6 +767,24 @@ struct DecodeChunk {
 // M's: the bits are those of the two launches (tested); what changes is one launch instead of
 // two, about 3 us less host time per eager call (docs/gpu-results.md), for one atomic round
 // trip at the start of each block.
+// Note [one grid]: blocks per SM of the default chunk kernels alone on sm_90 (the lesser of what
+// their registers, from ptxas, and their shared memory allow), which their one-grid kernels are
+// held to with a second launch bound: unbounded, ptxas gave the chunk and merge code together
+// 113-168 registers where the chunk kernel alone has 96-128 (3 blocks per SM instead of 4 at
+// head_dim 128 with 4 heads per block). Shared memory is what limits one head per block at head_dim
+// 128 (53 KB: 4 blocks) and head_dim 256 (70 and 78 KB: 3 and 2). Held to the bound, four rarely
+// used variants spill 8-24 bytes per thread (ptxas: head_dim 32 with 4 and 8 heads per block, 64
+// with 2, 96 with 1); the head_dim-128 ones and the rest spill nothing.
+constexpr int decode_chunk_blocks_per_sm(int D, int G) {
+  switch (D) {
+    case 32: return G == 8 ? 5 : G == 4 ? 6 : 7;
+    case 64: return G == 8 ? 4 : G == 4 ? 6 : G == 2 ? 7 : 8;
+    case 96: return G == 4 ? 5 : G == 2 ? 6 : 7;
+    case 128: return G == 2 ? 5 : 4;
+    default: return G == 2 ? 2 : 3;
+  }
+}
+
 template <class C, class M>
 struct DecodeOneGrid {
   static constexpr const char* kName = "decode_one_grid";
@@ -776,6 +794,7 @@ struct DecodeOneGrid {
   static constexpr bool kOverlapsPrior = true;  // Note [overlapped launches]
   static constexpr std::size_t kSharedBytes =
       C::kSharedBytes > M::kSharedBytes ? C::kSharedBytes : M::kSharedBytes;
+  static constexpr int kMinBlocks = decode_chunk_blocks_per_sm(C::kQuads * 32, C::kHeads);
   using Chunk = C;
   using Merge = M;
   using Params = DecodeParams;
