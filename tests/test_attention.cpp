@@ -261,6 +261,20 @@ TEST_P(Attention, DecodeScheduleVariantsGiveTheSameBytes) {
   }
 }
 
+// Three rows over the same cache (row r's q is row r of in.q): `sync` gives the bytes of the two
+// launches with counters (kSignals), whose blocks of different rows run concurrently, and row 0's
+// output is `ref`, the single row's.
+template <class Chunk, class Merge, class In>
+void expect_three_rows(Stream& s, const std::shared_ptr<Device>& dev, const In& in, int H, int Hkv, int L,
+                       int len, DecodeSync sync, const std::vector<float>& ref) {
+  const auto rows3 = run_decode<Chunk, Merge>(s, dev, in.q, in.k, in.v, H, Hkv, L, len, 3, sync);
+  const auto rows3s = run_decode<Chunk, Merge>(s, dev, in.q, in.k, in.v, H, Hkv, L, len, 3, DecodeSync::kSignals);
+  const auto same_bits = [](float a, float b) { return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b); };
+  EXPECT_TRUE(rows3.size() == rows3s.size() && std::equal(rows3.begin(), rows3.end(), rows3s.begin(), same_bits))
+      << "three rows vs the two launches with signals";
+  EXPECT_TRUE(std::equal(ref.begin(), ref.end(), rows3.begin(), same_bits)) << "row 0 of three vs the single row";
+}
+
 // Note [block signals]: incremental_attention's merge waits on counters that the chunk blocks
 // count up; it gives the bytes of the same kernels without counters (the merge then waits for
 // the whole chunk kernel), and leaves the stream's counters zero for the next call, call after
@@ -349,13 +363,7 @@ TEST_P(Attention, DecodeFoldedMergeGivesTheSameBytes) {
       EXPECT_TRUE(same(ref, f2)) << "folded, 2 heads per block";
       EXPECT_TRUE(same(ref, w4)) << "signals, sliced merge";
       if (len == 0) EXPECT_TRUE(std::all_of(f4.begin(), f4.end(), [](float x) { return x == 0.0f; }));
-      // Three rows over the same cache: row r's output is the single row's with q row r.
-      const auto rows3 = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 3, DecodeSync::kFold);
-      const auto rows3s = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 3, DecodeSync::kSignals);
-      EXPECT_TRUE(same(rows3, rows3s)) << "three rows, folded vs signals";
-      EXPECT_TRUE(std::equal(ref.begin(), ref.end(), rows3.begin(),
-                             [](float a, float b) { return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b); }))
-          << "row 0 of three vs the single row";
+      expect_three_rows<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in, H, Hkv, L, len, DecodeSync::kFold, ref);
     }
   }
   {
@@ -396,12 +404,7 @@ TEST_P(Attention, DecodeOneGridGivesTheSameBytes) {
       EXPECT_TRUE(same(ref, d)) << "1 head per block, sliced merge";
       EXPECT_TRUE(same(ref, e)) << "2 heads per block";
       if (len == 0) EXPECT_TRUE(std::all_of(a.begin(), a.end(), [](float x) { return x == 0.0f; }));
-      const auto rows3 = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 3, DecodeSync::kOneGrid);
-      const auto rows3s = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 3, DecodeSync::kSignals);
-      EXPECT_TRUE(same(rows3, rows3s)) << "three rows, one grid vs two launches";
-      EXPECT_TRUE(std::equal(ref.begin(), ref.end(), rows3.begin(),
-                             [](float x, float y) { return std::bit_cast<std::uint32_t>(x) == std::bit_cast<std::uint32_t>(y); }))
-          << "row 0 of three vs the single row";
+      expect_three_rows<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in, H, Hkv, L, len, DecodeSync::kOneGrid, ref);
     }
   }
   {
