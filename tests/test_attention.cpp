@@ -153,9 +153,9 @@ std::vector<float> run_decode(Stream& s, const std::shared_ptr<Device>& dev, con
   p.max_len = L;
   p.scale = 1.0f / std::sqrt(float(D));
   p.heads_per_block = Chunk::kHeads;
-  const std::size_t counter_ints = rows * blocks_y * 3;  // the pairs, then the tickets
+  const std::size_t counter_ints = rows * blocks_y * 2 + 1;  // the pairs, then the ticket
   if (sync != DecodeSync::kKernel) p.counters = detail::StreamAccess::counters(s, counter_ints);
-  if (sync != DecodeSync::kKernel) p.ticket = p.counters + rows * blocks_y * 2;
+  if (sync != DecodeSync::kKernel) p.ticket = p.counters + (counter_ints - 1);
   p.fold = sync == DecodeSync::kFold ? 1 : 0;
   if (sync == DecodeSync::kOneGrid) {
     using One = kernels::DecodeOneGrid<Chunk, Merge>;

@@ -241,9 +241,9 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
   // Note [block signals]: a counter pair per (row, block y of the chunk grid). Off for the
   // measurement-only knob, which launches one kernel without the other.
   p.heads_per_block = g;
-  // Note [one grid]: DecodeOneGrid's tickets, one per (row of the grid, block y), after the pairs.
+  // Note [one grid]: one more int, DecodeOneGrid's ticket, after the pairs.
   const std::size_t pair_ints = std::size_t(p.rows) * (p.H / g) * 2;
-  const std::size_t counter_ints = pair_ints + std::size_t(std::min<std::int32_t>(p.rows, 65535)) * (p.H / g);
+  const std::size_t counter_ints = pair_ints + 1;
   p.counters = diag_only_knob() == 0 && signals_knob() != 0 ? StreamAccess::counters(s, counter_ints) : nullptr;
   p.ticket = p.counters != nullptr ? p.counters + pair_ints : nullptr;
   const std::uint32_t rows_grid = static_cast<std::uint32_t>(std::min<std::int32_t>(p.rows, 65535));

@@ -54,8 +54,8 @@ struct DecodeParams {
   // counts up and the merge resets; heads_per_block is the chunk kernel's G.
   std::int32_t* counters;
   std::int32_t heads_per_block;
-  // Note [one grid]: [min(rows, 65535), H / heads_per_block] zeros that DecodeOneGrid's blocks
-  // take their tickets from (and each one's last ticket resets); unused by the other kernels.
+  // Note [one grid]: a zero that DecodeOneGrid's blocks take their tickets from (and its last
+  // ticket resets); unused by the other kernels.
   std::int32_t* ticket;
   // Note [folded merge]: 1: the last chunk block of each (row, block y) merges its heads (a chunk
   // kernel with async tiles, counters set and one row per block: rows <= 65535); no merge launch.
@@ -753,20 +753,17 @@ struct DecodeChunk {
 
 // Note [one grid]
 // DecodeOneGrid<C, M> is the chunk kernel C and the merge M in one launch: its grid is C's
-// blocks followed by M's, as one row of blocks. The blocks of one group -- a row and a block y
-// of C's grid: max_chunks chunk blocks and the G * S merge blocks of its G heads -- depend only
-// on each other. A block's group is given by its place in the grid, but its role in the group
-// by a ticket, an atomic add on the group's int of p.ticket after the wait for the prior
-// kernel: tickets below max_chunks run that chunk (BlockAt{ticket, y, z}), the rest that merge
-// block, which waits on the group's counter as with programmatic launch (Note [block signals]).
-// This cannot deadlock whatever order the blocks are scheduled in: a merge block that waits
-// holds a ticket above every chunk block's of its group, and every ticket below it was taken by
-// a block that had started and so runs on; chunk blocks never wait. The CPU device takes the
-// same tickets (each thread runs one block at a time; a merge block that finds its counter
-// short yields until the chunk blocks on the other threads have signalled). The block that
-// takes a group's last ticket resets the group's int to zero for the next call (every ticket of
-// the group is taken by then; the next kernel on the stream waits for this one). (One ticket
-// counter for the whole grid, the first version, ran at the device times below too.) The arithmetic is C's and
+// blocks followed by M's, as one row of blocks. A block's work is not given by its block index
+// but by a ticket, an atomic add on p.ticket after the wait for the prior kernel: tickets below
+// C's block count run that chunk block (BlockAt from the ticket, x fastest, as C's own grid),
+// the rest that merge block, which waits on its (row, block y) counter as with programmatic
+// launch (Note [block signals]). This cannot deadlock whatever order the blocks are scheduled
+// in: a merge block that waits holds a ticket above every chunk block's, and every ticket below
+// it was taken by a block that had started and so runs on; chunk blocks never wait. The CPU
+// device takes the same tickets (each thread runs one block at a time; a merge block that finds
+// its counter short yields until the chunk blocks on the other threads have signalled). The
+// block that takes the last ticket resets p.ticket to zero for the next call (every ticket is
+// taken by then; the next kernel on the stream waits for this one). The arithmetic is C's and
 // M's: the bits are those of the two launches (tested); what changes is one launch instead of
 // two, about 5 us less host time per eager call (3.5-4.6 us instead of 8.7-10.4 at B=1
 // L=32768, run 64), for one atomic round trip at the start of each block, which no block can
@@ -813,35 +810,23 @@ struct DecodeOneGrid {
     return std::int64_t{p.H} * M::kSlices * grid_rows(p);
   }
 
-  static constexpr int kMergesPerGroup = C::kHeads * M::kSlices;  // merge blocks per (row, y)
-
   template <class X>
   LOCKSTEP_HD static void run(X& x, const Params& p) {
     x.wait_prior_grids();  // p.ticket is free once the previous call's grid is done
     x.allow_dependent_grids();
     const std::int64_t nc = chunk_blocks(p);
     const int gz = static_cast<int>(grid_rows(p));
-    const int gy = p.H / C::kHeads;
-    // The block's group (row z, block y), from its place in the grid: chunk blocks first (x
-    // fastest), then merge blocks (head and slice fastest, then row).
-    const std::int64_t b = x.block_x();
-    int y = 0, z = 0;
-    if (b < nc) {
-      const int cyz = static_cast<int>(b / p.max_chunks);
-      y = cyz % gy;
-      z = cyz / gy;
+    const int t = x.block_ticket(p.ticket, static_cast<int>(nc + merge_blocks(p)));
+    if (t < nc) {
+      const int gy = p.H / C::kHeads;
+      const int cx = t % p.max_chunks;
+      const int cyz = t / p.max_chunks;
+      C::chunk_block(x, p, BlockAt{cx, cyz % gy, cyz / gy, gy, gz});
     } else {
-      const int m = static_cast<int>(b - nc);
+      const int m = static_cast<int>(t - nc);
       const int mx = p.H * M::kSlices;
-      y = (m % mx) / kMergesPerGroup;
-      z = m / mx;
+      M::merge_block(x, p, m % mx, m / mx, gz, true);
     }
-    // Its role within the group, from the group's own ticket.
-    const int t = x.block_ticket(p.ticket + (std::int64_t{z} * gy + y), p.max_chunks + kMergesPerGroup);
-    if (t < p.max_chunks)
-      C::chunk_block(x, p, BlockAt{t, y, z, gy, gz});
-    else
-      M::merge_block(x, p, y * kMergesPerGroup + (t - p.max_chunks), z, gz, true);
   }
 };
 
