@@ -768,8 +768,10 @@ struct DecodeChunk {
 // two, about 5 us less host time per eager call (3.5-4.6 us instead of 8.7-10.4 at B=1
 // L=32768, run 64), for one atomic round trip at the start of each block, which no block can
 // start its work without: 1% more device time at B=1 L=32768 and B=128 L=2048, none at B=32
-// L=4096, 13% (2.2 us) on a single-wave call (B=1 L=4096, 32 layers replayed in a graph). So
-// launch_decode uses it only with LOCKSTEP_DECODE_ONE_GRID=1 (host-bound eager loops).
+// L=4096, 13% (2.2 us) on a single-wave call (B=1 L=4096, 32 layers replayed in a graph). A
+// ticket counter per (row, block y), 8x less contention there, cost more (run 66): the cost is
+// the round trip. So launch_decode uses it only with LOCKSTEP_DECODE_ONE_GRID=1 (host-bound
+// eager loops).
 // Note [one grid]: blocks per SM of the default chunk kernels alone on sm_90 (the lesser of what
 // their registers, from ptxas, and their shared memory allow), which their one-grid kernels are
 // held to with a second launch bound: unbounded, ptxas gave the chunk and merge code together
