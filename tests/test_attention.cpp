@@ -296,7 +296,7 @@ TEST_P(Attention, DecodeSignalsGiveTheSameBytesAndLeaveCountersZero) {
   const bool default_schedule =
       std::getenv("LOCKSTEP_DECODE_FOLD") == nullptr && std::getenv("LOCKSTEP_DECODE_SIGNALS") == nullptr &&
       std::getenv("LOCKSTEP_DECODE_STAGES") == nullptr && std::getenv("LOCKSTEP_DECODE_DIAG_ONLY") == nullptr &&
-      (one_grid_env == nullptr || one_grid);
+      std::getenv("LOCKSTEP_DECODE_MERGE_BATCH") == nullptr;
   for (int len : {4999, 1, 0, 700, 5000}) {
     SCOPED_TRACE("length " + std::to_string(len));
     const auto launches_before = s().launches();
@@ -310,6 +310,17 @@ TEST_P(Attention, DecodeSignalsGiveTheSameBytesAndLeaveCountersZero) {
     detail::StreamAccess::copy_d2h(s(), counters.data(), c, counters.size() * sizeof(std::int32_t));
     s().synchronize();
     for (std::size_t i = 0; i < counters.size(); ++i) ASSERT_EQ(counters[i], 0) << "counter " << i;
+  }
+  {
+    // One head per block at head_dim 128 (MHA) with 16 chunks: a merge batch of 4 chunks, whose
+    // one-grid pair is not registered, so the knob takes the plain merge's (the same bits).
+    DecodeInputs<D> mha(dev, s(), 4, 4, 4096, 2025u);
+    Buffer<float> o(dev, std::size_t(4) * D);
+    const auto launches_before = s().launches();
+    incremental_attention(s(), mha.q, mha.k, mha.v, 4000, o, DecodeShape{4, 4, D, 4096});
+    if (default_schedule) EXPECT_EQ(s().launches() - launches_before, one_grid ? 1u : 2u) << "MHA, 16 chunks";
+    const auto plain = run_decode_variant<DecodeChunk<D, 1, 2, 3>, DecodeMerge<D>>(s(), dev, mha.q, mha.k, mha.v, 4, 4, 4096, 4000);
+    EXPECT_TRUE(same(o.to_vector(s()), plain));
   }
   // Several rows of different lengths, one of them done, through flash_decoding, twice.
   KvCacheConfig cfg{.num_layers = 1, .num_heads = 8, .num_kv_heads = 2, .head_dim = 64, .max_len = 1100, .slots = 3};

@@ -166,16 +166,18 @@ void with_merge_variant(const Stream& s, const kernels::DecodeParams& p, Dim3 me
   return f.template operator()<kernels::DecodeMerge<D>>(merge_grid);
 }
 
-// Note [one grid]: launches the chunk kernel K and the merge M as one DecodeOneGrid, where that
-// pair is registered and the knob allows; returns whether it did.
-template <class K, class M>
-bool launch_one_grid(Stream& s, kernels::DecodeParams p, Dim3 merge_grid) {
-  using One = kernels::DecodeOneGrid<K, M>;
+// Note [one grid]: launches the chunk kernel K and the merge M as one DecodeOneGrid where the
+// knob allows; returns whether it did. A pair that is not registered takes K's pair with the
+// plain DecodeMerge<D> (every merge variant gives the same bits: Note [merge schedule]).
+template <int D, class K, class M>
+bool launch_one_grid(Stream& s, kernels::DecodeParams p) {
+  using Pair = kernels::DecodeOneGrid<K, M>;
+  using Plain = kernels::DecodeOneGrid<K, kernels::DecodeMerge<D>>;
+  using One = std::conditional_t<kernels::registered_v<Pair>, Pair, Plain>;
   if constexpr (kernels::registered_v<One>) {
     if (one_grid_knob() == 0 || p.counters == nullptr || p.ticket == nullptr || diag_only_knob() != 0) return false;
     const std::int64_t blocks = One::chunk_blocks(p) + One::merge_blocks(p);
-    // Merge blocks by rows: the grid of M as with_merge_variant gave it.
-    if (std::int64_t{merge_grid.x} != std::int64_t{p.H} * M::kSlices || blocks > 0x7fffffff) return false;
+    if (blocks > 0x7fffffff) return false;
     launch_with_shared<One>(s, p, Dim3{static_cast<std::uint32_t>(blocks), 1, 1});
     return true;
   } else {
@@ -201,9 +203,7 @@ int launch_chunk_and_merge(Stream& s, kernels::DecodeParams p, int g, Dim3 chunk
         p.status = nullptr;
       }
       if (!folded) {
-        with_merge_variant<D>(s, p, merge_grid, [&]<class M>(Dim3 mg) {
-          one_grid = launch_one_grid<K, M>(s, p, mg);
-        });
+        with_merge_variant<D>(s, p, merge_grid, [&]<class M>(Dim3) { one_grid = launch_one_grid<D, K, M>(s, p); });
       }
       if (!one_grid) launch_with_shared<K>(s, p, chunk_grid);
       ++launches;

@@ -765,8 +765,9 @@ class CpuExec {
   void wait_prior_grids() const {}
   void allow_dependent_grids() const {}
   // Block signals (Note [block signals] in kernels/decode.hpp). Kernels run one after another here,
-  // so a wait finds its signals already given; the atomics order blocks of one launch, which
-  // run in parallel.
+  // so a wait on an earlier kernel finds its signals already given (a wait within one grid,
+  // Note [one grid], may yield for them); the atomics order blocks of one launch, which run in
+  // parallel.
   void signal(std::int32_t* c) const {
     std::atomic_ref<std::int32_t>(*c).fetch_add(1, std::memory_order_acq_rel);
   }

@@ -96,7 +96,8 @@ struct DecodeParams {
 // (which follow their own wait for the kernels that wrote it). This cannot deadlock: merge blocks are
 // scheduled only once every chunk block has started (each chunk block allows dependent grids
 // after its own wait, Note [overlapped launches]); without programmatic launch, and on the CPU,
-// the merge starts after the chunk kernel and never waits. Each waiting block takes a ticket
+// the merge kernel starts after the chunk kernel and never waits (in DecodeOneGrid, Note [one
+// grid], merge blocks do wait, on both, behind tickets). Each waiting block takes a ticket
 // (an atomic add on the pair's second word, in flight while it merges); the last of the G * S
 // blocks that read a counter resets the pair at the end of its row (x.release_signals), so the
 // counters are zeros again for the next call on the stream (the next kernel waits for this
@@ -765,8 +766,8 @@ struct DecodeChunk {
 // block that takes the last ticket resets p.ticket to zero for the next call (every ticket is
 // taken by then; the next kernel on the stream waits for this one). The arithmetic is C's and
 // M's: the bits are those of the two launches (tested); what changes is one launch instead of
-// two, about 5 us less host time per eager call (3.5-4.6 us instead of 8.7-10.4 at B=1
-// L=32768, run 64), for one atomic round trip at the start of each block, which no block can
+// two, about 5 us less host time per eager call (3.7-4.6 us instead of the two launches'
+// 8.8-9.3 at B=1 L=32768, run 64), for one atomic round trip at the start of each block, which no block can
 // start its work without: 1% more device time at B=1 L=32768 and B=128 L=2048, none at B=32
 // L=4096, 13% (2.2 us) on a single-wave call (B=1 L=4096, 32 layers replayed in a graph). A
 // ticket counter per (row, block y), 8x less contention there, cost more (run 66): the cost is

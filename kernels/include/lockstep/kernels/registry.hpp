@@ -43,6 +43,7 @@ using AllKernels = KernelList<
     DecodeMerge<128, 2>, DecodeMerge<128, 4>, DecodeMerge<128, 16>,  // schedule variants
     DecodeMerge<96, 2, 3, 1>,
     // Note [one grid]: the default chunk kernels with the merges launch_decode picks for them
+    // (the 2- and 4-chunk merge batches only with 4 heads per block; the others take DecodeMerge<D>)
     DecodeOneGrid<DecodeChunk<32, 1, 1, 4>, DecodeMerge<32>>, DecodeOneGrid<DecodeChunk<32, 2, 1, 4>, DecodeMerge<32>>,
     DecodeOneGrid<DecodeChunk<32, 4, 1, 4>, DecodeMerge<32>>, DecodeOneGrid<DecodeChunk<32, 8, 1, 4>, DecodeMerge<32>>,
     DecodeOneGrid<DecodeChunk<64, 1, 1, 4>, DecodeMerge<64>>, DecodeOneGrid<DecodeChunk<64, 2, 1, 4>, DecodeMerge<64>>,
