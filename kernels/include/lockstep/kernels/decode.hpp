@@ -767,12 +767,12 @@ struct DecodeChunk {
 // taken by then; the next kernel on the stream waits for this one). The arithmetic is C's and
 // M's: the bits are those of the two launches (tested); what changes is one launch instead of
 // two, about 5 us less host time per eager call (3.7-4.6 us instead of the two launches'
-// 8.8-9.3 at B=1 L=32768, run 64), for one atomic round trip at the start of each block, which no block can
-// start its work without: 1% more device time at B=1 L=32768 and B=128 L=2048, none at B=32
-// L=4096, 13% (2.2 us) on a single-wave call (B=1 L=4096, 32 layers replayed in a graph). A
-// ticket counter per (row, block y), 8x less contention there, cost more (run 66): the cost is
-// the round trip. So launch_decode uses it only with LOCKSTEP_DECODE_ONE_GRID=1 (host-bound
-// eager loops).
+// 8.8-9.3 at B=1 L=32768, run 64), for one atomic round trip at the start of each block, which
+// no block can start its work without: 1% more device time at B=1 L=32768 and B=128 L=2048,
+// none at B=32 L=4096, 13% (2.2 us) on a single-wave call (B=1 L=4096, 32 layers replayed in a
+// graph). A ticket counter per (row, block y), 8x less contention there, cost more (run 66):
+// the cost is the round trip. So launch_decode uses it only with LOCKSTEP_DECODE_ONE_GRID=1
+// (host-bound eager loops).
 // Note [one grid]: blocks per SM of the default chunk kernels alone on sm_90 (the lesser of what
 // their registers, from ptxas, and their shared memory allow), which their one-grid kernels are
 // held to with a second launch bound: unbounded, ptxas gave the chunk and merge code together
@@ -801,8 +801,6 @@ struct DecodeOneGrid {
   static constexpr std::size_t kSharedBytes =
       C::kSharedBytes > M::kSharedBytes ? C::kSharedBytes : M::kSharedBytes;
   static constexpr int kMinBlocks = decode_chunk_blocks_per_sm(C::kQuads * 32, C::kHeads);
-  using Chunk = C;
-  using Merge = M;
   using Params = DecodeParams;
   // Rows of blocks in each part (rows beyond 65535 loop, as in the two launches).
   static constexpr std::int64_t grid_rows(const Params& p) { return p.rows < 65535 ? p.rows : 65535; }
