@@ -8,6 +8,7 @@
 #include <rapidcheck/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "harness/harness.hpp"
 #include "harness/harness_decode.hpp"
@@ -120,6 +121,19 @@ RC_GTEST_PROP(Decode, IncrementalAttentionGivesFlashDecodingBytes, ()) {
     incremental_attention(st, q, k, v, n, out, DecodeShape{s.heads, Hk, D, L});
     RC_ASSERT(rows_equal(flash, i, out.to_vector(st), 0, row));
   }
+}
+
+// Note [row-major decode]: the CPU device's row-by-row products give the bytes of its lane path
+// (which the CUDA == CPU properties hold to the GPU's), for any batch of sequences.
+RC_GTEST_PROP(Decode, CpuRowMajorGivesTheLaneBytes, ()) {
+  const auto s = world_gen();
+  const DecodeWorld w(s);
+  const auto cpu = open("cpu");
+  const auto rows = w.decode(cpu);
+  ::setenv("LOCKSTEP_CPU_DECODE_LANES", "1", 1);
+  const auto lanes = w.decode(cpu);
+  ::unsetenv("LOCKSTEP_CPU_DECODE_LANES");
+  for (std::int64_t r = 0; r < s.slots; ++r) RC_ASSERT(rows_equal(rows, r, lanes, r, std::size_t(s.heads * s.dim)));
 }
 
 RC_GTEST_PROP(Decode, RollbackThenReappendGivesTheSameBytes, ()) {

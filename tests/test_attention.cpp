@@ -433,6 +433,77 @@ TEST_P(Attention, DecodeOneGridGivesTheSameBytes) {
 }
 
 // 129 chunks: more than the sliced merge folds in one batch (4 groups x 32).
+// Note [row-major decode]: the CPU's row-by-row products give the lane path's bytes
+// (LOCKSTEP_CPU_DECODE_LANES=1), for every head_dim, 1 to 8 query heads per block, lengths that
+// end inside, at and just past a chunk, the fused append of flash_decoding (out and cache), rows
+// whose scores overflow to inf and a NaN query; K/V past each length are NaN and never read.
+TEST_P(Attention, DecodeRowMajorGivesTheLaneBytes) {
+  if (dev->id().kind != DeviceKind::kCpu) GTEST_SKIP() << "a CPU device path (Note [row-major decode])";
+  struct Case { int H, Hkv, D; };
+  const Case cases[] = {{32, 8, 128}, {8, 8, 128}, {4, 2, 128}, {16, 2, 64}, {8, 1, 32},
+                        {4, 2, 256}, {4, 1, 96}, {6, 6, 64}};
+  Lcg rng{2024u};
+  auto both = [&](auto&& call) {
+    std::vector<float> r[2];
+    for (int i = 0; i < 2; ++i) {
+      if (i == 1) ::setenv("LOCKSTEP_CPU_DECODE_LANES", "1", 1);
+      r[i] = call();
+      ::unsetenv("LOCKSTEP_CPU_DECODE_LANES");
+    }
+    return std::pair{r[0], r[1]};
+  };
+  for (const Case& c : cases) {
+    const int L = 700;
+    for (int len : {1, 255, 256, 257, 700}) {
+      SCOPED_TRACE("H " + std::to_string(c.H) + " Hkv " + std::to_string(c.Hkv) + " D " + std::to_string(c.D) +
+                   " length " + std::to_string(len));
+      auto kh = rng.floats(std::size_t(c.Hkv) * L * c.D), vh = rng.floats(kh.size());
+      for (int h = 0; h < c.Hkv; ++h)
+        for (std::size_t i = (std::size_t(h) * L + len) * c.D; i < std::size_t(h + 1) * L * c.D; ++i)
+          kh[i] = vh[i] = std::numeric_limits<float>::quiet_NaN();
+      auto qh = rng.floats(std::size_t(c.H) * c.D, 2.0f);
+      if (len == 257) qh[0] = 1e30f;  // head 0's scores overflow to +-inf
+      if (len == 255) qh[c.D + 1] = std::numeric_limits<float>::quiet_NaN();  // head 1: NaN
+      Buffer<float> q(dev, qh.size()), k(dev, kh.size()), v(dev, vh.size());
+      q.copy_from_host(s(), qh);
+      k.copy_from_host(s(), kh);
+      v.copy_from_host(s(), vh);
+      const auto [a, b] = both([&] {
+        auto out = filled(qh.size(), 42.0f);
+        incremental_attention(s(), q, k, v, len, out, DecodeShape{c.H, c.Hkv, c.D, L});
+        return out.to_vector(s());
+      });
+      EXPECT_TRUE(same(a, b)) << "incremental_attention";
+      bool finite = true;
+      for (std::size_t i = 2 * std::size_t(c.D); i < a.size(); ++i) finite = finite && std::isfinite(a[i]);
+      EXPECT_TRUE(finite) << "heads without inf or NaN inputs";
+    }
+    // flash_decoding: three slots of different lengths, the new token appended in the chunk kernel.
+    const KvCacheConfig cfg{.num_layers = 1, .num_heads = c.H, .num_kv_heads = c.Hkv, .head_dim = c.D,
+                            .max_len = 600, .slots = 3};
+    KvCache ca(dev, cfg), cb(dev, cfg);
+    const std::int64_t pre[3] = {255, 0, 511};
+    for (int slot = 0; slot < 3; ++slot) {
+      if (pre[slot] == 0) continue;
+      const auto kh = rng.floats(std::size_t(c.Hkv) * pre[slot] * c.D), vh = rng.floats(kh.size());
+      ca.write_from_host(s(), slot, 0, kh, vh, pre[slot]);
+      cb.write_from_host(s(), slot, 0, kh, vh, pre[slot]);
+    }
+    Buffer<float> q(dev, std::size_t(3) * c.H * c.D), kn(dev, std::size_t(3) * c.Hkv * c.D), vn(dev, kn.size());
+    for (auto* buf : {&q, &kn, &vn}) buf->copy_from_host(s(), rng.floats(buf->size()));
+    int call = 0;  // the first call (row-major) on ca, the second (lanes) on cb
+    const auto [a, b] = both([&] {
+      KvCache& cache = call++ == 0 ? ca : cb;
+      auto out = filled(q.size(), 42.0f);
+      flash_decoding(s(), cache, 0, q, kn, vn, std::vector<std::int64_t>{255, 0, 511}, out);
+      return out.to_vector(s());
+    });
+    EXPECT_TRUE(same(a, b)) << "flash_decoding";
+    EXPECT_TRUE(same(ca.k(0).to_vector(s()), cb.k(0).to_vector(s())) && same(ca.v(0).to_vector(s()), cb.v(0).to_vector(s())))
+        << "the caches after the append";
+  }
+}
+
 TEST_P(Attention, DecodeMergeSlicesGiveTheSameBytesOnLongRows) {
   using kernels::DecodeChunk;
   using kernels::DecodeMerge;

@@ -15,6 +15,8 @@
 // slots[r] (or r), kv head h / (H / Hkv), tokens [0, length). Tokens at or beyond the length are
 // never read.
 
+#include <type_traits>
+
 #include "lockstep/kernels/hd.hpp"
 
 namespace lockstep::kernels {
@@ -71,6 +73,34 @@ struct DecodeParams {
   std::int32_t* status;
   InlineInts inline_lengths;  // when lengths is null and count > 0 (Note [inline positions])
 };
+
+// Note [row-major decode]
+// The CPU device runs a block statement by statement over its 128 lanes, each lane value an
+// array in memory, so the chunk kernel's two products (each lane's fma chain over its slice of a
+// K row, the 8-lane butterfly, and each lane's fma chain over its V rows, then the reductions
+// across lane groups and warps) spent most of their time storing and reloading lane arrays
+// (docs/performance.md). With an execution context that offers them (X::kRowMajorDecode: the
+// CPU's avx2 and avx3 variants), the chunk kernel computes these two products row by row
+// instead (x.decode_scores, x.decode_values in backends/cpu/lanes.hpp), reading K and V where
+// they are (no ring), with every value computed by the same operations in the same order as the
+// lane that stores it on the GPU: the lane's fma chain, the butterfly's sums with each lane's own
+// value first, the fixed reductions. So the bits are the lane path's (tested against it on the
+// CPU, LOCKSTEP_CPU_DECODE_LANES=1, and CUDA == CPU on the GPU); the softmax between the products
+// stays on the lanes. This is the one place where a kernel's arithmetic is written a second time,
+// in a backend: the price of a CPU decode that reads its cache at a useful fraction of the DRAM's
+// bandwidth.
+template <class X, class = void>
+struct has_row_major_decode : std::false_type {};
+template <class X>
+struct has_row_major_decode<X, std::void_t<decltype(X::kRowMajorDecode)>>
+    : std::bool_constant<X::kRowMajorDecode> {};
+template <class X>
+inline constexpr bool row_major_decode_v = has_row_major_decode<X>::value;
+template <class X>
+LOCKSTEP_HD bool row_major_decode(const X& x) {
+  if constexpr (row_major_decode_v<X>) return x.row_major_decode();
+  else return false;
+}
 
 // Note [fused append]
 // flash_decoding appends each row's new K/V at its position p and attends p + 1 tokens. With
@@ -492,6 +522,51 @@ struct DecodeChunk {
     chunk_block(x, p, BlockAt{x.block_x(), x.block_y(), x.block_z(), x.grid_y(), x.grid_z()});
   }
 
+  // Phase 2 of chunk_block: chunk max and sum per head (every warp computes them; warp 0 writes
+  // P and the chunk's max and sum).
+  template <class X>
+  LOCKSTEP_HD static void chunk_softmax(X& x, const Params& p, const float* S, float* P, int r, int h0,
+                                        int chunk) {
+    using F = typename X::template Lanes<float>;
+    using I = typename X::template Lanes<lane_int>;
+    using B = typename X::template Lanes<bool>;
+    const I lane = x.lane();
+    LOCKSTEP_UNROLL
+    for (int g = 0; g < G; ++g) {
+      const float* sg = S + g * kDecodeChunk;
+      F m = -kInf;
+      for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) m = x.max(m, x.load(sg, lane * 8 + i));
+      m = x.warp_max(m);
+      const B empty = m == -kInf;
+      F l = 0.0f;
+      for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) {
+        const F e = x.select(empty, 0.0f, x.exp(x.load(sg, lane * 8 + i) - m));
+        x.store(P + g * kDecodeChunk, lane * 8 + i, e, x.warp() == 0);
+        l = l + e;
+      }
+      l = x.warp_sum(l);
+      float* ml = p.part_ml + ((std::int64_t{r} * p.H + h0 + g) * p.max_chunks + chunk) * 2;
+      x.store(ml, lane, x.select(lane == 0, m, l), x.thread() < 2);
+    }
+  }
+
+  // Note [row-major decode]: the chunk's products on the CPU device, row by row
+  // (backends/cpu/lanes.hpp), with the softmax between them on the lanes as above.
+  template <class X>
+  static void chunk_rows(X& x, const Params& p, float* S, float* P, int r, int h0, int chunk,
+                         const float* kb, const float* vb, int live, int nrow, const float* kn,
+                         const float* vn) {
+    const float* q[G];
+    float* po[G];
+    for (int g = 0; g < G; ++g) {
+      q[g] = p.q + (std::int64_t{r} * p.H + h0 + g) * D;
+      po[g] = p.part_o + ((std::int64_t{r} * p.H + h0 + g) * p.max_chunks + chunk) * D;
+    }
+    x.template decode_scores<G, D, kDecodeChunk>(S, kb, nrow, kn, live, q, p.scale, vb);
+    chunk_softmax(x, p, S, P, r, h0, chunk);
+    x.template decode_values<G, D, kDecodeChunk>(P, vb, nrow, vn, live, po);
+  }
+
   // The work of chunk block c (Note [one grid]: also a block of DecodeOneGrid). Out of line on
   // the CPU, so that the chunk kernel and its one-grid kernels share one copy per SIMD variant.
   template <class X>
@@ -543,9 +618,13 @@ struct DecodeChunk {
       const std::int64_t new_off = (std::int64_t{r} * p.Hkv + hk) * D;
       [[maybe_unused]] const float* kn = appends ? p.k_new + new_off : nullptr;
       [[maybe_unused]] const float* vn = appends ? p.v_new + new_off : nullptr;
+      // Note [row-major decode]: the CPU's path reads the rows where they are, without the ring.
+      const bool row_major = row_major_decode<X>(x);
       if constexpr (NS > 0) {
-        LOCKSTEP_UNROLL
-        for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live, nrow, kn, vn);
+        if (!row_major) {
+          LOCKSTEP_UNROLL
+          for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live, nrow, kn, vn);
+        }
         if (appends && by % subgroups == 0) {  // one block per kv head writes the cache
           const std::int64_t dst = kv_off + std::int64_t{nrow} * D;
           for (int d0 = 0; d0 < D; d0 += kThreads) {
@@ -554,6 +633,14 @@ struct DecodeChunk {
             x.store(p.k_append + dst, d, x.load(kn, d, ok, 0.0f), ok);
             x.store(p.v_append + dst, d, x.load(vn, d, ok, 0.0f), ok);
           }
+        }
+      }
+
+      if constexpr (row_major_decode_v<X>) {
+        if (row_major) {
+          chunk_rows(x, p, S, P, r, h0, chunk, kb, vb, live, nrow, kn, vn);
+          if (counter != nullptr && finish_row(x, p, counter)) merge_r = r;
+          continue;
         }
       }
 
@@ -625,23 +712,7 @@ struct DecodeChunk {
       x.sync();
 
       // Phase 2: chunk max and sum per head (every warp computes them; warp 0 writes).
-      LOCKSTEP_UNROLL
-      for (int g = 0; g < G; ++g) {
-        const float* sg = S + g * kDecodeChunk;
-        F m = -kInf;
-        for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) m = x.max(m, x.load(sg, lane * 8 + i));
-        m = x.warp_max(m);
-        const B empty = m == -kInf;
-        F l = 0.0f;
-        for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) {
-          const F e = x.select(empty, 0.0f, x.exp(x.load(sg, lane * 8 + i) - m));
-          x.store(P + g * kDecodeChunk, lane * 8 + i, e, x.warp() == 0);
-          l = l + e;
-        }
-        l = x.warp_sum(l);
-        float* ml = p.part_ml + ((std::int64_t{r} * p.H + h0 + g) * p.max_chunks + chunk) * 2;
-        x.store(ml, lane, x.select(lane == 0, m, l), x.thread() < 2);
-      }
+      chunk_softmax(x, p, S, P, r, h0, chunk);
       x.sync();
 
       // Phase 3: P x V. Lane layout as in phase 1; each lane accumulates its 16 rows.
