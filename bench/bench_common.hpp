@@ -16,7 +16,9 @@ namespace lockstep::bench {
 
 struct Ceilings {
   double copy_gbps = 0;   // device-to-device copy, bytes read + written
-  double read_gbps = 0;   // read-only sum of a large buffer
+  double read_gbps = 0;   // read-only sum of a large buffer (the CPU: native AVX2, all threads)
+  double read_lanes_gbps = 0;  // the CPU: the same sum as a kernel through the lanes (ReadSum)
+  std::string read_source;
   double fma_gflops = 0;  // fp32 fused multiply-adds (2 FLOPs each)
   std::string fma_source;
 };
@@ -84,5 +86,7 @@ void print_table(const std::vector<Result>& rs);
 
 // Native CPU fp32 fma peak (AVX2+FMA registers, all hardware threads), GFLOP/s; 0 if unsupported.
 double cpu_native_fma_gflops();
+// GB/s of a native AVX2 read of in[0, n) on every hardware thread (0 without AVX2).
+double cpu_native_read_gbps(const float* in, std::size_t n, int reps);
 
 }  // namespace lockstep::bench

@@ -38,6 +38,18 @@ Ceilings measure_ceilings(Context& ctx) {
       },
       ctx.warmup, ctx.reps);
   c.read_gbps = double(n) * 4 / (read_ms * 1e6);
+  c.read_source = "read_sum kernel";
+  if (!ctx.cuda) {
+    // The DRAM's read bandwidth, as the CPU target is stated (perf-targets.md): the ReadSum
+    // kernel through the lanes is slower than the memory (12-20 GB/s against about 24).
+    s.synchronize();
+    const double native = cpu_native_read_gbps(a.data().get(), n, ctx.quick ? 1 : 5);
+    if (native > 0) {
+      c.read_lanes_gbps = c.read_gbps;
+      c.read_gbps = native;
+      c.read_source = "native AVX2 sum, all threads";
+    }
+  }
 
   if (ctx.cuda) {
     using FP = kernels::FmaPeak;

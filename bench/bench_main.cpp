@@ -127,11 +127,15 @@ int main(int argc, char** argv) {
     dj["name"] = dev->name();
     dj["ceilings"] = {{"copy_GBps", ctx.ceil.copy_gbps},
                       {"read_GBps", ctx.ceil.read_gbps},
+                      {"read_source", ctx.ceil.read_source},
+                      {"read_lanes_GBps", ctx.ceil.read_lanes_gbps},
                       {"fma_GFLOPs", ctx.ceil.fma_gflops},
                       {"fma_source", ctx.ceil.fma_source}};
-    std::fprintf(stderr, "   ceilings: copy %.1f GB/s, read %.1f GB/s, fp32 fma %.1f GFLOP/s (%s)\n",
-                 ctx.ceil.copy_gbps, ctx.ceil.read_gbps, ctx.ceil.fma_gflops,
-                 ctx.ceil.fma_source.c_str());
+    std::fprintf(stderr, "   ceilings: copy %.1f GB/s, read %.1f GB/s (%s), fp32 fma %.1f GFLOP/s (%s)\n",
+                 ctx.ceil.copy_gbps, ctx.ceil.read_gbps, ctx.ceil.read_source.c_str(),
+                 ctx.ceil.fma_gflops, ctx.ceil.fma_source.c_str());
+    if (ctx.ceil.read_lanes_gbps > 0)
+      std::fprintf(stderr, "   (the read_sum kernel through the lanes: %.1f GB/s)\n", ctx.ceil.read_lanes_gbps);
     for (const auto& b : registry()) {
       if (!std::regex_search(b.name, re)) continue;
       for (auto r : b.run(ctx)) {

@@ -1055,8 +1055,8 @@ class CpuExec {
   }
 
   // --- Note [row-major decode] (kernels/include/lockstep/kernels/decode.hpp) -----------------
-  // The decode chunk kernel's two products, computed row by row with the arithmetic and order of
-  // the lane that stores each value, instead of statement by statement over the block's lanes.
+  // The decode chunk kernel's phases, computed row by row with the arithmetic and order of the
+  // lane that stores each value, instead of statement by statement over the block's lanes.
   // On (avx2, avx3) unless LOCKSTEP_CPU_DECODE_LANES=1 (the lane path: a check, tested to give
   // the same bytes). Rows: row t is fresh when t == nrow, else rows + t * D; rows at or past
   // live are never read.
@@ -1068,15 +1068,15 @@ class CpuExec {
   // score loop writes it: lane l8 (0..7) chains fma over its elements (qd * 8 + l8) * 4 + j, qd
   // then j ascending, from 0; warp_sum<8> (offsets 4, 2, 1, each lane's own value first) then the
   // scale. Rows at or past live: -inf.
-  // Also prefetches K 16 KB ahead, and rows [0, live) of vrows (the chunk's V) into the L2 cache
-  // as it goes, so that decode_values, which visits them 16 rows apart, does not wait on the
-  // DRAM. (Without the V prefetch the L=16384 GQA decode took 19.4 ms instead of 9.9.)
+  // Also prefetches rows [0, live) of vrows (the chunk's V) into the L2 cache as it goes, so
+  // that decode_values, which visits them 16 rows apart, does not wait on the DRAM (without it
+  // the GQA-4 decode at L=16384 took 19.4 ms instead of 9.9; prefetching K 16 KB ahead as well
+  // made it 5% slower).
   template <int G, int D, int kChunk>
   void decode_scores(float* S, const float* rows, int nrow, const float* fresh, int live,
                      const float* const (&q)[G], float scale, const float* vrows) const {
     static_assert(D % 32 == 0);
     constexpr int kQ = D / 32;
-    constexpr int kAhead = 16384 / (D * 4);  // K rows prefetched 16 KB ahead of their use
     const hn::FixedTag<float, 8> d8;
     using V8 = hn::Vec<decltype(d8)>;
     V8 qt[G][kQ][4];
@@ -1085,10 +1085,7 @@ class CpuExec {
         hn::LoadInterleaved4(d8, q[g] + qd * 32, qt[g][qd][0], qt[g][qd][1], qt[g][qd][2], qt[g][qd][3]);
     for (int t = 0; t < live; ++t) {
       const float* kr = t == nrow ? fresh : rows + std::int64_t{t} * D;
-      for (int b = 0; b < D; b += 16) {
-        __builtin_prefetch(rows + std::int64_t{t + kAhead} * D + b, 0, 3);  // never faults
-        __builtin_prefetch(vrows + std::int64_t{t} * D + b, 0, 2);
-      }
+      for (int b = 0; b < D; b += 16) __builtin_prefetch(vrows + std::int64_t{t} * D + b, 0, 2);
       V8 dot[G];
       for (int g = 0; g < G; ++g) dot[g] = hn::Zero(d8);
       for (int qd = 0; qd < kQ; ++qd) {
@@ -1111,14 +1108,60 @@ class CpuExec {
       for (int t = live < 0 ? 0 : live; t < kChunk; ++t) S[g * kChunk + t] = -__builtin_huge_valf();
   }
 
+  // Phase 2: P[g * kChunk + i] = exp(S - m) (0 when every score is -inf) and ml[g] = {m, l}, as
+  // warp 0 of DecodeChunk's softmax computes them (every warp computes the same; warp 0 writes):
+  // lane ln (0..31) takes the max and then the sum of its scores ln * 8 .. ln * 8 + 7 in order,
+  // reduced by the 32-lane butterflies; m is lane 0's, l lane 1's (thread 1 stores it), each
+  // lane's own value first in every sum.
+  template <int G, int kChunk>
+  void decode_softmax(const float* S, float* P, float* const (&ml)[G]) const {
+    static_assert(kChunk % 32 == 0 && kChunk % kL == 0);
+    constexpr int kPer = kChunk / 32;
+    const DF d;
+    for (int g = 0; g < G; ++g) {
+      const float* sg = S + g * kChunk;
+      float* pg = P + g * kChunk;
+      float v[32], w[32];
+      // math::max is commutative and associative including NaN and signed zeros (Note [max is
+      // commutative]): the lanes' maxima and their butterfly give the max of the 256 scores in
+      // any order.
+      VF mv(-__builtin_huge_valf());
+      for (int i = 0; i < kChunk; i += kL) mv = math::max(mv, VF(hn::LoadU(d, sg + i)));
+      alignas(64) float mc[kL];
+      hn::Store(mv.v, d, mc);
+      float m = mc[0];
+      for (int i = 1; i < kL; ++i) m = math::max(m, mc[i]);
+      const bool empty = m == -__builtin_huge_valf();
+      for (int i = 0; i < kChunk; i += kL) {
+        const VF e = math::exp(VF(hn::LoadU(d, sg + i)) - VF(m));
+        hn::StoreU(empty ? hn::Zero(d) : e.v, d, pg + i);
+      }
+      for (int ln = 0; ln < 32; ++ln) {
+        float l = 0.0f;
+        for (int i = 0; i < kPer; ++i) l = l + pg[ln * kPer + i];
+        v[ln] = l;
+      }
+      for (int k = 16; k >= 1; k /= 2) {
+        for (int ln = 0; ln < 32; ++ln) w[ln] = v[ln] + v[ln ^ k];
+        std::memcpy(v, w, sizeof v);
+      }
+      ml[g][0] = m;
+      ml[g][1] = v[1];
+    }
+  }
+
   // Phase 3: out[g][e] for e < D, as DecodeChunk's value loop and its reduction compute them:
   // row group rg (0..15: warp rg / 4, lane group rg % 4) chains fma(P[g][t], v[t][e], acc) over
   // rows t = rg, rg + 16, ... < kChunk from 0 (a row at or past live contributes fma(P, 0, acc));
   // a warp's value is (acc[4w] + acc[4w + 1]) + (acc[4w + 2] + acc[4w + 3]) and the output
   // ((O0 + O1) + O2) + O3.
+  // Also prefetches `next` (the K of the chunk after this one, which this thread most likely
+  // runs next: blocks are taken in order, chunk fastest) into the L2 cache, one 64-byte line per
+  // step, so that the DRAM is busy while these products run from the L2 (without it the GQA-4
+  // decode at L=16384 took 13-15% longer, alternating in one process).
   template <int G, int D, int kChunk>
   void decode_values(const float* P, const float* rows, int nrow, const float* fresh, int live,
-                     float* const (&out)[G]) const {
+                     float* const (&out)[G], const float* next) const {
     static_assert(kChunk % 16 == 0 && kWarps >= 4);
     constexpr int kW = kL < D ? kL : D;  // D is a multiple of 32 and kL a power of two <= 16
     constexpr int kV = kW < 16 ? 16 / kW : 1;  // vectors per step: a 64-byte line of each row
@@ -1127,9 +1170,14 @@ class CpuExec {
     for (int e0 = 0; e0 < D; e0 += kW * kV) {
       V a[16][G][kV];
       for (int rg = 0; rg < 16; ++rg) {
+        V acc[G][kV];  // in registers: the loops over g and u are unrolled
+#pragma GCC unroll 8
         for (int g = 0; g < G; ++g)
-          for (int u = 0; u < kV; ++u) a[rg][g][u] = hn::Zero(d);
+#pragma GCC unroll 4
+          for (int u = 0; u < kV; ++u) acc[g][u] = hn::Zero(d);
         for (int t = rg; t < kChunk; t += 16) {
+          __builtin_prefetch(next, 0, 2);  // never faults
+          next += 16;
           V v[kV];
           if (t < live) {
             const float* row = (t == nrow ? fresh : rows + std::int64_t{t} * D) + e0;
@@ -1137,11 +1185,15 @@ class CpuExec {
           } else {
             for (int u = 0; u < kV; ++u) v[u] = hn::Zero(d);
           }
+#pragma GCC unroll 8
           for (int g = 0; g < G; ++g) {
             const V pg = hn::Set(d, P[g * kChunk + t]);
-            for (int u = 0; u < kV; ++u) a[rg][g][u] = hn::MulAdd(pg, v[u], a[rg][g][u]);
+#pragma GCC unroll 4
+            for (int u = 0; u < kV; ++u) acc[g][u] = hn::MulAdd(pg, v[u], acc[g][u]);
           }
         }
+        for (int g = 0; g < G; ++g)
+          for (int u = 0; u < kV; ++u) a[rg][g][u] = acc[g][u];
       }
       for (int g = 0; g < G; ++g)
         for (int u = 0; u < kV; ++u) {

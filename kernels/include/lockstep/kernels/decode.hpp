@@ -76,19 +76,19 @@ struct DecodeParams {
 
 // Note [row-major decode]
 // The CPU device runs a block statement by statement over its 128 lanes, each lane value an
-// array in memory, so the chunk kernel's two products (each lane's fma chain over its slice of a
-// K row, the 8-lane butterfly, and each lane's fma chain over its V rows, then the reductions
-// across lane groups and warps) spent most of their time storing and reloading lane arrays
-// (docs/performance.md). With an execution context that offers them (X::kRowMajorDecode: the
-// CPU's avx2 and avx3 variants), the chunk kernel computes these two products row by row
-// instead (x.decode_scores, x.decode_values in backends/cpu/lanes.hpp), reading K and V where
-// they are (no ring), with every value computed by the same operations in the same order as the
-// lane that stores it on the GPU: the lane's fma chain, the butterfly's sums with each lane's own
-// value first, the fixed reductions. So the bits are the lane path's (tested against it on the
-// CPU, LOCKSTEP_CPU_DECODE_LANES=1, and CUDA == CPU on the GPU); the softmax between the products
-// stays on the lanes. This is the one place where a kernel's arithmetic is written a second time,
-// in a backend: the price of a CPU decode that reads its cache at a useful fraction of the DRAM's
-// bandwidth.
+// array in memory. The chunk kernel's phases (each lane's fma chain over its slice of a K row and
+// the 8-lane butterfly; the softmax, which every warp computes and warp 0 stores; each lane's fma
+// chain over its V rows and the reductions across lane groups and warps) spent most of their
+// time storing and reloading lane arrays, and the softmax ran four times (docs/performance.md).
+// With an execution context that offers it (X::kRowMajorDecode: the CPU's avx2 and avx3
+// variants), the chunk kernel computes these phases row by row instead (x.decode_scores,
+// x.decode_softmax, x.decode_values in backends/cpu/lanes.hpp), reading K and V where they are
+// (no ring), with every stored value computed by the same operations in the same order as the
+// lane that stores it on the GPU: the lane's fma chain, the butterflies with each lane's own
+// value first, the project's exp, the fixed reductions. So the bits are the lane path's (tested
+// against it on the CPU with LOCKSTEP_CPU_DECODE_LANES=1, and CUDA == CPU on the GPU). This is
+// the one place where a kernel's arithmetic is written a second time, in a backend: the price of
+// a CPU decode that reads its cache at a useful fraction of the DRAM's bandwidth.
 template <class X, class = void>
 struct has_row_major_decode : std::false_type {};
 template <class X>
@@ -550,21 +550,24 @@ struct DecodeChunk {
     }
   }
 
-  // Note [row-major decode]: the chunk's products on the CPU device, row by row
-  // (backends/cpu/lanes.hpp), with the softmax between them on the lanes as above.
+  // Note [row-major decode]: the chunk's phases on the CPU device, row by row
+  // (backends/cpu/lanes.hpp).
   template <class X>
   static void chunk_rows(X& x, const Params& p, float* S, float* P, int r, int h0, int chunk,
                          const float* kb, const float* vb, int live, int nrow, const float* kn,
                          const float* vn) {
     const float* q[G];
     float* po[G];
+    float* ml[G];
     for (int g = 0; g < G; ++g) {
-      q[g] = p.q + (std::int64_t{r} * p.H + h0 + g) * D;
-      po[g] = p.part_o + ((std::int64_t{r} * p.H + h0 + g) * p.max_chunks + chunk) * D;
+      const std::int64_t head = std::int64_t{r} * p.H + h0 + g;
+      q[g] = p.q + head * D;
+      po[g] = p.part_o + (head * p.max_chunks + chunk) * D;
+      ml[g] = p.part_ml + (head * p.max_chunks + chunk) * 2;
     }
     x.template decode_scores<G, D, kDecodeChunk>(S, kb, nrow, kn, live, q, p.scale, vb);
-    chunk_softmax(x, p, S, P, r, h0, chunk);
-    x.template decode_values<G, D, kDecodeChunk>(P, vb, nrow, vn, live, po);
+    x.template decode_softmax<G, kDecodeChunk>(S, P, ml);
+    x.template decode_values<G, D, kDecodeChunk>(P, vb, nrow, vn, live, po, kb + kDecodeChunk * D);
   }
 
   // The work of chunk block c (Note [one grid]: also a block of DecodeOneGrid). Out of line on
