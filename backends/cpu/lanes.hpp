@@ -1096,12 +1096,33 @@ class CpuExec {
                               hn::MulAdd(qt[g][qd][2], k2,
                                          hn::MulAdd(qt[g][qd][1], k1, hn::MulAdd(qt[g][qd][0], k0, dot[g]))));
       }
-      for (int g = 0; g < G; ++g) {
-        V8 v = dot[g];
+      if constexpr (G == 1) {
+        V8 v = dot[0];
         v = hn::Add(v, hn::SwapAdjacentBlocks(v));  // lane 0: p0 + p4
         v = hn::Add(v, hn::Shuffle1032(v));         // (p0 + p4) + (p2 + p6)
         v = hn::Add(v, hn::Shuffle2301(v));         // ... + ((p1 + p5) + (p3 + p7))
-        S[g * kChunk + t] = hn::GetLane(v) * scale;
+        S[t] = hn::GetLane(v) * scale;
+      } else {
+        // Four heads a, b, c, d (two when G == 2) at once, each sum with the same operands in
+        // the same order as above.
+        for (int g = 0; g < G; g += 4) {
+          const int gb = g + 1, gc = G > 2 ? g + 2 : g, gd = G > 2 ? g + 3 : g + 1;
+          // Offset 4: [a0+a4 .. a3+a7 | b0+b4 .. b3+b7] and the same for c, d.
+          const V8 ab = hn::Add(hn::ConcatLowerLower(d8, dot[gb], dot[g]), hn::ConcatUpperUpper(d8, dot[gb], dot[g]));
+          const V8 cd = hn::Add(hn::ConcatLowerLower(d8, dot[gd], dot[gc]), hn::ConcatUpperUpper(d8, dot[gd], dot[gc]));
+          // Offset 2, per 128-bit block: [a'0+a'2, c'0+c'2, a'1+a'3, c'1+c'3 | b.., d..].
+          const V8 u = hn::Add(hn::InterleaveLower(d8, ab, cd), hn::InterleaveUpper(d8, ab, cd));
+          // Offset 1: lane 0 a, 1 c, 4 b, 5 d.
+          const V8 r = hn::Mul(hn::Add(u, hn::Shuffle1032(u)), hn::Set(d8, scale));
+          alignas(32) float o[8];
+          hn::Store(r, d8, o);
+          S[g * kChunk + t] = o[0];
+          S[gb * kChunk + t] = o[4];
+          if constexpr (G > 2) {
+            S[gc * kChunk + t] = o[1];
+            S[gd * kChunk + t] = o[5];
+          }
+        }
       }
     }
     for (int g = 0; g < G; ++g)
