@@ -1079,48 +1079,71 @@ class CpuExec {
     constexpr int kQ = D / 32;
     const hn::FixedTag<float, 8> d8;
     using V8 = hn::Vec<decltype(d8)>;
+    const hn::Repartition<double, decltype(d8)> dd;
+    // One row's 8-lane quads qd (floats qd * 32 .. + 31; lane l8 holds 4 * l8 .. + 3): k[j] holds
+    // element j of every lane, in the slot order 0, 2, 4, 6 | 1, 3, 5, 7, which in-block
+    // shuffles reach (a de-interleave into lane order would cross the 128-bit blocks). The
+    // butterflies below read the lanes in this order.
+    const auto quads = [&](const float* p, V8 (&k)[4]) {
+      const V8 a0 = hn::LoadU(d8, p), a1 = hn::LoadU(d8, p + 8), a2 = hn::LoadU(d8, p + 16),
+               a3 = hn::LoadU(d8, p + 24);
+      const auto x0 = hn::BitCast(dd, hn::InterleaveLower(d8, a0, a1));  // l0 l2 (j0 j1) | l1 l3
+      const auto x1 = hn::BitCast(dd, hn::InterleaveUpper(d8, a0, a1));  // (j2 j3)
+      const auto y0 = hn::BitCast(dd, hn::InterleaveLower(d8, a2, a3));  // l4 l6 | l5 l7
+      const auto y1 = hn::BitCast(dd, hn::InterleaveUpper(d8, a2, a3));
+      k[0] = hn::BitCast(d8, hn::InterleaveLower(dd, x0, y0));
+      k[1] = hn::BitCast(d8, hn::InterleaveUpper(dd, x0, y0));
+      k[2] = hn::BitCast(d8, hn::InterleaveLower(dd, x1, y1));
+      k[3] = hn::BitCast(d8, hn::InterleaveUpper(dd, x1, y1));
+    };
+    const auto lo64 = [&](V8 a, V8 b) { return hn::BitCast(d8, hn::InterleaveLower(dd, hn::BitCast(dd, a), hn::BitCast(dd, b))); };
+    const auto hi64 = [&](V8 a, V8 b) { return hn::BitCast(d8, hn::InterleaveUpper(dd, hn::BitCast(dd, a), hn::BitCast(dd, b))); };
     V8 qt[G][kQ][4];
     for (int g = 0; g < G; ++g)
-      for (int qd = 0; qd < kQ; ++qd)
-        hn::LoadInterleaved4(d8, q[g] + qd * 32, qt[g][qd][0], qt[g][qd][1], qt[g][qd][2], qt[g][qd][3]);
+      for (int qd = 0; qd < kQ; ++qd) quads(q[g] + qd * 32, qt[g][qd]);
     for (int t = 0; t < live; ++t) {
       const float* kr = t == nrow ? fresh : rows + std::int64_t{t} * D;
       for (int b = 0; b < D; b += 16) __builtin_prefetch(vrows + std::int64_t{t} * D + b, 0, 2);
       V8 dot[G];
       for (int g = 0; g < G; ++g) dot[g] = hn::Zero(d8);
       for (int qd = 0; qd < kQ; ++qd) {
-        V8 k0, k1, k2, k3;
-        hn::LoadInterleaved4(d8, kr + qd * 32, k0, k1, k2, k3);
+        V8 k[4];
+        quads(kr + qd * 32, k);
         for (int g = 0; g < G; ++g)
-          dot[g] = hn::MulAdd(qt[g][qd][3], k3,
-                              hn::MulAdd(qt[g][qd][2], k2,
-                                         hn::MulAdd(qt[g][qd][1], k1, hn::MulAdd(qt[g][qd][0], k0, dot[g]))));
+          dot[g] = hn::MulAdd(qt[g][qd][3], k[3],
+                              hn::MulAdd(qt[g][qd][2], k[2],
+                                         hn::MulAdd(qt[g][qd][1], k[1], hn::MulAdd(qt[g][qd][0], k[0], dot[g]))));
       }
+      // warp_sum<8> in slot order: slot 0 (lane 0) + slot 2 (lane 4), then + slot 1 (lane 2's
+      // sum), then + slot 4 (lane 1's): each step with the lane's own value first.
       if constexpr (G == 1) {
         V8 v = dot[0];
-        v = hn::Add(v, hn::SwapAdjacentBlocks(v));  // lane 0: p0 + p4
-        v = hn::Add(v, hn::Shuffle1032(v));         // (p0 + p4) + (p2 + p6)
-        v = hn::Add(v, hn::Shuffle2301(v));         // ... + ((p1 + p5) + (p3 + p7))
+        v = hn::Add(v, hn::Shuffle1032(v));         // lane 0: p0 + p4
+        v = hn::Add(v, hn::Shuffle2301(v));         // (p0 + p4) + (p2 + p6)
+        v = hn::Add(v, hn::SwapAdjacentBlocks(v));  // ... + ((p1 + p5) + (p3 + p7))
         S[t] = hn::GetLane(v) * scale;
       } else {
         // Four heads a, b, c, d (two when G == 2) at once, each sum with the same operands in
-        // the same order as above.
+        // the same order.
         for (int g = 0; g < G; g += 4) {
           const int gb = g + 1, gc = G > 2 ? g + 2 : g, gd = G > 2 ? g + 3 : g + 1;
-          // Offset 4: [a0+a4 .. a3+a7 | b0+b4 .. b3+b7] and the same for c, d.
-          const V8 ab = hn::Add(hn::ConcatLowerLower(d8, dot[gb], dot[g]), hn::ConcatUpperUpper(d8, dot[gb], dot[g]));
-          const V8 cd = hn::Add(hn::ConcatLowerLower(d8, dot[gd], dot[gc]), hn::ConcatUpperUpper(d8, dot[gd], dot[gc]));
-          // Offset 2, per 128-bit block: [a'0+a'2, c'0+c'2, a'1+a'3, c'1+c'3 | b.., d..].
-          const V8 u = hn::Add(hn::InterleaveLower(d8, ab, cd), hn::InterleaveUpper(d8, ab, cd));
-          // Offset 1: lane 0 a, 1 c, 4 b, 5 d.
-          const V8 r = hn::Mul(hn::Add(u, hn::Shuffle1032(u)), hn::Set(d8, scale));
+          // Offset 4: [a0+a4, a2+a6, c0+c4, c2+c6 | a1+a5, a3+a7, c1+c5, c3+c7] (lane numbers).
+          const V8 ac = hn::Add(lo64(dot[g], dot[gc]), hi64(dot[g], dot[gc]));
+          const V8 bd = hn::Add(lo64(dot[gb], dot[gd]), hi64(dot[gb], dot[gd]));
+          // Offset 2: lanes 0 and 1 of a, b in slots 0, 1 | 4, 5, of c, d in the second.
+          V8 u = hn::InterleaveLower(d8, ac, bd), w = hn::InterleaveUpper(d8, ac, bd);
+          u = hn::Add(u, hn::Shuffle1032(u));
+          w = hn::Add(w, hn::Shuffle1032(w));
+          // Offset 1: lane 0's sum of a, b, c, d in slots 0 .. 3.
+          V8 z = lo64(u, w);
+          z = hn::Mul(hn::Add(z, hn::SwapAdjacentBlocks(z)), hn::Set(d8, scale));
           alignas(32) float o[8];
-          hn::Store(r, d8, o);
+          hn::Store(z, d8, o);
           S[g * kChunk + t] = o[0];
-          S[gb * kChunk + t] = o[4];
+          S[gb * kChunk + t] = o[1];
           if constexpr (G > 2) {
-            S[gc * kChunk + t] = o[1];
-            S[gd * kChunk + t] = o[5];
+            S[gc * kChunk + t] = o[2];
+            S[gd * kChunk + t] = o[3];
           }
         }
       }
