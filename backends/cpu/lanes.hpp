@@ -1149,7 +1149,7 @@ class CpuExec {
       }
     }
     for (int g = 0; g < G; ++g)
-      for (int t = live < 0 ? 0 : live; t < kChunk; ++t) S[g * kChunk + t] = -__builtin_huge_valf();
+      for (int t = live; t < kChunk; ++t) S[g * kChunk + t] = -__builtin_huge_valf();
   }
 
   // Phase 2: P[g * kChunk + i] = exp(S - m) (0 when every score is -inf) and ml[g] = {m, l}, as
@@ -1206,7 +1206,7 @@ class CpuExec {
   template <int G, int D, int kChunk>
   void decode_values(const float* P, const float* rows, int nrow, const float* fresh, int live,
                      float* const (&out)[G], const float* next) const {
-    static_assert(kChunk % 16 == 0 && kWarps >= 4);
+    static_assert(kChunk % 16 == 0 && kWarps == 4, "16 row groups: 4 per warp of 4 warps");
     constexpr int kW = kL < D ? kL : D;  // D is a multiple of 32 and kL a power of two <= 16
     constexpr int kV = kW < 16 ? 16 / kW : 1;  // vectors per step: a 64-byte line of each row
     const hn::CappedTag<float, kW> d;

@@ -522,34 +522,6 @@ struct DecodeChunk {
     chunk_block(x, p, BlockAt{x.block_x(), x.block_y(), x.block_z(), x.grid_y(), x.grid_z()});
   }
 
-  // Phase 2 of chunk_block: chunk max and sum per head (every warp computes them; warp 0 writes
-  // P and the chunk's max and sum).
-  template <class X>
-  LOCKSTEP_HD static void chunk_softmax(X& x, const Params& p, const float* S, float* P, int r, int h0,
-                                        int chunk) {
-    using F = typename X::template Lanes<float>;
-    using I = typename X::template Lanes<lane_int>;
-    using B = typename X::template Lanes<bool>;
-    const I lane = x.lane();
-    LOCKSTEP_UNROLL
-    for (int g = 0; g < G; ++g) {
-      const float* sg = S + g * kDecodeChunk;
-      F m = -kInf;
-      for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) m = x.max(m, x.load(sg, lane * 8 + i));
-      m = x.warp_max(m);
-      const B empty = m == -kInf;
-      F l = 0.0f;
-      for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) {
-        const F e = x.select(empty, 0.0f, x.exp(x.load(sg, lane * 8 + i) - m));
-        x.store(P + g * kDecodeChunk, lane * 8 + i, e, x.warp() == 0);
-        l = l + e;
-      }
-      l = x.warp_sum(l);
-      float* ml = p.part_ml + ((std::int64_t{r} * p.H + h0 + g) * p.max_chunks + chunk) * 2;
-      x.store(ml, lane, x.select(lane == 0, m, l), x.thread() < 2);
-    }
-  }
-
   // Note [row-major decode]: the chunk's phases on the CPU device, row by row
   // (backends/cpu/lanes.hpp).
   template <class X>
@@ -715,7 +687,23 @@ struct DecodeChunk {
       x.sync();
 
       // Phase 2: chunk max and sum per head (every warp computes them; warp 0 writes).
-      chunk_softmax(x, p, S, P, r, h0, chunk);
+      LOCKSTEP_UNROLL
+      for (int g = 0; g < G; ++g) {
+        const float* sg = S + g * kDecodeChunk;
+        F m = -kInf;
+        for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) m = x.max(m, x.load(sg, lane * 8 + i));
+        m = x.warp_max(m);
+        const B empty = m == -kInf;
+        F l = 0.0f;
+        for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) {
+          const F e = x.select(empty, 0.0f, x.exp(x.load(sg, lane * 8 + i) - m));
+          x.store(P + g * kDecodeChunk, lane * 8 + i, e, x.warp() == 0);
+          l = l + e;
+        }
+        l = x.warp_sum(l);
+        float* ml = p.part_ml + ((std::int64_t{r} * p.H + h0 + g) * p.max_chunks + chunk) * 2;
+        x.store(ml, lane, x.select(lane == 0, m, l), x.thread() < 2);
+      }
       x.sync();
 
       // Phase 3: P x V. Lane layout as in phase 1; each lane accumulates its 16 rows.
