@@ -71,6 +71,43 @@ void record_host_time(Result& r, const HostTime& h) {
   r.extra["host_us_per_call_cold"] = h.cold;
 }
 
+// The CPU device's decode against the DRAM, measured alongside: each repetition times a native
+// read of the same K and V (cpu_native_read_gbps: AVX2 loads on every thread) and then one call;
+// the median over repetitions of (read time / call time) is the fraction of the read bandwidth
+// that the call reaches. Pairing cancels the 2-core machine's drift, which moves a ceiling taken
+// once at the start by up to +-20% against medians taken later (docs/performance.md). 0 off the
+// CPU device, without AVX2, or under 64 MiB of K and V (data that a last-level cache may hold:
+// not a DRAM figure).
+template <class F>
+double paired_read_fraction(Context& ctx, F&& call, std::initializer_list<const Buffer<float>*> spans) {
+  if (ctx.cuda || ctx.dev->id().kind != DeviceKind::kCpu) return 0;
+  std::size_t bytes = 0;
+  for (const Buffer<float>* b : spans) bytes += b->size() * sizeof(float);
+  if (bytes < (std::size_t{64} << 20)) return 0;
+  using clock = std::chrono::steady_clock;
+  std::vector<double> f;
+  const int reps = ctx.quick ? 1 : 15;
+  for (int i = 0; i < reps; ++i) {
+    double read_s = 0;
+    for (const Buffer<float>* b : spans) {
+      const double gbps = cpu_native_read_gbps(b->data().get(), b->size(), 1);
+      if (gbps <= 0) return 0;
+      read_s += double(b->size()) * sizeof(float) / (gbps * 1e9);
+    }
+    const auto t0 = clock::now();
+    call();
+    ctx.stream().synchronize();
+    f.push_back(read_s / std::chrono::duration<double>(clock::now() - t0).count());
+  }
+  std::sort(f.begin(), f.end());
+  return f[f.size() / 2];
+}
+void record_paired_read(Result& r, double fraction) {
+  if (fraction <= 0) return;
+  r.extra["paired_read_fraction"] = fraction;
+  r.note += "; paired with a native read of the same K, V: " + std::to_string(int(std::lround(100 * fraction))) + "%";
+}
+
 Result decode_single(Context& ctx, std::int64_t H, std::int64_t Hkv, std::int64_t D, std::int64_t L) {
   const std::size_t cache = std::size_t(Hkv * L * D);
   auto q = random_buffer(ctx.dev, std::size_t(H * D), 11, -1.0f, 1.0f);
@@ -89,6 +126,7 @@ Result decode_single(Context& ctx, std::int64_t H, std::int64_t Hkv, std::int64_
   r.launches = launches_per_call(ctx.stream(), call);
   record_host_time(r, host_us(ctx.stream(), call, std::max(5, ctx.reps)));
   r.note = "bytes = K + V + q + out";
+  record_paired_read(r, paired_read_fraction(ctx, call, {&k, &v}));
   return r;
 }
 
@@ -139,6 +177,7 @@ Result flash(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t Hkv, std
            (B <= kernels::kInlineRows ? "positions inline" : "1 H2D copy of the positions") +
            " + " + std::to_string(r.launches) + " launch(es): chunk kernel with the append" +
            (r.launches > 1 ? ", merge" : " and the merge (folded in, or its blocks in the same grid)");
+  record_paired_read(r, paired_read_fraction(ctx, call, {&cache.k(0), &cache.v(0)}));
   return r;
 }
 
