@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 
 #include "bench_common.hpp"
@@ -75,15 +76,29 @@ void record_host_time(Result& r, const HostTime& h) {
 // read of the same K and V (cpu_native_read_gbps: AVX2 loads on every thread) and then one call;
 // the median over repetitions of (read time / call time) is the fraction of the read bandwidth
 // that the call reaches. Pairing cancels the 2-core machine's drift, which moves a ceiling taken
-// once at the start by up to +-20% against medians taken later (docs/performance.md). 0 off the
-// CPU device, without AVX2, or under 64 MiB of K and V (data that a last-level cache may hold:
-// not a DRAM figure).
+// once at the start by up to +-20-30% against medians taken later (docs/performance.md). 0 off
+// the CPU device, without AVX2, or when K and V are under twice the last-level cache (at least
+// 64 MiB): data that the caches largely hold make no DRAM figure (run 70: 202% on the GPU host).
+std::size_t last_level_cache_bytes() {
+  std::size_t best = 0;
+  for (int i = 0; i < 8; ++i) {  // Linux: the largest cache of cpu0 (what one core shares)
+    std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/size");
+    std::string v;
+    if (!(f >> v) || v.empty()) continue;
+    std::size_t n = std::strtoull(v.c_str(), nullptr, 10);
+    if (v.back() == 'K') n <<= 10;
+    if (v.back() == 'M') n <<= 20;
+    best = std::max(best, n);
+  }
+  return best != 0 ? best : std::size_t{32} << 20;
+}
 template <class F>
 double paired_read_fraction(Context& ctx, F&& call, std::initializer_list<const Buffer<float>*> spans) {
   if (ctx.cuda || ctx.dev->id().kind != DeviceKind::kCpu) return 0;
   std::size_t bytes = 0;
   for (const Buffer<float>* b : spans) bytes += b->size() * sizeof(float);
-  if (bytes < (std::size_t{64} << 20)) return 0;
+  static const std::size_t need = std::max(std::size_t{64} << 20, 2 * last_level_cache_bytes());
+  if (bytes < need) return 0;
   using clock = std::chrono::steady_clock;
   std::vector<double> f;
   const int reps = ctx.quick ? 1 : 15;
