@@ -1159,8 +1159,7 @@ class CpuExec {
   // lane's own value first in every sum.
   template <int G, int kChunk>
   void decode_softmax(const float* S, float* P, float* const (&ml)[G]) const {
-    static_assert(kChunk % 32 == 0 && kChunk % kL == 0);
-    constexpr int kPer = kChunk / 32;
+    static_assert(kChunk == 256 && kChunk % kL == 0, "32 lanes of 8 scores (kDecodeChunk)");
     const DF d;
     for (int g = 0; g < G; ++g) {
       const float* sg = S + g * kChunk;
@@ -1180,59 +1179,45 @@ class CpuExec {
         hn::StoreU(empty ? hn::Zero(d) : e.v, d, pg + i);
       }
       ml[g][0] = m;
-      if constexpr (kPer == 8) {
-        // Lane ln's sum of its 8 probabilities, 8 lanes at a time: the 8 rows of lanes 8 b ..
-        // 8 b + 7 (8 values each) transposed, then the columns added in order, from 0.
-        const hn::FixedTag<float, 8> d8;
-        using V8 = hn::Vec<decltype(d8)>;
-        const hn::Repartition<double, decltype(d8)> dd;
-        V8 lanes[4];
-        for (int b = 0; b < 4; ++b) {
-          const float* r = pg + b * 64;
-          V8 t[8], u[8], col[8];
-          for (int i = 0; i < 8; i += 2) {
-            const V8 r0 = hn::LoadU(d8, r + i * 8), r1 = hn::LoadU(d8, r + i * 8 + 8);
-            t[i] = hn::InterleaveLower(d8, r0, r1);      // r0[0] r1[0] r0[1] r1[1] | r0[4] ...
-            t[i + 1] = hn::InterleaveUpper(d8, r0, r1);  // r0[2] r1[2] r0[3] r1[3] | r0[6] ...
-          }
-          for (int h = 0; h < 8; h += 4) {  // rows h .. h + 3: columns j | j + 4
-            const auto a = hn::BitCast(dd, t[h]), c = hn::BitCast(dd, t[h + 2]);
-            const auto a1 = hn::BitCast(dd, t[h + 1]), c1 = hn::BitCast(dd, t[h + 3]);
-            u[h] = hn::BitCast(d8, hn::InterleaveLower(dd, a, c));
-            u[h + 1] = hn::BitCast(d8, hn::InterleaveUpper(dd, a, c));
-            u[h + 2] = hn::BitCast(d8, hn::InterleaveLower(dd, a1, c1));
-            u[h + 3] = hn::BitCast(d8, hn::InterleaveUpper(dd, a1, c1));
-          }
-          for (int j = 0; j < 4; ++j) {
-            col[j] = hn::ConcatLowerLower(d8, u[4 + j], u[j]);
-            col[j + 4] = hn::ConcatUpperUpper(d8, u[4 + j], u[j]);
-          }
-          V8 l = hn::Zero(d8);
-          for (int i = 0; i < 8; ++i) l = hn::Add(l, col[i]);
-          lanes[b] = l;
+      // Lane ln's sum of its 8 probabilities, 8 lanes at a time: the 8 rows of lanes 8 b ..
+      // 8 b + 7 (8 values each) transposed, then the columns added in order, from 0.
+      const hn::FixedTag<float, 8> d8;
+      using V8 = hn::Vec<decltype(d8)>;
+      const hn::Repartition<double, decltype(d8)> dd;
+      V8 lanes[4];
+      for (int b = 0; b < 4; ++b) {
+        const float* r = pg + b * 64;
+        V8 t[8], u[8], col[8];
+        for (int i = 0; i < 8; i += 2) {
+          const V8 r0 = hn::LoadU(d8, r + i * 8), r1 = hn::LoadU(d8, r + i * 8 + 8);
+          t[i] = hn::InterleaveLower(d8, r0, r1);      // r0[0] r1[0] r0[1] r1[1] | r0[4] ...
+          t[i + 1] = hn::InterleaveUpper(d8, r0, r1);  // r0[2] r1[2] r0[3] r1[3] | r0[6] ...
         }
-        // The butterflies on lane 1's path (offsets 16, 8, 4, 2, 1), the lane's own value first
-        // in each; only lane 1's result is stored.
-        V8 x = hn::Add(hn::Add(lanes[0], lanes[2]), hn::Add(lanes[1], lanes[3]));
-        x = hn::Add(x, hn::SwapAdjacentBlocks(x));
-        x = hn::Add(x, hn::Shuffle1032(x));
-        x = hn::Add(x, hn::Shuffle2301(x));
-        alignas(32) float o[8];
-        hn::Store(x, d8, o);
-        ml[g][1] = o[1];
-      } else {
-        float v[32], w[32];
-        for (int ln = 0; ln < 32; ++ln) {
-          float l = 0.0f;
-          for (int i = 0; i < kPer; ++i) l = l + pg[ln * kPer + i];
-          v[ln] = l;
+        for (int h = 0; h < 8; h += 4) {  // rows h .. h + 3: columns j | j + 4
+          const auto a = hn::BitCast(dd, t[h]), c = hn::BitCast(dd, t[h + 2]);
+          const auto a1 = hn::BitCast(dd, t[h + 1]), c1 = hn::BitCast(dd, t[h + 3]);
+          u[h] = hn::BitCast(d8, hn::InterleaveLower(dd, a, c));
+          u[h + 1] = hn::BitCast(d8, hn::InterleaveUpper(dd, a, c));
+          u[h + 2] = hn::BitCast(d8, hn::InterleaveLower(dd, a1, c1));
+          u[h + 3] = hn::BitCast(d8, hn::InterleaveUpper(dd, a1, c1));
         }
-        for (int k = 16; k >= 1; k /= 2) {
-          for (int ln = 0; ln < 32; ++ln) w[ln] = v[ln] + v[ln ^ k];
-          std::memcpy(v, w, sizeof v);
+        for (int j = 0; j < 4; ++j) {
+          col[j] = hn::ConcatLowerLower(d8, u[4 + j], u[j]);
+          col[j + 4] = hn::ConcatUpperUpper(d8, u[4 + j], u[j]);
         }
-        ml[g][1] = v[1];
+        V8 l = hn::Zero(d8);
+        for (int i = 0; i < 8; ++i) l = hn::Add(l, col[i]);
+        lanes[b] = l;
       }
+      // The butterflies on lane 1's path (offsets 16, 8, 4, 2, 1), the lane's own value first
+      // in each; only lane 1's result is stored.
+      V8 x = hn::Add(hn::Add(lanes[0], lanes[2]), hn::Add(lanes[1], lanes[3]));
+      x = hn::Add(x, hn::SwapAdjacentBlocks(x));
+      x = hn::Add(x, hn::Shuffle1032(x));
+      x = hn::Add(x, hn::Shuffle2301(x));
+      alignas(32) float o[8];
+      hn::Store(x, d8, o);
+      ml[g][1] = o[1];
     }
   }
 
