@@ -1124,7 +1124,10 @@ TEST_P(Attention, FusedExactMisalignedInputsGiveTheSameBytes) {
 }
 
 // TensorCore at head_dim 64-128 runs 64 or 128 query rows per block (one or two m-tiles per
-// warp, chosen by the grid size): a schedule choice, so both give the same bytes, out and lse.
+// warp), and 256 at head_dim 128 (two warp groups taking turns on the tensor cores on the GPU:
+// Note [warp-group ping-pong]), chosen by the grid size: a schedule choice, so all give the same
+// bytes, out and lse. The 256-row shapes: one block with a partial second group (200 rows, 4
+// tiles), and two blocks walking 11 tiles, so that each of the three K and V buffers is reused.
 TEST_P(Attention, FusedTensorCoreRowsPerBlockGiveTheSameBytes) {
   Lcg rng{11};
   for (std::int64_t D : {64, 128})
@@ -1132,6 +1135,12 @@ TEST_P(Attention, FusedTensorCoreRowsPerBlockGiveTheSameBytes) {
       SCOPED_TRACE("D=" + std::to_string(D) + (causal ? " causal" : ""));
       expect_knob_gives_same_bytes("LOCKSTEP_FUSED_TC_ROWS", "64", "128", AttentionPrecision::kTensorCore,
                                    AttentionShape{2, 4, 2, 200, 230, D}, causal, rng, 1.0f);
+    }
+  for (const AttentionShape& sh : {AttentionShape{2, 4, 2, 200, 230, 128}, AttentionShape{1, 2, 1, 300, 700, 128}})
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE("256 rows, seq_q=" + std::to_string(sh.seq_q) + (causal ? " causal" : ""));
+      expect_knob_gives_same_bytes("LOCKSTEP_FUSED_TC_ROWS", "128", "256", AttentionPrecision::kTensorCore,
+                                   sh, causal, rng, 1.0f);
     }
 }
 

@@ -455,31 +455,49 @@ struct FusedAttentionExact {
 // Schedule: a block of 4 warps owns 64 query rows of one (batch, head), warp w rows 16w .. 16w +
 // 15; tiles of kTile keys (64; 32 at head_dim 256) of fp16 K and V in double buffers: tile j + 1
 // arrives by cp.async while tile j is computed, one barrier per tile. M = 2: each warp owns two
-// 16-row m-tiles (128 rows per block), which share every K and V fragment it loads. The rows'
-// arithmetic is the same for either M (same bits). Grid: x = ceil(Sq / kRows), y = H, z = B.
-template <int D, int M = 1>
+// 16-row m-tiles (128 rows per block), which share every K and V fragment it loads. WG = 2: two
+// groups of 4 warps (Note [warp-group ping-pong]). The rows' arithmetic is the same for every M
+// and WG (same bits). Grid: x = ceil(Sq / kRows), y = H, z = B.
+//
+// Note [warp-group ping-pong]
+// With WG = 2 the block has two groups of 4 warps, each with its own rows, sharing every K and V
+// tile, and on the GPU they take turns on the tensor cores (FlashAttention-3's ping-pong, here
+// with mma.sync): between two barriers group 0 runs the softmax of tile i and then P.V of tile i
+// and Q.K^T of tile i + 1, while group 1 runs P.V of tile i - 1 and Q.K^T of tile i and then the
+// softmax of tile i; so while one group's warps issue matrix products, the other's (on the same
+// schedulers, warp w and w + 4 share one) issue the softmax's arithmetic, where in the 4-warp
+// blocks both phases of every warp tend to fall together. One barrier per tile anchors the
+// half-period offset. Tiles live in three buffers: between barriers i and i + 1 the groups read
+// K(i), K(i + 1), V(i - 1), V(i), and K(i + 2), V(i + 1) are copied into the third. Each warp
+// still computes Q.K^T, the softmax and P.V of tile 0, 1, 2, ... in order, so its rows get the
+// bits of the other schedules (tested). On the CPU device, whose warps run in lockstep, the same
+// kernel runs the plain schedule.
+template <int D, int M = 1, int WG = 1>
 struct FusedAttentionTensorCore {
   static_assert(D % 16 == 0 && D <= 256, "head_dim: a multiple of 16, at most 256");
   static_assert(M == 1 || (M == 2 && D <= 128), "two m-tiles per warp up to head_dim 128");
+  static_assert(WG == 1 || (WG == 2 && D <= 128), "two warp groups up to head_dim 128");
   static constexpr const char* kName = "fused_attention_tensor_core";
-  static constexpr int kWarps = 4;
+  static constexpr int kGroups = WG;  // warp groups (Note [warp-group ping-pong])
+  static constexpr int kWarps = 4 * WG;
   static constexpr int kM = M;  // 16-row m-tiles per warp (they share each K and V fragment)
   static constexpr int kRows = 16 * kM * kWarps;  // query rows per block
   static constexpr int kThreads = kWarps * kWarpSize;
   // Blocks per SM that the register allocation must allow (CUDA launch bounds): as many as the
   // shared memory takes (ptxas's own choice at head_dim 128 is 229 registers: two blocks).
-  static constexpr int kMinBlocks = M == 2 ? 2 : D <= 64 ? 4 : D <= 128 ? 3 : 1;
+  static constexpr int kMinBlocks = WG == 2 ? (M == 2 ? 1 : 2) : M == 2 ? 2 : D <= 64 ? 4 : D <= 128 ? 3 : 1;
   static constexpr int kTile = D <= 128 ? 64 : 32;  // keys per tile
+  static constexpr int kBufs = WG == 2 ? 3 : 2;     // K and V tile buffers each
   static constexpr int kLd = D + 8;  // fp16 row pitch: rows 16 bytes apart mod 128, so ldmatrix
                                      // phases hit eight different bank groups
   static constexpr bool kQInRegs = D <= 128 && kM == 1;  // Q's fragments stay in registers
   // ... and then Q's shared tile is K's second buffer, free until tile 1 is issued (a smaller
   // block footprint: three blocks per SM at head_dim 128).
-  static constexpr bool kQInKBuffer = kQInRegs && kRows <= kTile;
+  static constexpr bool kQInKBuffer = kQInRegs && kRows <= kTile && WG == 1;
   static constexpr int kChunks = kTile * D / 8 / kThreads;  // 16-byte copies per thread per tile
   static_assert(kChunks * kThreads * 8 == kTile * D, "tile copies: whole chunks per thread");
   static constexpr std::size_t kSharedBytes =
-      ((kQInKBuffer ? 0 : std::size_t(kRows) * kLd) + 4 * std::size_t(kTile) * kLd) * 2 + 3 * 32;
+      ((kQInKBuffer ? 0 : std::size_t(kRows) * kLd) + 2 * kBufs * std::size_t(kTile) * kLd) * 2 + 3 * 32;
   static_assert(!kQInKBuffer || kRows <= kTile, "Q's tile fits in a K buffer");
   using Params = FusedAttentionParams;
 
@@ -497,14 +515,142 @@ struct FusedAttentionTensorCore {
     }
   }
 
+  // S = Q.K^T of one tile: 16 kM rows x kTile keys per warp.
+  template <class X, class F, class I>
+  LOCKSTEP_HD static void qk_tile(X& x, F (&s)[kM][kTile / 8][4], const I (&qf)[kQInRegs ? D / 16 : 1][4],
+                                  const typename X::half_t* Qs, const I (&q_off)[kM],
+                                  const typename X::half_t* Kt, const I& k_off) {
+    LOCKSTEP_UNROLL
+    for (int mt = 0; mt < kM; ++mt)
+      LOCKSTEP_UNROLL
+      for (int n = 0; n < kTile / 8; ++n)
+        LOCKSTEP_UNROLL
+        for (int e = 0; e < 4; ++e) s[mt][n][e] = 0.0f;
+    LOCKSTEP_UNROLL
+    for (int kk = 0; kk < D / 16; ++kk) {
+      I qa[kM][4];
+      LOCKSTEP_UNROLL
+      for (int mt = 0; mt < kM; ++mt) {
+        if constexpr (kQInRegs) {
+          LOCKSTEP_UNROLL
+          for (int e = 0; e < 4; ++e) qa[mt][e] = qf[kk][e];
+        } else {
+          x.ldmatrix_x4(qa[mt], Qs, q_off[mt] + kk * 16);
+        }
+      }
+      LOCKSTEP_UNROLL
+      for (int np = 0; np < kTile / 16; ++np) {
+        I kb[4];
+        x.ldmatrix_x4(kb, Kt, k_off + np * 16 * kLd + kk * 16);
+        LOCKSTEP_UNROLL
+        for (int mt = 0; mt < kM; ++mt) {
+          x.mma_16816(s[mt][2 * np], qa[mt], kb[0], kb[1]);
+          x.mma_16816(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+        }
+      }
+    }
+  }
+
+  // Online softmax of tile j (keys j0 .. j0 + keys - 1) on the accumulators (Note [register
+  // fragments]), in base 2: a weight is 2^(s c - m c) with c = scale log2(e) (Note [fused
+  // tensor-core rounding points]). S becomes the tile's weights; m, l and o are updated.
+  template <class X, class F, class I>
+  LOCKSTEP_HD static void softmax_tile(X& x, const Params& p, F (&s)[kM][kTile / 8][4], F (&m)[kM][2],
+                                       F (&l)[kM][2], F (&o)[kM][D / 8][4], const I (&row0)[kM],
+                                       const I& tq, int j0, int keys, int s0, int shift, float c2) {
+    using B = typename X::template Lanes<bool>;
+    const bool masked = keys < kTile || (p.causal && j0 + kTile - 1 > s0 + shift);
+    LOCKSTEP_UNROLL
+    for (int mt = 0; mt < kM; ++mt) {
+      if (masked) {  // one block-uniform branch for the tile, not one per score
+        // Key 2 tq + c of the tile is visible to row r when 2 tq + c < keys and (causal)
+        // 2 tq + c + j0 <= r + s0 + shift: c < lim, one bound per row and thread.
+        I lim[2];
+        LOCKSTEP_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          lim[h] = tq * -2 + keys;
+          if (p.causal) {
+            const I diag = row0[mt] + (h * 8 + s0 + shift - j0 + 1) - tq * 2;
+            lim[h] = x.select(diag < lim[h], diag, lim[h]);
+          }
+        }
+        LOCKSTEP_UNROLL
+        for (int n = 0; n < kTile / 8; ++n)
+          LOCKSTEP_UNROLL
+          for (int e = 0; e < 4; ++e)
+            s[mt][n][e] = x.select(lim[e >> 1] > 8 * n + (e & 1), s[mt][n][e], -kInf);
+      }
+      // A lane's running max in a fixed order by max_num (one instruction; a NaN score is
+      // skipped here and reaches the row through its weight, exp2_weight(NaN) = NaN, so the
+      // row's output and log-sum-exp are NaN all the same: FusedNanQueryRowGivesNanOutput).
+      F mx[2] = {F(-kInf), F(-kInf)};
+      LOCKSTEP_UNROLL
+      for (int n = 0; n < kTile / 8; ++n)
+        LOCKSTEP_UNROLL
+        for (int e = 0; e < 4; ++e) mx[e >> 1] = x.max_num(mx[e >> 1], s[mt][n][e]);
+      F alpha[2], mc[2];
+      LOCKSTEP_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const F m_new = x.max(m[mt][h], x.template warp_max<4>(mx[h]));
+        const B none = m_new == -kInf;  // nothing visible yet in this row: every weight 0
+        mc[h] = x.select(none, 0.0f, m_new * c2);
+        // (m_old - m_new) c, not fma(m_old, c, -mc): exactly 1 when the max stays, so a tile
+        // with nothing visible to this row changes no bit of it (64, 128 or 256 rows per block).
+        alpha[h] = x.select(none, 1.0f, x.exp2_weight((m[mt][h] - m_new) * c2));
+        m[mt][h] = m_new;
+      }
+      F ls[2] = {F(0.0f), F(0.0f)};
+      LOCKSTEP_UNROLL
+      for (int n = 0; n < kTile / 8; ++n)
+        LOCKSTEP_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          s[mt][n][e] = x.exp2_weight(x.fma(s[mt][n][e], c2, -mc[e >> 1]));
+          ls[e >> 1] = ls[e >> 1] + s[mt][n][e];
+        }
+      LOCKSTEP_UNROLL
+      for (int h = 0; h < 2; ++h) l[mt][h] = l[mt][h] * alpha[h] + ls[h];
+      LOCKSTEP_UNROLL
+      for (int n = 0; n < D / 8; ++n)
+        LOCKSTEP_UNROLL
+        for (int e = 0; e < 4; ++e) o[mt][n][e] = o[mt][n][e] * alpha[e >> 1];
+    }
+  }
+
+  // O += P.V of one tile: P's A fragments are the S accumulators of two n-tiles, packed to fp16.
+  template <class X, class F, class I>
+  LOCKSTEP_HD static void pv_tile(X& x, const F (&s)[kM][kTile / 8][4], F (&o)[kM][D / 8][4],
+                                  const typename X::half_t* Vt, const I& v_off) {
+    LOCKSTEP_UNROLL
+    for (int kc = 0; kc < kTile / 16; ++kc) {
+      I pa[kM][4];
+      LOCKSTEP_UNROLL
+      for (int mt = 0; mt < kM; ++mt) {
+        pa[mt][0] = x.pack_half2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+        pa[mt][1] = x.pack_half2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+        pa[mt][2] = x.pack_half2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+        pa[mt][3] = x.pack_half2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+      }
+      LOCKSTEP_UNROLL
+      for (int dp = 0; dp < D / 16; ++dp) {
+        I vb[4];
+        x.ldmatrix_x4_trans(vb, Vt, v_off + kc * 16 * kLd + dp * 16);
+        LOCKSTEP_UNROLL
+        for (int mt = 0; mt < kM; ++mt) {
+          x.mma_16816(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
+          x.mma_16816(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+        }
+      }
+    }
+  }
+
   template <class X>
   LOCKSTEP_HD static void run(X& x, const Params& p) {
     using F = typename X::template Lanes<float>;
     using I = typename X::template Lanes<lane_int>;
     using B = typename X::template Lanes<bool>;
     using H = typename X::half_t;
-    H* Ks = x.template shared<H>(2 * kTile * kLd);
-    H* Vs = x.template shared<H>(2 * kTile * kLd);
+    H* Ks = x.template shared<H>(kBufs * kTile * kLd);
+    H* Vs = x.template shared<H>(kBufs * kTile * kLd);
     H* Qs = kQInKBuffer ? Ks + kTile * kLd : x.template shared<H>(kRows * kLd);
 
     const FusedBlock fb(x, p, kRows);
@@ -531,12 +677,18 @@ struct FusedAttentionTensorCore {
 
     const int last_key = fb.last_key(p);
     const int tiles = last_key > 0 ? static_cast<int>((last_key + kTile - 1) / kTile) : 0;
+    // Keys of tile j (the last may be partial).
+    auto tile_keys = [&](int j) { return static_cast<int>(imin(last_key - std::int64_t{j} * kTile, kTile)); };
     if (tiles > 0) {
-      const int keys0 = static_cast<int>(imin(last_key, kTile));
-      issue_tile(x, Ks, kh, keys0, t);
-      issue_tile(x, Vs, vh, keys0, t);
+      issue_tile(x, Ks, kh, tile_keys(0), t);
+      issue_tile(x, Vs, vh, tile_keys(0), t);
     }
     x.async_commit();
+    constexpr bool kPingPong = WG == 2 && !X::kIsCpu;  // Note [warp-group ping-pong]
+    if constexpr (kPingPong) {  // K(1) too: group 0 computes Q.K^T of tile 1 before the second barrier
+      if (tiles > 1) issue_tile(x, Ks + kTile * kLd, kh + std::int64_t{kTile} * D, tile_keys(1), t);
+      x.async_commit();
+    }
 
     // The block's query rows, fp32 -> fp16 (rows past Sq are zeros, never stored).
     LOCKSTEP_UNROLL
@@ -565,137 +717,54 @@ struct FusedAttentionTensorCore {
         l[mt][h] = 0.0f;
       }
     const float c2 = p.scale_log2;  // scale * log2(e)
+    F s[kM][kTile / 8][4];          // the scores, then the weights, of the warp's current tile
 
-    for (int j = 0; j < tiles; ++j) {
-      const int j0 = j * kTile;
-      const int keys = static_cast<int>(imin(last_key - j0, kTile));
-      const H* Kt = Ks + (j & 1) * (kTile * kLd);
-      const H* Vt = Vs + (j & 1) * (kTile * kLd);
-      x.template async_wait<0>();  // this tile's K and V (and on the first tile Q's stores)
-      x.sync();                    // ... are visible, and every warp is done with tile j - 1
-      if (kQInRegs && j == 0) {
-        LOCKSTEP_UNROLL
-        for (int kk = 0; kk < (kQInRegs ? D / 16 : 0); ++kk) x.ldmatrix_x4(qf[kk], Qs, q_off[0] + kk * 16);
-        if (kQInKBuffer) x.sync();  // every warp has its Q before tile 1 overwrites it
-      }
-      if (j + 1 < tiles) {         // tile j - 1's buffers take tile j + 1, landing during this tile
-        const int keys1 = static_cast<int>(imin(last_key - j0 - kTile, kTile));
-        issue_tile(x, Ks + ((j + 1) & 1) * (kTile * kLd), kh + std::int64_t{j0 + kTile} * D, keys1, t);
-        issue_tile(x, Vs + ((j + 1) & 1) * (kTile * kLd), vh + std::int64_t{j0 + kTile} * D, keys1, t);
-      }
-      x.async_commit();
-
-      // S = Q.K^T: 16 kM rows x kTile keys per warp.
-      F s[kM][kTile / 8][4];
-      LOCKSTEP_UNROLL
-      for (int mt = 0; mt < kM; ++mt)
-        LOCKSTEP_UNROLL
-        for (int n = 0; n < kTile / 8; ++n)
-          LOCKSTEP_UNROLL
-          for (int e = 0; e < 4; ++e) s[mt][n][e] = 0.0f;
-      LOCKSTEP_UNROLL
-      for (int kk = 0; kk < D / 16; ++kk) {
-        I qa[kM][4];
-        LOCKSTEP_UNROLL
-        for (int mt = 0; mt < kM; ++mt) {
-          if constexpr (kQInRegs) {
-            LOCKSTEP_UNROLL
-            for (int e = 0; e < 4; ++e) qa[mt][e] = qf[kk][e];
-          } else {
-            x.ldmatrix_x4(qa[mt], Qs, q_off[mt] + kk * 16);
-          }
-        }
-        LOCKSTEP_UNROLL
-        for (int np = 0; np < kTile / 16; ++np) {
-          I kb[4];
-          x.ldmatrix_x4(kb, Kt, k_off + np * 16 * kLd + kk * 16);
-          LOCKSTEP_UNROLL
-          for (int mt = 0; mt < kM; ++mt) {
-            x.mma_16816(s[mt][2 * np], qa[mt], kb[0], kb[1]);
-            x.mma_16816(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
-          }
+    if constexpr (kPingPong) {
+      // Note [warp-group ping-pong]. Buffers: K(j) and V(j) in slot j % 3. (kQInRegs is false.)
+      auto kt = [&](int j) { return static_cast<const H*>(Ks + (j % kBufs) * (kTile * kLd)); };
+      auto vt = [&](int j) { return static_cast<const H*>(Vs + (j % kBufs) * (kTile * kLd)); };
+      const int group = x.warp() / 4;  // warp-uniform
+      x.template async_wait<0>();  // K(0), V(0), K(1) and Q's stores are visible after the barrier
+      x.sync();
+      if (group == 0 && tiles > 0) qk_tile(x, s, qf, Qs, q_off, kt(0), k_off);
+      for (int i = 0; i < tiles; ++i) {
+        // Every thread's copies of K(i + 1) and V(i) have landed; both groups are done with
+        // K(i - 1) and V(i - 2), whose slots take K(i + 2) and V(i + 1).
+        x.template async_wait<0>();
+        x.sync();
+        if (i + 2 < tiles) issue_tile(x, Ks + ((i + 2) % kBufs) * (kTile * kLd), kh + std::int64_t{i + 2} * kTile * D, tile_keys(i + 2), t);
+        if (i + 1 < tiles) issue_tile(x, Vs + ((i + 1) % kBufs) * (kTile * kLd), vh + std::int64_t{i + 1} * kTile * D, tile_keys(i + 1), t);
+        x.async_commit();
+        if (group == 0) {
+          softmax_tile(x, p, s, m, l, o, row0, tq, i * kTile, tile_keys(i), s0, shift, c2);
+          pv_tile(x, s, o, vt(i), v_off);
+          if (i + 1 < tiles) qk_tile(x, s, qf, Qs, q_off, kt(i + 1), k_off);
+        } else {
+          if (i > 0) pv_tile(x, s, o, vt(i - 1), v_off);
+          qk_tile(x, s, qf, Qs, q_off, kt(i), k_off);
+          softmax_tile(x, p, s, m, l, o, row0, tq, i * kTile, tile_keys(i), s0, shift, c2);
         }
       }
-
-      // Online softmax on the accumulators (Note [register fragments]), in base 2: a weight is
-      // 2^(s c - m c) with c = scale log2(e) (Note [fused tensor-core rounding points]).
-      const bool masked = keys < kTile || (p.causal && j0 + kTile - 1 > s0 + shift);
-      LOCKSTEP_UNROLL
-      for (int mt = 0; mt < kM; ++mt) {
-        if (masked) {  // one block-uniform branch for the tile, not one per score
-          // Key 2 tq + c of the tile is visible to row r when 2 tq + c < keys and (causal)
-          // 2 tq + c + j0 <= r + s0 + shift: c < lim, one bound per row and thread.
-          I lim[2];
+      if (group == 1 && tiles > 0) pv_tile(x, s, o, vt(tiles - 1), v_off);
+    } else {
+      for (int j = 0; j < tiles; ++j) {
+        const H* Kt = Ks + (j & 1) * (kTile * kLd);
+        const H* Vt = Vs + (j & 1) * (kTile * kLd);
+        x.template async_wait<0>();  // this tile's K and V (and on the first tile Q's stores)
+        x.sync();                    // ... are visible, and every warp is done with tile j - 1
+        if (kQInRegs && j == 0) {
           LOCKSTEP_UNROLL
-          for (int h = 0; h < 2; ++h) {
-            lim[h] = tq * -2 + keys;
-            if (p.causal) {
-              const I diag = row0[mt] + (h * 8 + s0 + shift - j0 + 1) - tq * 2;
-              lim[h] = x.select(diag < lim[h], diag, lim[h]);
-            }
-          }
-          LOCKSTEP_UNROLL
-          for (int n = 0; n < kTile / 8; ++n)
-            LOCKSTEP_UNROLL
-            for (int e = 0; e < 4; ++e)
-              s[mt][n][e] = x.select(lim[e >> 1] > 8 * n + (e & 1), s[mt][n][e], -kInf);
+          for (int kk = 0; kk < (kQInRegs ? D / 16 : 0); ++kk) x.ldmatrix_x4(qf[kk], Qs, q_off[0] + kk * 16);
+          if (kQInKBuffer) x.sync();  // every warp has its Q before tile 1 overwrites it
         }
-        // A lane's running max in a fixed order by max_num (one instruction; a NaN score is
-        // skipped here and reaches the row through its weight, exp2_weight(NaN) = NaN, so the
-        // row's output and log-sum-exp are NaN all the same: FusedNanQueryRowGivesNanOutput).
-        F mx[2] = {F(-kInf), F(-kInf)};
-        LOCKSTEP_UNROLL
-        for (int n = 0; n < kTile / 8; ++n)
-          LOCKSTEP_UNROLL
-          for (int e = 0; e < 4; ++e) mx[e >> 1] = x.max_num(mx[e >> 1], s[mt][n][e]);
-        F alpha[2], mc[2];
-        LOCKSTEP_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          const F m_new = x.max(m[mt][h], x.template warp_max<4>(mx[h]));
-          const B none = m_new == -kInf;  // nothing visible yet in this row: every weight 0
-          mc[h] = x.select(none, 0.0f, m_new * c2);
-          // (m_old - m_new) c, not fma(m_old, c, -mc): exactly 1 when the max stays, so a tile
-          // with nothing visible to this row changes no bit of it (64 or 128 rows per block).
-          alpha[h] = x.select(none, 1.0f, x.exp2_weight((m[mt][h] - m_new) * c2));
-          m[mt][h] = m_new;
+        if (j + 1 < tiles) {         // tile j - 1's buffers take tile j + 1, landing during this tile
+          issue_tile(x, Ks + ((j + 1) & 1) * (kTile * kLd), kh + std::int64_t{j + 1} * kTile * D, tile_keys(j + 1), t);
+          issue_tile(x, Vs + ((j + 1) & 1) * (kTile * kLd), vh + std::int64_t{j + 1} * kTile * D, tile_keys(j + 1), t);
         }
-        F ls[2] = {F(0.0f), F(0.0f)};
-        LOCKSTEP_UNROLL
-        for (int n = 0; n < kTile / 8; ++n)
-          LOCKSTEP_UNROLL
-          for (int e = 0; e < 4; ++e) {
-            s[mt][n][e] = x.exp2_weight(x.fma(s[mt][n][e], c2, -mc[e >> 1]));
-            ls[e >> 1] = ls[e >> 1] + s[mt][n][e];
-          }
-        LOCKSTEP_UNROLL
-        for (int h = 0; h < 2; ++h) l[mt][h] = l[mt][h] * alpha[h] + ls[h];
-        LOCKSTEP_UNROLL
-        for (int n = 0; n < D / 8; ++n)
-          LOCKSTEP_UNROLL
-          for (int e = 0; e < 4; ++e) o[mt][n][e] = o[mt][n][e] * alpha[e >> 1];
-      }
-
-      // O += P.V: P's A fragments are the S accumulators of two n-tiles, packed to fp16.
-      LOCKSTEP_UNROLL
-      for (int kc = 0; kc < kTile / 16; ++kc) {
-        I pa[kM][4];
-        LOCKSTEP_UNROLL
-        for (int mt = 0; mt < kM; ++mt) {
-          pa[mt][0] = x.pack_half2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
-          pa[mt][1] = x.pack_half2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
-          pa[mt][2] = x.pack_half2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
-          pa[mt][3] = x.pack_half2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
-        }
-        LOCKSTEP_UNROLL
-        for (int dp = 0; dp < D / 16; ++dp) {
-          I vb[4];
-          x.ldmatrix_x4_trans(vb, Vt, v_off + kc * 16 * kLd + dp * 16);
-          LOCKSTEP_UNROLL
-          for (int mt = 0; mt < kM; ++mt) {
-            x.mma_16816(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
-            x.mma_16816(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
-          }
-        }
+        x.async_commit();
+        qk_tile(x, s, qf, Qs, q_off, Kt, k_off);
+        softmax_tile(x, p, s, m, l, o, row0, tq, j * kTile, tile_keys(j), s0, shift, c2);
+        pv_tile(x, s, o, Vt, v_off);
       }
     }
 
