@@ -720,12 +720,16 @@ struct FusedAttentionTensorCore {
     F s[kM][kTile / 8][4];          // the scores, then the weights, of the warp's current tile
 
     if constexpr (kPingPong) {
-      // Note [warp-group ping-pong]. Buffers: K(j) and V(j) in slot j % 3. (kQInRegs is false.)
+      // Note [warp-group ping-pong]. Buffers: K(j) and V(j) in slot j % 3.
       auto kt = [&](int j) { return static_cast<const H*>(Ks + (j % kBufs) * (kTile * kLd)); };
       auto vt = [&](int j) { return static_cast<const H*>(Vs + (j % kBufs) * (kTile * kLd)); };
       const int group = x.warp() / 4;  // warp-uniform
       x.template async_wait<0>();  // K(0), V(0), K(1) and Q's stores are visible after the barrier
       x.sync();
+      if constexpr (kQInRegs) {  // Q has its own buffer here: no barrier after
+        LOCKSTEP_UNROLL
+        for (int kk = 0; kk < D / 16; ++kk) x.ldmatrix_x4(qf[kk], Qs, q_off[0] + kk * 16);
+      }
       if (group == 0 && tiles > 0) qk_tile(x, s, qf, Qs, q_off, kt(0), k_off);
       for (int i = 0; i < tiles; ++i) {
         // Every thread's copies of K(i + 1) and V(i) have landed; both groups are done with
