@@ -1124,10 +1124,7 @@ TEST_P(Attention, FusedExactMisalignedInputsGiveTheSameBytes) {
 }
 
 // TensorCore at head_dim 64-128 runs 64 or 128 query rows per block (one or two m-tiles per
-// warp), and 256 at head_dim 128 or 128 at 64 in two groups of 4 warps (taking turns on the
-// tensor cores on the GPU: Note [warp-group ping-pong]), chosen by the grid size or the knob: a
-// schedule choice, so all give the same bytes, out and lse. The 256-row shapes: one block with a partial second group (200 rows, 4
-// tiles), and two blocks walking 11 tiles, so that each of the three K and V buffers is reused.
+// warp, chosen by the grid size): a schedule choice, so both give the same bytes, out and lse.
 TEST_P(Attention, FusedTensorCoreRowsPerBlockGiveTheSameBytes) {
   Lcg rng{11};
   for (std::int64_t D : {64, 128})
@@ -1136,17 +1133,6 @@ TEST_P(Attention, FusedTensorCoreRowsPerBlockGiveTheSameBytes) {
       expect_knob_gives_same_bytes("LOCKSTEP_FUSED_TC_ROWS", "64", "128", AttentionPrecision::kTensorCore,
                                    AttentionShape{2, 4, 2, 200, 230, D}, causal, rng, 1.0f);
     }
-  for (const AttentionShape& sh : {AttentionShape{2, 4, 2, 200, 230, 128}, AttentionShape{1, 2, 1, 300, 700, 128}})
-    for (bool causal : {false, true}) {
-      SCOPED_TRACE("256 rows, seq_q=" + std::to_string(sh.seq_q) + (causal ? " causal" : ""));
-      expect_knob_gives_same_bytes("LOCKSTEP_FUSED_TC_ROWS", "128", "256", AttentionPrecision::kTensorCore,
-                                   sh, causal, rng, 1.0f);
-    }
-  for (bool causal : {false, true}) {  // head_dim 64: two groups of one m-tile per warp (128 rows)
-    SCOPED_TRACE(std::string("128 rows in two groups, head_dim 64") + (causal ? " causal" : ""));
-    expect_knob_gives_same_bytes("LOCKSTEP_FUSED_TC_ROWS", "64", "128pp", AttentionPrecision::kTensorCore,
-                                 AttentionShape{1, 2, 1, 300, 700, 64}, causal, rng, 1.0f);
-  }
 }
 
 // Exact skips the mask on tiles whose every key is visible to every row of a full 64-row block.

@@ -20,29 +20,16 @@ std::uint64_t batch_kv_elems(const kernels::FusedAttentionParams& p, std::int64_
 // head_dim 128, three blocks per SM). With run 45's lighter softmax, 128 rows won at head_dim 128
 // (B4 H32 L4096: 4.42 vs 5.12-5.18 ms; causal 2.54 vs 2.82-2.87) and lost at head_dim 64 (whisper
 // 1x6x1500: 0.0573 vs 0.0557; 16x16x1024 causal: 0.326 vs 0.289-0.296); before it, 64 rows won
-// everywhere (run 43). Two groups of 4 warps that take turns on the tensor cores (Note [warp-group
-// ping-pong]) make 256 rows per block at head_dim 128 (two m-tiles per warp, one block per SM)
-// and 128 at head_dim 64 (one m-tile per warp, "128pp"). So the default at head_dim 128 is 256
-// rows when the grid fills two waves of 132 SMs at that size, else 128 rows when it fills two
-// waves of 2 x 132 blocks (fewer, larger blocks would idle SMs), else 64; head_dim 96 was not
-// measured and keeps 64. LOCKSTEP_FUSED_TC_ROWS=64|128|256|128pp overrides (a measurement knob;
-// 256 only at head_dim 128, 128pp only at 64). The same bits either way (a schedule choice; a
-// unit test holds them to it).
-struct TcRows {
-  int rows;
-  bool pingpong;
-};
-TcRows tc_rows(int D, std::int64_t seq_q, std::int64_t heads_times_batch) {
+// everywhere (run 43). So the default is 128 rows at head_dim 128 when the grid fills two waves of
+// 132 SMs x 2 blocks at that size (fewer, larger blocks would idle SMs), else 64; head_dim 96 was
+// not measured and keeps 64. LOCKSTEP_FUSED_TC_ROWS=64|128 overrides (a measurement knob). The
+// same bits either way (a schedule choice; a unit test holds both to it).
+bool use_two_m_tiles(int D, std::int64_t blocks_at_128_rows) {
   if (const char* v = std::getenv("LOCKSTEP_FUSED_TC_ROWS"); v != nullptr) {
-    const std::string k = v;
-    if (k == "64" || k == "128") return {std::atoi(v), false};
-    if (k == "256") return D == 128 ? TcRows{256, true} : TcRows{128, false};
-    if (k == "128pp") return D == 64 ? TcRows{128, true} : TcRows{128, false};
+    const int rows = std::atoi(v);
+    if (rows == 128 || rows == 64) return rows == 128;
   }
-  if (D != 128) return {64, false};
-  const auto blocks = [&](std::int64_t rows) { return kernels::ceil_div(seq_q, rows) * heads_times_batch; };
-  if (blocks(256) >= 2 * 132) return {256, true};
-  return {blocks(128) >= 2 * 2 * 132 ? 128 : 64, false};
+  return D == 128 && blocks_at_128_rows >= 2 * 2 * 132;
 }
 
 // Exact at head_dim 64 keeps P in K's memory (four blocks per SM) or gives it a buffer of its own
@@ -90,14 +77,8 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
     launch<P>(s, grid, P::kSharedBytes, tp);
   }
   if constexpr (D >= 64 && D <= 128) {
-    const TcRows c = tc_rows(D, seq_q, heads * batch);
-    if constexpr (D == 128) {
-      if (c.pingpong) return go(kernels::FusedAttentionTensorCore<128, 2, 2>{}, tp);
-    }
-    if constexpr (D == 64) {
-      if (c.pingpong) return go(kernels::FusedAttentionTensorCore<64, 1, 2>{}, tp);
-    }
-    if (c.rows >= 128) return go(kernels::FusedAttentionTensorCore<D, 2>{}, tp);
+    const std::int64_t blocks128 = kernels::ceil_div(seq_q, std::int64_t{128}) * heads * batch;
+    if (use_two_m_tiles(D, blocks128)) return go(kernels::FusedAttentionTensorCore<D, 2>{}, tp);
   }
   go(kernels::FusedAttentionTensorCore<D>{}, tp);
 }

@@ -139,26 +139,29 @@ struct CudaExec {
   // with the writes released before those signals visible to every thread of the block, and a
   // ticket for release_signals: the last of the `readers` blocks that waited on c resets c[0] and
   // c[1] to zero there (the ticket's atomic is in flight meanwhile).
+  //
+  // Note [release and acquire]: one thread of the block does each after a barrier (the pattern of
+  // CUTLASS's semaphore): the signal is a reduction with release semantics at GPU scope (SASS:
+  // MEMBAR.ALL.GPU, then a fire-and-forget REDG), the wait polls with acquire loads (LDG.STRONG.GPU
+  // and an L1 invalidate), and the fold's add is acquire-release. Until run 72 they were
+  // __threadfence() (MEMBAR.SC.GPU, the sequentially consistent fence, which also invalidated L1)
+  // around relaxed atomics and volatile (system-scope) polls: the same ordering, paid with the
+  // heavier fence at the end of every chunk block and after every wait.
   __device__ __forceinline__ void signal(std::int32_t* c) const {
     __syncthreads();
-    if (threadIdx.x == 0) {
-      __threadfence();
-      atomicAdd(c, 1);
-    }
+    if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(c) : "memory");
   }
   // signal_last (Note [folded merge]): as signal, and returns true (block-uniform) in the one
-  // block whose add brings *c to target; that block then sees every signalled write, and *c is
-  // zero again.
+  // block whose add brings *c to target; that block then sees every signalled write (the add's
+  // acquire), and *c is zero again.
   __device__ __forceinline__ bool signal_last(std::int32_t* c, int target) const {
     __syncthreads();
     int last = 0;
     if (threadIdx.x == 0) {
-      __threadfence();
-      last = atomicAdd(c, 1) == target - 1;
-      if (last) {
-        atomicExch(c, 0);
-        __threadfence();
-      }
+      int before;
+      asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(before) : "l"(c) : "memory");
+      last = before == target - 1;
+      if (last) atomicExch(c, 0);
     }
     return __syncthreads_or(last) != 0;
   }
@@ -166,13 +169,15 @@ struct CudaExec {
   __device__ __forceinline__ int wait_signals(std::int32_t* c, int target, bool /*same_grid*/ = false) const {
     int ticket = 0;
     if (threadIdx.x == 0) {
-      while (*static_cast<volatile std::int32_t*>(c) < target) {
+      for (;;) {
+        int v;
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(c) : "memory");
+        if (v >= target) break;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
         __nanosleep(32);
 #endif
       }
-      __threadfence();
-      ticket = atomicAdd(c + 1, 1);
+      ticket = atomicAdd(c + 1, 1);  // after the acquire in this thread's order
     }
     __syncthreads();
     return ticket;
@@ -333,6 +338,9 @@ struct CudaExec {
     return v;
   }
   __device__ __forceinline__ bool any(bool m) const { return __syncthreads_or(m) != 0; }
+  // Whether m holds in any lane of the warp (every lane calls it); no barrier. Only for choices
+  // that cannot change bits (the CPU device, whose warps run in lockstep, has no such vote).
+  __device__ __forceinline__ bool warp_any(bool m) const { return __any_sync(0xffffffffu, m) != 0; }
   __device__ __forceinline__ bool all(bool m) const { return __syncthreads_and(m) != 0; }
 };
 

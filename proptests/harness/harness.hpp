@@ -171,6 +171,9 @@ struct FusedCaseShape {
   std::int64_t batch = 1, heads = 1, kv_heads = 1, seq_q = 1, seq_kv = 1, dim = 32;
   bool causal = false, interleaved = false;
   bool tensor_core = false;  // precision TensorCore (else Exact)
+  // Key j scaled by 1 + key_ramp * j: scores whose row max rises from tile to tile by more or less
+  // than the tensor-core kernel's lazy-rescale threshold (Note [lazy rescale]).
+  float key_ramp = 0.0f;
   std::uint64_t seed = 0;
 };
 // attention() with precision Exact or TensorCore (and the log-sum-exp appended to the output).

@@ -313,12 +313,20 @@ class FusedCase final : public Case {
     q_ = uniform(s.seed, std::size_t(s.batch * s.heads * s.seq_q * s.dim), -1.0f, 1.0f);
     k_ = uniform(s.seed + 1, std::size_t(s.batch * s.kv_heads * s.seq_kv * s.dim), -1.0f, 1.0f);
     v_ = uniform(s.seed + 2, k_.size(), -1.0f, 1.0f);
+    if (s.key_ramp != 0.0f) {  // key j (of each batch and kv head) times 1 + key_ramp * j
+      for (std::int64_t b = 0; b < s.batch; ++b)
+        for (std::int64_t h = 0; h < s.kv_heads; ++h)
+          for (std::int64_t j = 0; j < s.seq_kv; ++j)
+            for (std::int64_t d = 0; d < s.dim; ++d)
+              k_[at(b, h, j, s.kv_heads, s.seq_kv) + std::size_t(d)] *= 1.0f + s.key_ramp * float(j);
+    }
   }
   std::string describe() const override {
     return std::string("attention (fused, ") + (s_.tensor_core ? "tensor core" : "exact") + ") B=" + std::to_string(s_.batch) + " H=" + std::to_string(s_.heads) +
            " Hkv=" + std::to_string(s_.kv_heads) + " Sq=" + std::to_string(s_.seq_q) + " Skv=" +
            std::to_string(s_.seq_kv) + " D=" + std::to_string(s_.dim) + (s_.causal ? " causal" : "") +
-           (s_.interleaved ? " interleaved" : " heads-first");
+           (s_.interleaved ? " interleaved" : " heads-first") +
+           (s_.key_ramp != 0.0f ? " key ramp " + std::to_string(s_.key_ramp) : std::string());
   }
   Run run(const std::shared_ptr<Device>& dev) const override {
     auto& st = dev->default_stream();

@@ -134,6 +134,7 @@ struct FusedAttentionExact {
   static constexpr int kThreads = 16 * KG;
   static constexpr int kRows = 64;                  // query rows per block: 16 groups of 4
   static constexpr int kTile = D <= 128 ? 64 : 32;  // keys per tile
+  static constexpr float kLazyLog2 = 8.0f;  // Note [lazy rescale]: weights up to 2^8 (fp16: 65504)
   static constexpr int kKeyQuads = kTile / (4 * KG);  // key quads per thread
   static constexpr int kKeys = 4 * kKeyQuads;         // keys per thread
   static constexpr int kColQuads = D / (4 * KG);      // output column quads per thread
@@ -445,59 +446,56 @@ struct FusedAttentionExact {
 // Note [fused tensor-core rounding points]
 // K and V are rounded to fp16 (nearest even) by FusedHalfPack, Q as it enters shared memory;
 // s = Q.K^T is accumulated in fp32 over head_dim in steps of 16 (one mma each). The softmax is in
-// base 2 on the raw scores, FlashAttention-2's formulation: with m the running row max of s and
-// c = scale * log2(e) rounded to fp32, mc = m * c (fp32) and the weight p = exp2_weight(fma(s, c,
-// -mc)) (math.hpp: 2.04 ulp, 0 below 2^-126.5); alpha = exp2_weight((m_old - m) * c). The row sum
-// l accumulates the fp32 p, per lane in key order and over the 4 lanes of a quad at the end; the
-// output accumulator is first rescaled, o = o * alpha (fp32), then P.V adds into it in steps of 16
-// keys with p rounded to fp16. out = o / l; log-sum-exp = m * scale + log(l).
+// base 2 on the raw scores, FlashAttention-2's formulation: with m the row's reference max of s
+// (Note [lazy rescale]) and c = scale * log2(e) rounded to fp32, mc = m * c (fp32) and the weight
+// p = exp2_weight(fma(s, c, -mc)) (math.hpp: 2.04 ulp, 0 below 2^-126.5); alpha = exp2_weight((m_old
+// - m) * c) where m moved, else 1. The row sum l accumulates the fp32 p, per lane in key order and
+// over the 4 lanes of a quad at the end; the output accumulator is first rescaled, o = o * alpha
+// (fp32), then P.V adds into it in steps of 16 keys with p rounded to fp16. out = o / l;
+// log-sum-exp = m * scale + log(l).
+//
+// Note [lazy rescale]
+// FlashAttention-4's conditional rescaling: a row's reference max m moves to the tile's max only
+// when that exceeds m by more than kLazyLog2 = 8 in base 2 ((tmax - m) c > 8; always from -inf).
+// Otherwise the tile's weights are taken against the old m and reach up to 2^8 (fp16 holds them;
+// l and o grow by at most that factor per such tile before the next move), and alpha is exactly
+// 1, so o and l keep every bit: on the GPU a warp none of whose rows moved skips the rescale (the
+// 128 multiplies of o per thread and the weights of alpha) -- the same bits as multiplying by 1,
+// which the CPU device does. Rows stay independent of each other (the decision is per row), so
+// 64 and 128 rows per block still give the same bytes. After the first tiles of a row, whose
+// scores are spread by less than 2^8 in weight, the max rarely moves by that much.
 //
 // Schedule: a block of 4 warps owns 64 query rows of one (batch, head), warp w rows 16w .. 16w +
 // 15; tiles of kTile keys (64; 32 at head_dim 256) of fp16 K and V in double buffers: tile j + 1
 // arrives by cp.async while tile j is computed, one barrier per tile. M = 2: each warp owns two
-// 16-row m-tiles (128 rows per block), which share every K and V fragment it loads. WG = 2: two
-// groups of 4 warps (Note [warp-group ping-pong]). The rows' arithmetic is the same for every M
-// and WG (same bits). Grid: x = ceil(Sq / kRows), y = H, z = B.
-//
-// Note [warp-group ping-pong]
-// With WG = 2 the block has two groups of 4 warps, each with its own rows, sharing every K and V
-// tile, and on the GPU they take turns on the tensor cores (FlashAttention-3's ping-pong, here
-// with mma.sync): between two barriers group 0 runs the softmax of tile i and then P.V of tile i
-// and Q.K^T of tile i + 1, while group 1 runs P.V of tile i - 1 and Q.K^T of tile i and then the
-// softmax of tile i; so while one group's warps issue matrix products, the other's (on the same
-// schedulers, warp w and w + 4 share one) issue the softmax's arithmetic, where in the 4-warp
-// blocks both phases of every warp tend to fall together. One barrier per tile anchors the
-// half-period offset. Tiles live in three buffers: between barriers i and i + 1 the groups read
-// K(i), K(i + 1), V(i - 1), V(i), and K(i + 2), V(i + 1) are copied into the third. Each warp
-// still computes Q.K^T, the softmax and P.V of tile 0, 1, 2, ... in order, so its rows get the
-// bits of the other schedules (tested). On the CPU device, whose warps run in lockstep, the same
-// kernel runs the plain schedule.
-template <int D, int M = 1, int WG = 1>
+// 16-row m-tiles (128 rows per block), which share every K and V fragment it loads. The rows'
+// arithmetic is the same for either M (same bits). Grid: x = ceil(Sq / kRows), y = H, z = B.
+// (Two groups of 4 warps per block taking turns on the tensor cores, FlashAttention-3's
+// ping-pong on mma.sync, gave the same bytes and was slower: run 71, docs/gpu-results.md.)
+template <int D, int M = 1>
 struct FusedAttentionTensorCore {
   static_assert(D % 16 == 0 && D <= 256, "head_dim: a multiple of 16, at most 256");
   static_assert(M == 1 || (M == 2 && D <= 128), "two m-tiles per warp up to head_dim 128");
-  static_assert(WG == 1 || (WG == 2 && D <= 128), "two warp groups up to head_dim 128");
   static constexpr const char* kName = "fused_attention_tensor_core";
-  static constexpr int kGroups = WG;  // warp groups (Note [warp-group ping-pong])
-  static constexpr int kWarps = 4 * WG;
+  static constexpr int kWarps = 4;
   static constexpr int kM = M;  // 16-row m-tiles per warp (they share each K and V fragment)
   static constexpr int kRows = 16 * kM * kWarps;  // query rows per block
   static constexpr int kThreads = kWarps * kWarpSize;
   // Blocks per SM that the register allocation must allow (CUDA launch bounds): as many as the
   // shared memory takes (ptxas's own choice at head_dim 128 is 229 registers: two blocks).
-  static constexpr int kMinBlocks = WG == 2 ? (M == 2 ? 1 : 2) : M == 2 ? 2 : D <= 64 ? 4 : D <= 128 ? 3 : 1;
+  static constexpr int kMinBlocks = M == 2 ? 2 : D <= 64 ? 4 : D <= 128 ? 3 : 1;
   static constexpr int kTile = D <= 128 ? 64 : 32;  // keys per tile
-  static constexpr int kBufs = WG == 2 ? 3 : 2;     // K and V tile buffers each
+  static constexpr float kLazyLog2 = 8.0f;  // Note [lazy rescale]: weights up to 2^8 (fp16: 65504)
   static constexpr int kLd = D + 8;  // fp16 row pitch: rows 16 bytes apart mod 128, so ldmatrix
                                      // phases hit eight different bank groups
   static constexpr bool kQInRegs = D <= 128 && kM == 1;  // Q's fragments stay in registers
   // ... and then Q's shared tile is K's second buffer, free until tile 1 is issued (a smaller
   // block footprint: three blocks per SM at head_dim 128).
-  static constexpr bool kQInKBuffer = kQInRegs && kRows <= kTile && WG == 1;
+  static constexpr bool kQInKBuffer = kQInRegs && kRows <= kTile;
   static constexpr int kChunks = kTile * D / 8 / kThreads;  // 16-byte copies per thread per tile
   static_assert(kChunks * kThreads * 8 == kTile * D, "tile copies: whole chunks per thread");
   static constexpr std::size_t kSharedBytes =
-      ((kQInKBuffer ? 0 : std::size_t(kRows) * kLd) + 2 * kBufs * std::size_t(kTile) * kLd) * 2 + 3 * 32;
+      ((kQInKBuffer ? 0 : std::size_t(kRows) * kLd) + 4 * std::size_t(kTile) * kLd) * 2 + 3 * 32;
   static_assert(!kQInKBuffer || kRows <= kTile, "Q's tile fits in a K buffer");
   using Params = FusedAttentionParams;
 
@@ -588,16 +586,18 @@ struct FusedAttentionTensorCore {
       for (int n = 0; n < kTile / 8; ++n)
         LOCKSTEP_UNROLL
         for (int e = 0; e < 4; ++e) mx[e >> 1] = x.max_num(mx[e >> 1], s[mt][n][e]);
-      F alpha[2], mc[2];
+      // Note [lazy rescale]: m moves only when the tile's max exceeds it by more than kLazyLog2.
+      F m_old[2], mc[2];
+      B moved[2];
       LOCKSTEP_UNROLL
       for (int h = 0; h < 2; ++h) {
-        const F m_new = x.max(m[mt][h], x.template warp_max<4>(mx[h]));
-        const B none = m_new == -kInf;  // nothing visible yet in this row: every weight 0
-        mc[h] = x.select(none, 0.0f, m_new * c2);
-        // (m_old - m_new) c, not fma(m_old, c, -mc): exactly 1 when the max stays, so a tile
-        // with nothing visible to this row changes no bit of it (64, 128 or 256 rows per block).
-        alpha[h] = x.select(none, 1.0f, x.exp2_weight((m[mt][h] - m_new) * c2));
-        m[mt][h] = m_new;
+        const F tmax = x.template warp_max<4>(mx[h]);  // never NaN (max_num from -inf)
+        m_old[h] = m[mt][h];
+        // -inf - -inf is NaN: false, so a row that has seen nothing keeps m = -inf.
+        moved[h] = (tmax - m_old[h]) * c2 > kLazyLog2;
+        m[mt][h] = x.select(moved[h], tmax, m_old[h]);
+        const B none = m[mt][h] == -kInf;  // nothing visible yet in this row: every weight 0
+        mc[h] = x.select(none, 0.0f, m[mt][h] * c2);
       }
       F ls[2] = {F(0.0f), F(0.0f)};
       LOCKSTEP_UNROLL
@@ -607,12 +607,26 @@ struct FusedAttentionTensorCore {
           s[mt][n][e] = x.exp2_weight(x.fma(s[mt][n][e], c2, -mc[e >> 1]));
           ls[e >> 1] = ls[e >> 1] + s[mt][n][e];
         }
-      LOCKSTEP_UNROLL
-      for (int h = 0; h < 2; ++h) l[mt][h] = l[mt][h] * alpha[h] + ls[h];
-      LOCKSTEP_UNROLL
-      for (int n = 0; n < D / 8; ++n)
+      // alpha = 2^((m_old - m) c) where m moved (0 from -inf), else exactly 1, and l * 1 = l,
+      // o * 1 = o: a warp none of whose rows moved skips the rescale on the GPU, the same bits.
+      bool rescale = true;
+      if constexpr (!X::kIsCpu) rescale = x.warp_any(moved[0] | moved[1]);
+      if (rescale) {
+        F alpha[2];
         LOCKSTEP_UNROLL
-        for (int e = 0; e < 4; ++e) o[mt][n][e] = o[mt][n][e] * alpha[e >> 1];
+        for (int h = 0; h < 2; ++h) {
+          // (m_old - m) c, not fma(m_old, c, -mc): -inf when m_old is, so alpha = 0 then.
+          alpha[h] = x.select(moved[h], x.exp2_weight((m_old[h] - m[mt][h]) * c2), 1.0f);
+          l[mt][h] = l[mt][h] * alpha[h] + ls[h];
+        }
+        LOCKSTEP_UNROLL
+        for (int n = 0; n < D / 8; ++n)
+          LOCKSTEP_UNROLL
+          for (int e = 0; e < 4; ++e) o[mt][n][e] = o[mt][n][e] * alpha[e >> 1];
+      } else {
+        LOCKSTEP_UNROLL
+        for (int h = 0; h < 2; ++h) l[mt][h] = l[mt][h] + ls[h];
+      }
     }
   }
 
@@ -649,8 +663,8 @@ struct FusedAttentionTensorCore {
     using I = typename X::template Lanes<lane_int>;
     using B = typename X::template Lanes<bool>;
     using H = typename X::half_t;
-    H* Ks = x.template shared<H>(kBufs * kTile * kLd);
-    H* Vs = x.template shared<H>(kBufs * kTile * kLd);
+    H* Ks = x.template shared<H>(2 * kTile * kLd);
+    H* Vs = x.template shared<H>(2 * kTile * kLd);
     H* Qs = kQInKBuffer ? Ks + kTile * kLd : x.template shared<H>(kRows * kLd);
 
     const FusedBlock fb(x, p, kRows);
@@ -684,11 +698,6 @@ struct FusedAttentionTensorCore {
       issue_tile(x, Vs, vh, tile_keys(0), t);
     }
     x.async_commit();
-    constexpr bool kPingPong = WG == 2 && !X::kIsCpu;  // Note [warp-group ping-pong]
-    if constexpr (kPingPong) {  // K(1) too: group 0 computes Q.K^T of tile 1 before the second barrier
-      if (tiles > 1) issue_tile(x, Ks + kTile * kLd, kh + std::int64_t{kTile} * D, tile_keys(1), t);
-      x.async_commit();
-    }
 
     // The block's query rows, fp32 -> fp16 (rows past Sq are zeros, never stored).
     LOCKSTEP_UNROLL
@@ -719,57 +728,24 @@ struct FusedAttentionTensorCore {
     const float c2 = p.scale_log2;  // scale * log2(e)
     F s[kM][kTile / 8][4];          // the scores, then the weights, of the warp's current tile
 
-    if constexpr (kPingPong) {
-      // Note [warp-group ping-pong]. Buffers: K(j) and V(j) in slot j % 3.
-      auto kt = [&](int j) { return static_cast<const H*>(Ks + (j % kBufs) * (kTile * kLd)); };
-      auto vt = [&](int j) { return static_cast<const H*>(Vs + (j % kBufs) * (kTile * kLd)); };
-      const int group = x.warp() / 4;  // warp-uniform
-      x.template async_wait<0>();  // K(0), V(0), K(1) and Q's stores are visible after the barrier
-      x.sync();
-      if constexpr (kQInRegs) {  // Q has its own buffer here: no barrier after
+    for (int j = 0; j < tiles; ++j) {
+      const H* Kt = Ks + (j & 1) * (kTile * kLd);
+      const H* Vt = Vs + (j & 1) * (kTile * kLd);
+      x.template async_wait<0>();  // this tile's K and V (and on the first tile Q's stores)
+      x.sync();                    // ... are visible, and every warp is done with tile j - 1
+      if (kQInRegs && j == 0) {
         LOCKSTEP_UNROLL
-        for (int kk = 0; kk < D / 16; ++kk) x.ldmatrix_x4(qf[kk], Qs, q_off[0] + kk * 16);
+        for (int kk = 0; kk < (kQInRegs ? D / 16 : 0); ++kk) x.ldmatrix_x4(qf[kk], Qs, q_off[0] + kk * 16);
+        if (kQInKBuffer) x.sync();  // every warp has its Q before tile 1 overwrites it
       }
-      if (group == 0 && tiles > 0) qk_tile(x, s, qf, Qs, q_off, kt(0), k_off);
-      for (int i = 0; i < tiles; ++i) {
-        // Every thread's copies of K(i + 1) and V(i) have landed; both groups are done with
-        // K(i - 1) and V(i - 2), whose slots take K(i + 2) and V(i + 1).
-        x.template async_wait<0>();
-        x.sync();
-        if (i + 2 < tiles) issue_tile(x, Ks + ((i + 2) % kBufs) * (kTile * kLd), kh + std::int64_t{i + 2} * kTile * D, tile_keys(i + 2), t);
-        if (i + 1 < tiles) issue_tile(x, Vs + ((i + 1) % kBufs) * (kTile * kLd), vh + std::int64_t{i + 1} * kTile * D, tile_keys(i + 1), t);
-        x.async_commit();
-        if (group == 0) {
-          softmax_tile(x, p, s, m, l, o, row0, tq, i * kTile, tile_keys(i), s0, shift, c2);
-          pv_tile(x, s, o, vt(i), v_off);
-          if (i + 1 < tiles) qk_tile(x, s, qf, Qs, q_off, kt(i + 1), k_off);
-        } else {
-          if (i > 0) pv_tile(x, s, o, vt(i - 1), v_off);
-          qk_tile(x, s, qf, Qs, q_off, kt(i), k_off);
-          softmax_tile(x, p, s, m, l, o, row0, tq, i * kTile, tile_keys(i), s0, shift, c2);
-        }
+      if (j + 1 < tiles) {         // tile j - 1's buffers take tile j + 1, landing during this tile
+        issue_tile(x, Ks + ((j + 1) & 1) * (kTile * kLd), kh + std::int64_t{j + 1} * kTile * D, tile_keys(j + 1), t);
+        issue_tile(x, Vs + ((j + 1) & 1) * (kTile * kLd), vh + std::int64_t{j + 1} * kTile * D, tile_keys(j + 1), t);
       }
-      if (group == 1 && tiles > 0) pv_tile(x, s, o, vt(tiles - 1), v_off);
-    } else {
-      for (int j = 0; j < tiles; ++j) {
-        const H* Kt = Ks + (j & 1) * (kTile * kLd);
-        const H* Vt = Vs + (j & 1) * (kTile * kLd);
-        x.template async_wait<0>();  // this tile's K and V (and on the first tile Q's stores)
-        x.sync();                    // ... are visible, and every warp is done with tile j - 1
-        if (kQInRegs && j == 0) {
-          LOCKSTEP_UNROLL
-          for (int kk = 0; kk < (kQInRegs ? D / 16 : 0); ++kk) x.ldmatrix_x4(qf[kk], Qs, q_off[0] + kk * 16);
-          if (kQInKBuffer) x.sync();  // every warp has its Q before tile 1 overwrites it
-        }
-        if (j + 1 < tiles) {         // tile j - 1's buffers take tile j + 1, landing during this tile
-          issue_tile(x, Ks + ((j + 1) & 1) * (kTile * kLd), kh + std::int64_t{j + 1} * kTile * D, tile_keys(j + 1), t);
-          issue_tile(x, Vs + ((j + 1) & 1) * (kTile * kLd), vh + std::int64_t{j + 1} * kTile * D, tile_keys(j + 1), t);
-        }
-        x.async_commit();
-        qk_tile(x, s, qf, Qs, q_off, Kt, k_off);
-        softmax_tile(x, p, s, m, l, o, row0, tq, j * kTile, tile_keys(j), s0, shift, c2);
-        pv_tile(x, s, o, Vt, v_off);
-      }
+      x.async_commit();
+      qk_tile(x, s, qf, Qs, q_off, Kt, k_off);
+      softmax_tile(x, p, s, m, l, o, row0, tq, j * kTile, tile_keys(j), s0, shift, c2);
+      pv_tile(x, s, o, Vt, v_off);
     }
 
     // out = o / l; a fully masked row (l == 0) gives zeros and log-sum-exp -inf.

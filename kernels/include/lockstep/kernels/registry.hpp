@@ -60,7 +60,6 @@ using AllKernels = KernelList<
     FusedAttentionTensorCore<32>, FusedAttentionTensorCore<64>, FusedAttentionTensorCore<96>,
     FusedAttentionTensorCore<128>, FusedAttentionTensorCore<256>,
     FusedAttentionTensorCore<64, 2>, FusedAttentionTensorCore<96, 2>, FusedAttentionTensorCore<128, 2>,
-    FusedAttentionTensorCore<64, 1, 2>, FusedAttentionTensorCore<128, 2, 2>,  // Note [warp-group ping-pong]
     FusedHalfPack<32>, FusedHalfPack<64>, FusedHalfPack<96>, FusedHalfPack<128>, FusedHalfPack<256>>;
 
 template <class K, class List>
