@@ -143,7 +143,8 @@ struct CudaExec {
   // Note [release and acquire]: one thread of the block does each after a barrier (the pattern of
   // CUTLASS's semaphore): the signal is a reduction with release semantics at GPU scope (SASS:
   // MEMBAR.ALL.GPU, then a fire-and-forget REDG), the wait polls with acquire loads (LDG.STRONG.GPU
-  // and an L1 invalidate), and the fold's add is acquire-release. Until run 72 they were
+  // and an L1 invalidate), and the fold's add is acquire-release (sm_70 and up; this library
+  // builds for sm_90). Until run 72 they were
   // __threadfence() (MEMBAR.SC.GPU, the sequentially consistent fence, which also invalidated L1)
   // around relaxed atomics and volatile (system-scope) polls: the same ordering, paid with the
   // heavier fence at the end of every chunk block and after every wait.
@@ -177,7 +178,12 @@ struct CudaExec {
         __nanosleep(32);
 #endif
       }
-      ticket = atomicAdd(c + 1, 1);  // after the acquire in this thread's order
+      // Relaxed, after the acquire in this thread's order; the last reader's reset
+      // (release_signals) follows its own add by a control dependency only, as before run 72: a
+      // poll cannot see the reset in practice, though the PTX model would need a release here and
+      // an acquire before the reset to prove it (each costs a fence on the merge's critical path;
+      // not measured).
+      ticket = atomicAdd(c + 1, 1);
     }
     __syncthreads();
     return ticket;

@@ -134,7 +134,6 @@ struct FusedAttentionExact {
   static constexpr int kThreads = 16 * KG;
   static constexpr int kRows = 64;                  // query rows per block: 16 groups of 4
   static constexpr int kTile = D <= 128 ? 64 : 32;  // keys per tile
-  static constexpr float kLazyLog2 = 8.0f;  // Note [lazy rescale]: weights up to 2^8 (fp16: 65504)
   static constexpr int kKeyQuads = kTile / (4 * KG);  // key quads per thread
   static constexpr int kKeys = 4 * kKeyQuads;         // keys per thread
   static constexpr int kColQuads = D / (4 * KG);      // output column quads per thread
@@ -456,14 +455,15 @@ struct FusedAttentionExact {
 //
 // Note [lazy rescale]
 // FlashAttention-4's conditional rescaling: a row's reference max m moves to the tile's max only
-// when that exceeds m by more than kLazyLog2 = 8 in base 2 ((tmax - m) c > 8; always from -inf).
-// Otherwise the tile's weights are taken against the old m and reach up to 2^8 (fp16 holds them;
-// l and o grow by at most that factor per such tile before the next move), and alpha is exactly
+// when the tile's largest weight against m would exceed 2^kLazyLog2 = 2^8 (fma(tmax, c, -m c) > 8,
+// the weights' own argument, so the bound is exact; always from -inf, since c > 0: scale is 1 /
+// sqrt(head_dim)). Otherwise the tile's weights are taken against the old m and reach up to 2^8
+// (fp16 holds them; m never falls, so l stays below 2^8 times the keys seen), and alpha is exactly
 // 1, so o and l keep every bit: on the GPU a warp none of whose rows moved skips the rescale (the
 // 128 multiplies of o per thread and the weights of alpha) -- the same bits as multiplying by 1,
-// which the CPU device does. Rows stay independent of each other (the decision is per row), so
-// 64 and 128 rows per block still give the same bytes. After the first tiles of a row, whose
-// scores are spread by less than 2^8 in weight, the max rarely moves by that much.
+// which the CPU device does. Rows stay independent of each other (the decision is per row), so 64
+// and 128 rows per block still give the same bytes. After the first tiles of a row, whose scores
+// are spread by less than 2^8 in weight, the max rarely moves by that much.
 //
 // Schedule: a block of 4 warps owns 64 query rows of one (batch, head), warp w rows 16w .. 16w +
 // 15; tiles of kTile keys (64; 32 at head_dim 256) of fp16 K and V in double buffers: tile j + 1
@@ -593,8 +593,9 @@ struct FusedAttentionTensorCore {
       for (int h = 0; h < 2; ++h) {
         const F tmax = x.template warp_max<4>(mx[h]);  // never NaN (max_num from -inf)
         m_old[h] = m[mt][h];
-        // -inf - -inf is NaN: false, so a row that has seen nothing keeps m = -inf.
-        moved[h] = (tmax - m_old[h]) * c2 > kLazyLog2;
+        // From m_old = -inf: +inf > 8, moved; a tile this row sees nothing of (tmax = -inf):
+        // NaN or -inf, not moved, so a row that has seen nothing keeps m = -inf.
+        moved[h] = x.fma(tmax, c2, -(m_old[h] * c2)) > kLazyLog2;
         m[mt][h] = x.select(moved[h], tmax, m_old[h]);
         const B none = m[mt][h] == -kInf;  // nothing visible yet in this row: every weight 0
         mc[h] = x.select(none, 0.0f, m[mt][h] * c2);
