@@ -578,27 +578,14 @@ struct FusedAttentionTensorCore {
           for (int e = 0; e < 4; ++e)
             s[mt][n][e] = x.select(lim[e >> 1] > 8 * n + (e & 1), s[mt][n][e], -kInf);
       }
-      // A lane's max of its kTile / 4 scores of each row by max_num (one instruction; a NaN
-      // score is skipped here and reaches the row through its weight, exp2_weight(NaN) = NaN, so
-      // the row's output and log-sum-exp are NaN all the same: FusedNanQueryRowGivesNanOutput),
-      // as a tree (depth 4 instead of a chain of 16: the max is exact, so any order gives the
-      // same value, up to the sign of a zero, on which no result depends: math.hpp), then with
-      // -inf, which a lane of only NaN scores returns.
-      F mx[2];
+      // A lane's running max in a fixed order by max_num (one instruction; a NaN score is
+      // skipped here and reaches the row through its weight, exp2_weight(NaN) = NaN, so the
+      // row's output and log-sum-exp are NaN all the same: FusedNanQueryRowGivesNanOutput).
+      F mx[2] = {F(-kInf), F(-kInf)};
       LOCKSTEP_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        F v[kTile / 4];
+      for (int n = 0; n < kTile / 8; ++n)
         LOCKSTEP_UNROLL
-        for (int n = 0; n < kTile / 8; ++n) {
-          v[2 * n] = s[mt][n][2 * h];
-          v[2 * n + 1] = s[mt][n][2 * h + 1];
-        }
-        LOCKSTEP_UNROLL
-        for (int w = kTile / 8; w >= 1; w /= 2)
-          LOCKSTEP_UNROLL
-          for (int i = 0; i < w; ++i) v[i] = x.max_num(v[i], v[i + w]);
-        mx[h] = x.max_num(F(-kInf), v[0]);
-      }
+        for (int e = 0; e < 4; ++e) mx[e >> 1] = x.max_num(mx[e >> 1], s[mt][n][e]);
       // Note [lazy rescale]: m moves only when the tile's max exceeds it by more than kLazyLog2.
       F m_old[2], mc[2];
       B moved[2];
