@@ -578,27 +578,14 @@ struct FusedAttentionTensorCore {
           for (int e = 0; e < 4; ++e)
             s[mt][n][e] = x.select(lim[e >> 1] > 8 * n + (e & 1), s[mt][n][e], -kInf);
       }
-      // A lane's max of its kTile / 4 scores of each row by max_num (one instruction; a NaN
-      // score is skipped here and reaches the row through its weight, exp2_weight(NaN) = NaN, so
-      // the row's output and log-sum-exp are NaN all the same: FusedNanQueryRowGivesNanOutput),
-      // as a tree (depth 4 instead of a chain of 16: the max is exact, so any order gives the
-      // same value, up to the sign of a zero, on which no result depends: math.hpp), then with
-      // -inf, which a lane of only NaN scores returns. Each level is a loop of constant length:
-      // a loop over the level width (w /= 2) was not unrolled and put v in local memory (run 74).
-      F mx[2];
+      // A lane's running max in a fixed order by max_num (one instruction; a NaN score is
+      // skipped here and reaches the row through its weight, exp2_weight(NaN) = NaN, so the
+      // row's output and log-sum-exp are NaN all the same: FusedNanQueryRowGivesNanOutput).
+      F mx[2] = {F(-kInf), F(-kInf)};
       LOCKSTEP_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        F v[kTile / 8];  // the max of n-tile n's two scores of this row
+      for (int n = 0; n < kTile / 8; ++n)
         LOCKSTEP_UNROLL
-        for (int n = 0; n < kTile / 8; ++n) v[n] = x.max_num(s[mt][n][2 * h], s[mt][n][2 * h + 1]);
-        if constexpr (kTile / 8 == 8) {
-          LOCKSTEP_UNROLL
-          for (int i = 0; i < 4; ++i) v[i] = x.max_num(v[i], v[i + 4]);
-        }
-        LOCKSTEP_UNROLL
-        for (int i = 0; i < 2; ++i) v[i] = x.max_num(v[i], v[i + 2]);
-        mx[h] = x.max_num(F(-kInf), x.max_num(v[0], v[1]));
-      }
+        for (int e = 0; e < 4; ++e) mx[e >> 1] = x.max_num(mx[e >> 1], s[mt][n][e]);
       // Note [lazy rescale]: m moves only when the tile's max exceeds it by more than kLazyLog2.
       F m_old[2], mc[2];
       B moved[2];
