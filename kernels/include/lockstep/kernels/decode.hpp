@@ -465,38 +465,8 @@ constexpr int default_row_batch(int D, int G) {
 // is computed, and no registers hold loads in flight. The arithmetic reads the same values in the
 // same order as with NS = 0 (loads straight into registers), so the bits are the same (tested);
 // rows past the length are zero-filled, never read, as the masked loads give zeros.
-// Note [one grid]: blocks per SM of the default chunk kernels alone on sm_90 (the lesser of what
-// their registers, from ptxas, and their shared memory allow), which their one-grid kernels are
-// held to with a second launch bound: unbounded, ptxas gave the chunk and merge code together
-// 113-168 registers where the chunk kernel alone has 96-128 (3 blocks per SM instead of 4 at
-// head_dim 128 with 4 heads per block). Shared memory is what limits one head per block at head_dim
-// 128 (53 KB: 4 blocks) and head_dim 256 (70 and 78 KB: 3 and 2). Held to the bound, four rarely
-// used variants spill 8-24 bytes per thread (ptxas: head_dim 32 with 4 and 8 heads per block, 64
-// with 2, 96 with 1); the head_dim-128 ones and the rest spill nothing.
-constexpr int decode_chunk_blocks_per_sm(int D, int G) {
-  switch (D) {
-    case 32: return G == 8 ? 5 : G == 4 ? 6 : 7;
-    case 64: return G == 8 ? 4 : G == 4 ? 6 : G == 2 ? 7 : 8;
-    case 96: return G == 4 ? 5 : G == 2 ? 6 : 7;
-    case 128: return G == 2 ? 5 : 4;
-    default: return G == 2 ? 2 : 3;
-  }
-}
-
-// Note [chunk length]: at 128-token chunks ptxas unrolls the chunk's loops and gave the 4-head
-// kernel at head_dim 128 167 registers (3 blocks per SM instead of 4); the ring variants there
-// (the default ones, not the two-row-batch knob) are held to the blocks per SM of
-// decode_chunk_blocks_per_sm by a launch bound.
-template <bool Bound, int N>
-struct DecodeChunkBound {};
-template <int N>
-struct DecodeChunkBound<true, N> {
-  static constexpr int kMinBlocks = N;
-};
-
 template <int D, int G, int RB = default_row_batch(D, G), int NS = 0>
-struct DecodeChunk
-    : DecodeChunkBound<(decode_chunk(D) < 256 && NS > 0 && G * RB <= 4), decode_chunk_blocks_per_sm(D, G)> {
+struct DecodeChunk {
   static_assert(D % 32 == 0 && D <= 256, "head_dim: a multiple of 32, at most 256");
   static_assert(G * D <= 512, "accumulators per thread: G * D / 8 <= 64");
   static constexpr const char* kName = "decode_chunk";
@@ -881,6 +851,24 @@ struct DecodeChunk
 // graph). A ticket counter per (row, block y), 8x less contention there, cost more (run 66):
 // the cost is the round trip. So launch_decode uses it only with LOCKSTEP_DECODE_ONE_GRID=1
 // (host-bound eager loops).
+// Note [one grid]: blocks per SM of the default chunk kernels alone on sm_90 (the lesser of what
+// their registers, from ptxas, and their shared memory allow), which their one-grid kernels are
+// held to with a second launch bound: unbounded, ptxas gave the chunk and merge code together
+// 113-168 registers where the chunk kernel alone has 96-128 (3 blocks per SM instead of 4 at
+// head_dim 128 with 4 heads per block). Shared memory is what limits one head per block at head_dim
+// 128 (53 KB: 4 blocks) and head_dim 256 (70 and 78 KB: 3 and 2). Held to the bound, four rarely
+// used variants spill 8-24 bytes per thread (ptxas: head_dim 32 with 4 and 8 heads per block, 64
+// with 2, 96 with 1); the head_dim-128 ones and the rest spill nothing.
+constexpr int decode_chunk_blocks_per_sm(int D, int G) {
+  switch (D) {
+    case 32: return G == 8 ? 5 : G == 4 ? 6 : 7;
+    case 64: return G == 8 ? 4 : G == 4 ? 6 : G == 2 ? 7 : 8;
+    case 96: return G == 4 ? 5 : G == 2 ? 6 : 7;
+    case 128: return G == 2 ? 5 : 4;
+    default: return G == 2 ? 2 : 3;
+  }
+}
+
 template <class C, class M>
 struct DecodeOneGrid {
   static constexpr const char* kName = "decode_one_grid";
