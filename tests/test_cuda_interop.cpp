@@ -10,7 +10,6 @@
 
 #include "lockstep/attention/kv_cache.hpp"
 #include "lockstep/attention/ops.hpp"
-#include "lockstep/kernels/decode.hpp"
 #include "support/backends.hpp"
 #include "support/random.hpp"
 
@@ -116,18 +115,16 @@ TEST_F(CudaInterop, DecodeStepReplaysAsACudaGraph) {
     ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
     std::size_t nodes = 0;
     ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &nodes), cudaSuccess);
-    // Kernels only, no copies: two per layer (the chunk kernel appends: Note [fused append]; more
-    // than 2 chunks x 4 heads per block is too large a merge to fold by default: Note [folded
-    // merge]), one when it folds, with LOCKSTEP_DECODE_FOLD=1 or LOCKSTEP_DECODE_ONE_GRID=1 (Note
-    // [one grid]), three with LOCKSTEP_DECODE_STAGES=0 (a KvScatter first).
+    // Kernels only, no copies: two per layer (the chunk kernel appends: Note [fused append]; 3
+    // chunks x 4 heads per block is too large a merge to fold by default: Note [folded merge]),
+    // one with LOCKSTEP_DECODE_FOLD=1 or LOCKSTEP_DECODE_ONE_GRID=1 (Note [one grid]), three
+    // with LOCKSTEP_DECODE_STAGES=0 (a KvScatter first).
     EXPECT_EQ(nodes, launched) << "graph nodes vs kernel launches: no copies";
     const char* one_grid_env = std::getenv("LOCKSTEP_DECODE_ONE_GRID");
     const bool one_grid = one_grid_env != nullptr && std::string(one_grid_env) == "1";
     const bool knobs = std::getenv("LOCKSTEP_DECODE_STAGES") != nullptr || std::getenv("LOCKSTEP_DECODE_FOLD") != nullptr ||
                        std::getenv("LOCKSTEP_DECODE_SIGNALS") != nullptr;
-    const int chunks = (700 + kernels::decode_chunk(128) - 1) / kernels::decode_chunk(128);
-    const bool one = one_grid || 4 * chunks <= 8;
-    if (!knobs) EXPECT_EQ(nodes, one ? 3u : 6u) << (one ? "one kernel per layer" : "two kernels per layer");
+    if (!knobs) EXPECT_EQ(nodes, one_grid ? 3u : 6u) << (one_grid ? "one kernel per layer" : "two kernels per layer");
 
     std::vector<std::int64_t> len = start;
     for (int t = 0; t < 4; ++t) {

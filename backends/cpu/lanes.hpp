@@ -1160,7 +1160,7 @@ class CpuExec {
   template <int G, int kChunk>
   void decode_softmax(const float* S, float* P, float* const (&ml)[G]) const {
     constexpr int kPer = kChunk / 32;  // scores per lane (DecodeChunk::kPerLane)
-    static_assert(kChunk % 32 == 0 && kChunk % kL == 0, "32 lanes of kPer scores");
+    static_assert(kChunk % 256 == 0 && kChunk % kL == 0, "32 lanes of a multiple of 8 scores");
     const DF d;
     for (int g = 0; g < G; ++g) {
       const float* sg = S + g * kChunk;
@@ -1187,41 +1187,31 @@ class CpuExec {
       using V8 = hn::Vec<decltype(d8)>;
       const hn::Repartition<double, decltype(d8)> dd;
       V8 lanes[4];
-      if constexpr (kPer % 8 != 0) {  // a few scores per lane: each lane's sum in order, scalar
-        alignas(32) float ls[32];
-        for (int ln = 0; ln < 32; ++ln) {
-          float l = 0.0f;
-          for (int i = 0; i < kPer; ++i) l = l + pg[ln * kPer + i];
-          ls[ln] = l;
-        }
-        for (int b = 0; b < 4; ++b) lanes[b] = hn::Load(d8, ls + 8 * b);
-      } else {
-        for (int b = 0; b < 4; ++b) {
-          V8 l = hn::Zero(d8);
-          for (int c0 = 0; c0 < kPer; c0 += 8) {
-            const float* r = pg + b * 8 * kPer + c0;
-            V8 t[8], u[8], col[8];
-            for (int i = 0; i < 8; i += 2) {
-              const V8 r0 = hn::LoadU(d8, r + i * kPer), r1 = hn::LoadU(d8, r + i * kPer + kPer);
-              t[i] = hn::InterleaveLower(d8, r0, r1);      // r0[0] r1[0] r0[1] r1[1] | r0[4] ...
-              t[i + 1] = hn::InterleaveUpper(d8, r0, r1);  // r0[2] r1[2] r0[3] r1[3] | r0[6] ...
-            }
-            for (int h = 0; h < 8; h += 4) {  // rows h .. h + 3: columns j | j + 4
-              const auto a = hn::BitCast(dd, t[h]), c = hn::BitCast(dd, t[h + 2]);
-              const auto a1 = hn::BitCast(dd, t[h + 1]), c1 = hn::BitCast(dd, t[h + 3]);
-              u[h] = hn::BitCast(d8, hn::InterleaveLower(dd, a, c));
-              u[h + 1] = hn::BitCast(d8, hn::InterleaveUpper(dd, a, c));
-              u[h + 2] = hn::BitCast(d8, hn::InterleaveLower(dd, a1, c1));
-              u[h + 3] = hn::BitCast(d8, hn::InterleaveUpper(dd, a1, c1));
-            }
-            for (int j = 0; j < 4; ++j) {
-              col[j] = hn::ConcatLowerLower(d8, u[4 + j], u[j]);
-              col[j + 4] = hn::ConcatUpperUpper(d8, u[4 + j], u[j]);
-            }
-            for (int i = 0; i < 8; ++i) l = hn::Add(l, col[i]);
+      for (int b = 0; b < 4; ++b) {
+        V8 l = hn::Zero(d8);
+        for (int c0 = 0; c0 < kPer; c0 += 8) {
+          const float* r = pg + b * 8 * kPer + c0;
+          V8 t[8], u[8], col[8];
+          for (int i = 0; i < 8; i += 2) {
+            const V8 r0 = hn::LoadU(d8, r + i * kPer), r1 = hn::LoadU(d8, r + i * kPer + kPer);
+            t[i] = hn::InterleaveLower(d8, r0, r1);      // r0[0] r1[0] r0[1] r1[1] | r0[4] ...
+            t[i + 1] = hn::InterleaveUpper(d8, r0, r1);  // r0[2] r1[2] r0[3] r1[3] | r0[6] ...
           }
-          lanes[b] = l;
+          for (int h = 0; h < 8; h += 4) {  // rows h .. h + 3: columns j | j + 4
+            const auto a = hn::BitCast(dd, t[h]), c = hn::BitCast(dd, t[h + 2]);
+            const auto a1 = hn::BitCast(dd, t[h + 1]), c1 = hn::BitCast(dd, t[h + 3]);
+            u[h] = hn::BitCast(d8, hn::InterleaveLower(dd, a, c));
+            u[h + 1] = hn::BitCast(d8, hn::InterleaveUpper(dd, a, c));
+            u[h + 2] = hn::BitCast(d8, hn::InterleaveLower(dd, a1, c1));
+            u[h + 3] = hn::BitCast(d8, hn::InterleaveUpper(dd, a1, c1));
+          }
+          for (int j = 0; j < 4; ++j) {
+            col[j] = hn::ConcatLowerLower(d8, u[4 + j], u[j]);
+            col[j + 4] = hn::ConcatUpperUpper(d8, u[4 + j], u[j]);
+          }
+          for (int i = 0; i < 8; ++i) l = hn::Add(l, col[i]);
         }
+        lanes[b] = l;
       }
       // The butterflies on lane 1's path (offsets 16, 8, 4, 2, 1), the lane's own value first
       // in each; only lane 1's result is stored.

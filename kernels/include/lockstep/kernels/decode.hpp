@@ -30,7 +30,7 @@ namespace lockstep::kernels {
 // 128. (docs/gpu-results.md, run 76.) At head_dim 64 and below a cache is short and the decode
 // latency-bound (whisper-tiny: 448 tokens), where more, shorter blocks are better; at 256 the
 // ring's tiles take the shared memory that longer score arrays would need.
-LOCKSTEP_HD constexpr int decode_chunk(int D) { return D == 128 ? 128 : 256; }
+LOCKSTEP_HD constexpr int decode_chunk(int D) { return D == 128 ? 512 : 256; }
 
 // Note [inline positions]
 // Up to kInlineRows per-row ints from the host (flash_decoding's and KvCache::append's positions)
