@@ -133,7 +133,7 @@ std::vector<float> run_decode(Stream& s, const std::shared_ptr<Device>& dev, con
                               const Buffer<float>& k, const Buffer<float>& v, int H, int Hkv, int L,
                               int len, int rows, DecodeSync sync) {
   constexpr int D = Chunk::kQuads * 32;
-  const int chunks = (L + kernels::decode_chunk(D) - 1) / kernels::decode_chunk(D);
+  const int chunks = (L + kernels::kDecodeChunk - 1) / kernels::kDecodeChunk;
   const std::size_t blocks_y = std::size_t(H / Chunk::kHeads);
   Buffer<float> ws(dev, std::size_t(rows) * H * chunks * (D + 2)), out(dev, std::size_t(rows) * H * D);
   kernels::DecodeParams p{};
@@ -301,7 +301,7 @@ TEST_P(Attention, DecodeSignalsGiveTheSameBytesAndLeaveCountersZero) {
     SCOPED_TRACE("length " + std::to_string(len));
     const auto launches_before = s().launches();
     incremental_attention(s(), in.q, in.k, in.v, len, out, sh);
-    const std::uint64_t expected = (std::max(len, 1) + kernels::decode_chunk(D) - 1) / kernels::decode_chunk(D) <= 2 || one_grid ? 1 : 2;
+    const std::uint64_t expected = (std::max(len, 1) + 255) / 256 <= 2 || one_grid ? 1 : 2;
     if (default_schedule) EXPECT_EQ(s().launches() - launches_before, expected) << "folded merge or one grid: one launch";
     const auto plain = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
     EXPECT_TRUE(same(out.to_vector(s()), plain));
@@ -314,13 +314,12 @@ TEST_P(Attention, DecodeSignalsGiveTheSameBytesAndLeaveCountersZero) {
   {
     // One head per block at head_dim 128 (MHA) with 16 chunks: a merge batch of 4 chunks, whose
     // one-grid pair is not registered, so the knob takes the plain merge's (the same bits).
-    constexpr int ML = 16 * kernels::decode_chunk(D), len = ML - 96;
-    DecodeInputs<D> mha(dev, s(), 4, 4, ML, 2025u);
+    DecodeInputs<D> mha(dev, s(), 4, 4, 4096, 2025u);
     Buffer<float> o(dev, std::size_t(4) * D);
     const auto launches_before = s().launches();
-    incremental_attention(s(), mha.q, mha.k, mha.v, len, o, DecodeShape{4, 4, D, ML});
+    incremental_attention(s(), mha.q, mha.k, mha.v, 4000, o, DecodeShape{4, 4, D, 4096});
     if (default_schedule) EXPECT_EQ(s().launches() - launches_before, one_grid ? 1u : 2u) << "MHA, 16 chunks";
-    const auto plain = run_decode_variant<DecodeChunk<D, 1, 2, 3>, DecodeMerge<D>>(s(), dev, mha.q, mha.k, mha.v, 4, 4, ML, len);
+    const auto plain = run_decode_variant<DecodeChunk<D, 1, 2, 3>, DecodeMerge<D>>(s(), dev, mha.q, mha.k, mha.v, 4, 4, 4096, 4000);
     EXPECT_TRUE(same(o.to_vector(s()), plain));
   }
   // Several rows of different lengths, one of them done, through flash_decoding, twice.
@@ -457,7 +456,7 @@ TEST_P(Attention, DecodeRowMajorGivesTheLaneBytes) {
   };
   for (const Case& c : cases) {
     const int L = 700;
-    for (int len : {1, 255, 256, 257, 511, 512, 513, 700}) {  // chunks of 256 and 512 (Note [chunk length])
+    for (int len : {1, 255, 256, 257, 700}) {
       SCOPED_TRACE("H " + std::to_string(c.H) + " Hkv " + std::to_string(c.Hkv) + " D " + std::to_string(c.D) +
                    " length " + std::to_string(len));
       auto kh = rng.floats(std::size_t(c.Hkv) * L * c.D), vh = rng.floats(kh.size());
@@ -510,8 +509,7 @@ TEST_P(Attention, DecodeRowMajorGivesTheLaneBytes) {
 TEST_P(Attention, DecodeMergeSlicesGiveTheSameBytesOnLongRows) {
   using kernels::DecodeChunk;
   using kernels::DecodeMerge;
-  // More chunks than the sliced merge's batch of 128: the merge streams batches.
-  constexpr int D = 128, L = 129 * kernels::decode_chunk(D) + 17, H = 4, Hkv = 1;
+  constexpr int D = 128, L = 33000, H = 4, Hkv = 1;
   DecodeInputs<D> in(dev, s(), H, Hkv, L, 99u);
   const auto a = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, L);
   const auto b = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D, 32, 4, 1>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, L);

@@ -10,11 +10,11 @@
 
 namespace lockstep::detail {
 
-using kernels::decode_chunk;
+using kernels::kDecodeChunk;
 
 std::size_t decode_workspace_floats(std::int64_t rows, std::int64_t H, std::int64_t head_dim,
                                     std::int64_t max_len) {
-  const auto chunks = std::uint64_t(std::max<std::int64_t>(1, kernels::ceil_div(max_len, decode_chunk(static_cast<int>(head_dim)))));
+  const auto chunks = std::uint64_t(std::max<std::int64_t>(1, kernels::ceil_div(max_len, kDecodeChunk)));
   return checked_product({std::uint64_t(rows), std::uint64_t(H), chunks, std::uint64_t(head_dim + 2)},
                          "decode", "rows * heads * chunks * (head_dim + 2)");
 }
@@ -235,7 +235,7 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
       break;
     }
   }
-  p.max_chunks = static_cast<std::int32_t>(std::max<std::int64_t>(1, kernels::ceil_div(max_len, decode_chunk(D))));
+  p.max_chunks = static_cast<std::int32_t>(std::max<std::int64_t>(1, kernels::ceil_div(max_len, kDecodeChunk)));
   p.part_o = workspace;
   p.part_ml = workspace + std::size_t(p.rows) * p.H * p.max_chunks * D;
   // Note [block signals]: a counter pair per (row, block y of the chunk grid). Off for the

@@ -1154,20 +1154,19 @@ class CpuExec {
 
   // Phase 2: P[g * kChunk + i] = exp(S - m) (0 when every score is -inf) and ml[g] = {m, l}, as
   // warp 0 of DecodeChunk's softmax computes them (every warp computes the same; warp 0 writes):
-  // lane ln (0..31) takes the max and then the sum of its kChunk / 32 scores from ln * kChunk / 32 in order,
+  // lane ln (0..31) takes the max and then the sum of its scores ln * 8 .. ln * 8 + 7 in order,
   // reduced by the 32-lane butterflies; m is lane 0's, l lane 1's (thread 1 stores it), each
   // lane's own value first in every sum.
   template <int G, int kChunk>
   void decode_softmax(const float* S, float* P, float* const (&ml)[G]) const {
-    constexpr int kPer = kChunk / 32;  // scores per lane (DecodeChunk::kPerLane)
-    static_assert(kChunk % 256 == 0 && kChunk % kL == 0, "32 lanes of a multiple of 8 scores");
+    static_assert(kChunk == 256 && kChunk % kL == 0, "32 lanes of 8 scores (kDecodeChunk)");
     const DF d;
     for (int g = 0; g < G; ++g) {
       const float* sg = S + g * kChunk;
       float* pg = P + g * kChunk;
       // math::max is commutative and associative including NaN and signed zeros (Note [max is
-      // commutative]): the lanes' maxima and their butterfly give the max of the chunk's scores
-      // in any order.
+      // commutative]): the lanes' maxima and their butterfly give the max of the 256 scores in
+      // any order.
       VF mv(-__builtin_huge_valf());
       for (int i = 0; i < kChunk; i += kL) mv = math::max(mv, VF(hn::LoadU(d, sg + i)));
       alignas(64) float mc[kL];
@@ -1180,37 +1179,34 @@ class CpuExec {
         hn::StoreU(empty ? hn::Zero(d) : e.v, d, pg + i);
       }
       ml[g][0] = m;
-      // Lane ln's sum of its kPer probabilities, 8 lanes at a time and 8 columns at a time: the
-      // 8 rows of lanes 8 b .. 8 b + 7 (columns c .. c + 7 of each) transposed, then the columns
-      // added in order, from 0.
+      // Lane ln's sum of its 8 probabilities, 8 lanes at a time: the 8 rows of lanes 8 b ..
+      // 8 b + 7 (8 values each) transposed, then the columns added in order, from 0.
       const hn::FixedTag<float, 8> d8;
       using V8 = hn::Vec<decltype(d8)>;
       const hn::Repartition<double, decltype(d8)> dd;
       V8 lanes[4];
       for (int b = 0; b < 4; ++b) {
-        V8 l = hn::Zero(d8);
-        for (int c0 = 0; c0 < kPer; c0 += 8) {
-          const float* r = pg + b * 8 * kPer + c0;
-          V8 t[8], u[8], col[8];
-          for (int i = 0; i < 8; i += 2) {
-            const V8 r0 = hn::LoadU(d8, r + i * kPer), r1 = hn::LoadU(d8, r + i * kPer + kPer);
-            t[i] = hn::InterleaveLower(d8, r0, r1);      // r0[0] r1[0] r0[1] r1[1] | r0[4] ...
-            t[i + 1] = hn::InterleaveUpper(d8, r0, r1);  // r0[2] r1[2] r0[3] r1[3] | r0[6] ...
-          }
-          for (int h = 0; h < 8; h += 4) {  // rows h .. h + 3: columns j | j + 4
-            const auto a = hn::BitCast(dd, t[h]), c = hn::BitCast(dd, t[h + 2]);
-            const auto a1 = hn::BitCast(dd, t[h + 1]), c1 = hn::BitCast(dd, t[h + 3]);
-            u[h] = hn::BitCast(d8, hn::InterleaveLower(dd, a, c));
-            u[h + 1] = hn::BitCast(d8, hn::InterleaveUpper(dd, a, c));
-            u[h + 2] = hn::BitCast(d8, hn::InterleaveLower(dd, a1, c1));
-            u[h + 3] = hn::BitCast(d8, hn::InterleaveUpper(dd, a1, c1));
-          }
-          for (int j = 0; j < 4; ++j) {
-            col[j] = hn::ConcatLowerLower(d8, u[4 + j], u[j]);
-            col[j + 4] = hn::ConcatUpperUpper(d8, u[4 + j], u[j]);
-          }
-          for (int i = 0; i < 8; ++i) l = hn::Add(l, col[i]);
+        const float* r = pg + b * 64;
+        V8 t[8], u[8], col[8];
+        for (int i = 0; i < 8; i += 2) {
+          const V8 r0 = hn::LoadU(d8, r + i * 8), r1 = hn::LoadU(d8, r + i * 8 + 8);
+          t[i] = hn::InterleaveLower(d8, r0, r1);      // r0[0] r1[0] r0[1] r1[1] | r0[4] ...
+          t[i + 1] = hn::InterleaveUpper(d8, r0, r1);  // r0[2] r1[2] r0[3] r1[3] | r0[6] ...
         }
+        for (int h = 0; h < 8; h += 4) {  // rows h .. h + 3: columns j | j + 4
+          const auto a = hn::BitCast(dd, t[h]), c = hn::BitCast(dd, t[h + 2]);
+          const auto a1 = hn::BitCast(dd, t[h + 1]), c1 = hn::BitCast(dd, t[h + 3]);
+          u[h] = hn::BitCast(d8, hn::InterleaveLower(dd, a, c));
+          u[h + 1] = hn::BitCast(d8, hn::InterleaveUpper(dd, a, c));
+          u[h + 2] = hn::BitCast(d8, hn::InterleaveLower(dd, a1, c1));
+          u[h + 3] = hn::BitCast(d8, hn::InterleaveUpper(dd, a1, c1));
+        }
+        for (int j = 0; j < 4; ++j) {
+          col[j] = hn::ConcatLowerLower(d8, u[4 + j], u[j]);
+          col[j + 4] = hn::ConcatUpperUpper(d8, u[4 + j], u[j]);
+        }
+        V8 l = hn::Zero(d8);
+        for (int i = 0; i < 8; ++i) l = hn::Add(l, col[i]);
         lanes[b] = l;
       }
       // The butterflies on lane 1's path (offsets 16, 8, 4, 2, 1), the lane's own value first

@@ -3,8 +3,8 @@
 // any number of sequences and grouped-query attention; and the KV-cache scatter (append).
 //
 // Note [fixed split size]
-// A sequence's cache is cut into chunks of decode_chunk(D) tokens (512 at head_dim 128, 256 at
-// the others: Note [chunk length]), whatever the batch, the device or its occupancy. DecodeChunk computes, per chunk and query head, the chunk's max score
+// A sequence's cache is cut into chunks of kDecodeChunk = 256 tokens, whatever the batch, the
+// device or its occupancy. DecodeChunk computes, per chunk and query head, the chunk's max score
 // m_c, the sum l_c of exp(score - m_c) and the unnormalized output o_c = sum exp(score - m_c) v;
 // DecodeMerge combines the chunks of one sequence in chunk order. Every sum has a fixed order
 // that depends only on the sequence's own length, so a sequence's output is bitwise the same
@@ -21,16 +21,7 @@
 
 namespace lockstep::kernels {
 
-// Note [chunk length]
-// The chunk length depends on the model's head_dim only, never on the batch, the lengths or the
-// device, so batch invariance holds. At head_dim 128 it is 512 tokens (256 KB of K and V per kv
-// head and chunk): at B = 1 and L = 32768 with 8 kv heads the chunk kernel is then 512 blocks,
-// one wave of the H200's 528 slots (4 per SM), where 256-token chunks made 1024 blocks in 1.94
-// waves whose second started when the first drained; and the merge folds 64 chunks instead of
-// 128. (docs/gpu-results.md, run 76.) At head_dim 64 and below a cache is short and the decode
-// latency-bound (whisper-tiny: 448 tokens), where more, shorter blocks are better; at 256 the
-// ring's tiles take the shared memory that longer score arrays would need.
-LOCKSTEP_HD constexpr int decode_chunk(int D) { return D == 128 ? 512 : 256; }
+inline constexpr int kDecodeChunk = 256;
 
 // Note [inline positions]
 // Up to kInlineRows per-row ints from the host (flash_decoding's and KvCache::append's positions)
@@ -306,7 +297,7 @@ struct DecodeMerge {
     const I e = dl + d0;
 
     const int len = row_length(x, p, r);
-    const int chunks = static_cast<int>(ceil_div(len, decode_chunk(D)));
+    const int chunks = static_cast<int>(ceil_div(len, kDecodeChunk));
     // A row of one batch (depends on the row only) loads its partial outputs, chunk maxima and
     // sums at once; a longer row takes the maxima first, then streams batches.
     const bool one_batch = chunks <= kBatch;
@@ -483,18 +474,11 @@ struct DecodeChunk {
   static constexpr bool kOverlapsPrior = true;  // Note [overlapped launches] (kernels/launch.hpp)
   static constexpr int kStages = NS;
   static_assert(NS == 0 || NS >= 2, "async stages: 0 (off) or at least 2");
-  static constexpr int kChunk = decode_chunk(D);  // Note [chunk length]
   static constexpr int kTileRows = 16 * RB;
-  static constexpr int kTiles = kChunk / kTileRows;  // K tiles, then as many V tiles
+  static constexpr int kTiles = kDecodeChunk / kTileRows;  // K tiles, then as many V tiles
   static_assert((kTileRows * D / 4) % kThreads == 0, "a tile is whole 16-byte copies per thread");
-  static constexpr int kPerLane = kChunk / kWarpSize;  // scores per lane in the softmax
-  // The per-warp outputs O overlay the scores and probabilities (S, P), which are dead once the
-  // value loop's last barrier is passed (with async tiles every step ends with one): at 512-token
-  // chunks this keeps a block of 4 heads at head_dim 128 within 48 KB, 4 blocks per SM. The
-  // 256-token kernels keep their measured layout.
-  static constexpr bool kOverlayO = NS > 0 && kChunk > 256 && kWarps * D <= 2 * kChunk;
   static constexpr std::size_t kSharedBytes =
-      (2 * G * kChunk + (kOverlayO ? 0 : kWarps * G * D) + NS * kTileRows * D) * sizeof(float) + 96;
+      (2 * G * kDecodeChunk + kWarps * G * D + NS * kTileRows * D) * sizeof(float) + 96;
   using Params = DecodeParams;
 
   // Starts the copy of tile j (K tiles 0 .. kTiles - 1, then V) into ring slot j % NS; rows at or
@@ -553,9 +537,9 @@ struct DecodeChunk {
       po[g] = p.part_o + (head * p.max_chunks + chunk) * D;
       ml[g] = p.part_ml + (head * p.max_chunks + chunk) * 2;
     }
-    x.template decode_scores<G, D, kChunk>(S, kb, nrow, kn, live, q, p.scale, vb);
-    x.template decode_softmax<G, kChunk>(S, P, ml);
-    x.template decode_values<G, D, kChunk>(P, vb, nrow, vn, live, po, kb + kChunk * D);
+    x.template decode_scores<G, D, kDecodeChunk>(S, kb, nrow, kn, live, q, p.scale, vb);
+    x.template decode_softmax<G, kDecodeChunk>(S, P, ml);
+    x.template decode_values<G, D, kDecodeChunk>(P, vb, nrow, vn, live, po, kb + kDecodeChunk * D);
   }
 
   // The work of chunk block c (Note [one grid]: also a block of DecodeOneGrid). Out of line on
@@ -566,9 +550,9 @@ struct DecodeChunk {
     using I = typename X::template Lanes<lane_int>;
     using B = typename X::template Lanes<bool>;
     using Q4 = decltype(x.load4(p.k, x.lane(), x.lane() < 0));
-    float* S = x.template shared<float>(G * kChunk);   // scores
-    float* P = x.template shared<float>(G * kChunk);   // exp(score - chunk max)
-    float* O = kOverlayO ? S : x.template shared<float>(kWarps * G * D);  // per-warp outputs
+    float* S = x.template shared<float>(G * kDecodeChunk);   // scores
+    float* P = x.template shared<float>(G * kDecodeChunk);   // exp(score - chunk max)
+    float* O = x.template shared<float>(kWarps * G * D);     // per-warp partial outputs
     float* ring = x.template shared<float>(NS * kTileRows * D);  // Note [async tiles]
     const int by = c.y;
     const int group = p.H / p.Hkv;
@@ -583,7 +567,7 @@ struct DecodeChunk {
     int merge_r = -1;  // Note [folded merge]: the row this block merges, if any
     for (int r = c.z; r < p.rows; r += c.gz) {
       const int len = row_length(x, p, r);
-      const int t0 = chunk * kChunk;
+      const int t0 = chunk * kDecodeChunk;
       // Note [block signals]: every chunk block signals its (row, block y) counter once.
       std::int32_t* const counter =
           p.counters != nullptr ? p.counters + (std::int64_t{r} * c.gy + by) * 2 : nullptr;
@@ -601,7 +585,7 @@ struct DecodeChunk {
       const std::int64_t kv_off = slot * p.slot_stride + hk * p.head_stride + std::int64_t{t0} * D;
       const float* kb = p.k + kv_off;
       const float* vb = p.v + kv_off;
-      const int live = static_cast<int>(imin(len - t0, kChunk));
+      const int live = static_cast<int>(imin(len - t0, kDecodeChunk));
       // Note [fused append]: this chunk ends the row, so it holds the new token, row live - 1,
       // which its tiles take from k_new / v_new.
       const bool appends = NS > 0 && p.k_new != nullptr && t0 + live == len;
@@ -653,7 +637,7 @@ struct DecodeChunk {
 
       // Phase 1: scores. Each group of 8 lanes takes one row; a warp 4 rows; the block 16. The
       // loads of kRowBatch such 16-row groups are issued before any is used (Note [row batches]).
-      for (int it = 0; it < kChunk; it += 16 * kRowBatch) {
+      for (int it = 0; it < kDecodeChunk; it += 16 * kRowBatch) {
         // K rows from the cache, or from the ring slot of tile it / kTileRows (rows numbered
         // from the tile's first).
         const float* kt = kb;
@@ -692,7 +676,7 @@ struct DecodeChunk {
           LOCKSTEP_UNROLL
           for (int g = 0; g < G; ++g) {
             const F s = x.template warp_sum<8>(dot[g]) * p.scale;
-            x.store(S, tl + g * kChunk, x.select(ok, s, -kInf), l8 == 0);
+            x.store(S, tl + g * kDecodeChunk, x.select(ok, s, -kInf), l8 == 0);
           }
         }
         if constexpr (NS > 0) {
@@ -705,15 +689,15 @@ struct DecodeChunk {
       // Phase 2: chunk max and sum per head (every warp computes them; warp 0 writes).
       LOCKSTEP_UNROLL
       for (int g = 0; g < G; ++g) {
-        const float* sg = S + g * kChunk;
+        const float* sg = S + g * kDecodeChunk;
         F m = -kInf;
-        for (int i = 0; i < kChunk / kWarpSize; ++i) m = x.max(m, x.load(sg, lane * kPerLane + i));
+        for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) m = x.max(m, x.load(sg, lane * 8 + i));
         m = x.warp_max(m);
         const B empty = m == -kInf;
         F l = 0.0f;
-        for (int i = 0; i < kChunk / kWarpSize; ++i) {
-          const F e = x.select(empty, 0.0f, x.exp(x.load(sg, lane * kPerLane + i) - m));
-          x.store(P + g * kChunk, lane * kPerLane + i, e, x.warp() == 0);
+        for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) {
+          const F e = x.select(empty, 0.0f, x.exp(x.load(sg, lane * 8 + i) - m));
+          x.store(P + g * kDecodeChunk, lane * 8 + i, e, x.warp() == 0);
           l = l + e;
         }
         l = x.warp_sum(l);
@@ -730,7 +714,7 @@ struct DecodeChunk {
         for (int qd = 0; qd < kQuads; ++qd)
           LOCKSTEP_UNROLL
           for (int j = 0; j < 4; ++j) acc[g][qd][j] = 0.0f;
-      for (int it = 0; it < kChunk; it += 16 * kRowBatch) {
+      for (int it = 0; it < kDecodeChunk; it += 16 * kRowBatch) {
         const float* vt = vb;
         int vt_row0 = 0;
         if constexpr (NS > 0) {
@@ -746,7 +730,7 @@ struct DecodeChunk {
           const I tl = row_in_iter + (it + 16 * b);
           const B ok = tl < live;
           LOCKSTEP_UNROLL
-          for (int g = 0; g < G; ++g) pg[b][g] = x.load(P, tl + g * kChunk);
+          for (int g = 0; g < G; ++g) pg[b][g] = x.load(P, tl + g * kDecodeChunk);
           LOCKSTEP_UNROLL
           for (int qd = 0; qd < kQuads; ++qd)
             vq[b][qd] = x.load4(vt, (tl - vt_row0) * D + (l8 + qd * 8) * 4, ok);
