@@ -114,6 +114,15 @@ LOCKSTEP_HD bool row_major_decode(const X& x) {
 // tiles are unchanged. A variant without async tiles (a measurement knob) gets a separate
 // KvScatter launch first.
 
+// Note [softmax per warp]
+// The chunk kernel's softmax (phase 2: each head's chunk max m_c, the weights exp(s - m_c) and
+// their sum l_c) is computed for head g by warp g % kWarps alone: lane l takes scores 8 l .. 8 l
+// + 7, its max and its sum in order, and the 32-lane butterflies reduce them. Until run 78 every
+// warp computed every head and warp 0 stored: the same operations in the same order per head,
+// so the same bits, for G times the exps and shuffles per warp between the K and the V tiles
+// (4 heads per block at GQA-4), while only the ring's prefetched V tiles kept the block's loads
+// in flight.
+
 // Note [block signals]
 // The merge of a row's head needs every chunk of that row and kv head, not the whole chunk
 // grid. With counters, each chunk block signals its (row, block y) counter once its partials are
@@ -456,8 +465,38 @@ constexpr int default_row_batch(int D, int G) {
 // is computed, and no registers hold loads in flight. The arithmetic reads the same values in the
 // same order as with NS = 0 (loads straight into registers), so the bits are the same (tested);
 // rows past the length are zero-filled, never read, as the masked loads give zeros.
+// Note [one grid]: blocks per SM of the default chunk kernels alone on sm_90 (the lesser of what
+// their registers, from ptxas, and their shared memory allow), which their one-grid kernels are
+// held to with a second launch bound: unbounded, ptxas gave the chunk and merge code together
+// 113-168 registers where the chunk kernel alone has 96-128 (3 blocks per SM instead of 4 at
+// head_dim 128 with 4 heads per block). Shared memory is what limits one head per block at head_dim
+// 128 (53 KB: 4 blocks) and head_dim 256 (70 and 78 KB: 3 and 2). Held to the bound, four rarely
+// used variants spill 8-24 bytes per thread (ptxas: head_dim 32 with 4 and 8 heads per block, 64
+// with 2, 96 with 1); the head_dim-128 ones and the rest spill nothing.
+constexpr int decode_chunk_blocks_per_sm(int D, int G) {
+  switch (D) {
+    case 32: return G == 8 ? 5 : G == 4 ? 6 : 7;
+    case 64: return G == 8 ? 4 : G == 4 ? 6 : G == 2 ? 7 : 8;
+    case 96: return G == 4 ? 5 : G == 2 ? 6 : 7;
+    case 128: return G == 2 ? 5 : 4;
+    default: return G == 2 ? 2 : 3;
+  }
+}
+
+// Note [softmax per warp]: with the softmax split across warps ptxas gave the default chunk
+// kernels more registers than their shared memory needs (168 instead of 128 at head_dim 128
+// with 4 heads per block: 3 blocks per SM instead of 4); they are held to the blocks per SM of
+// decode_chunk_blocks_per_sm, what they had before, by a launch bound.
+template <bool Bound, int N>
+struct DecodeChunkBound {};
+template <int N>
+struct DecodeChunkBound<true, N> {
+  static constexpr int kMinBlocks = N;
+};
+
 template <int D, int G, int RB = default_row_batch(D, G), int NS = 0>
-struct DecodeChunk {
+struct DecodeChunk
+    : DecodeChunkBound<(NS == 4 || (G == 1 && NS == 3)), decode_chunk_blocks_per_sm(D, G)> {
   static_assert(D % 32 == 0 && D <= 256, "head_dim: a multiple of 32, at most 256");
   static_assert(G * D <= 512, "accumulators per thread: G * D / 8 <= 64");
   static constexpr const char* kName = "decode_chunk";
@@ -686,23 +725,27 @@ struct DecodeChunk {
       }
       x.sync();
 
-      // Phase 2: chunk max and sum per head (every warp computes them; warp 0 writes).
+      // Phase 2: chunk max and sum per head. Note [softmax per warp]: warp w computes heads w,
+      // w + kWarps, ...; with fewer heads than warps, warp w repeats head w % G and stores nothing.
       LOCKSTEP_UNROLL
-      for (int g = 0; g < G; ++g) {
-        const float* sg = S + g * kDecodeChunk;
+      for (int k = 0; k < (G + kWarps - 1) / kWarps; ++k) {
+        const I gw = x.warp() + k * kWarps, gm = x.warp() & (G - 1);
+        const I g = G >= kWarps ? gw : gm;
+        const B writes = x.warp() < (G >= kWarps ? kWarps : G);
+        const I sg = g * kDecodeChunk + lane * 8;  // this lane's 8 scores of head g
         F m = -kInf;
-        for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) m = x.max(m, x.load(sg, lane * 8 + i));
+        for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) m = x.max(m, x.load(S, sg + i));
         m = x.warp_max(m);
         const B empty = m == -kInf;
         F l = 0.0f;
         for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) {
-          const F e = x.select(empty, 0.0f, x.exp(x.load(sg, lane * 8 + i) - m));
-          x.store(P + g * kDecodeChunk, lane * 8 + i, e, x.warp() == 0);
+          const F e = x.select(empty, 0.0f, x.exp(x.load(S, sg + i) - m));
+          x.store(P, sg + i, e, writes);
           l = l + e;
         }
         l = x.warp_sum(l);
-        float* ml = p.part_ml + ((std::int64_t{r} * p.H + h0 + g) * p.max_chunks + chunk) * 2;
-        x.store(ml, lane, x.select(lane == 0, m, l), x.thread() < 2);
+        float* ml = p.part_ml + ((std::int64_t{r} * p.H + h0) * p.max_chunks + chunk) * 2;
+        x.store(ml, g * (p.max_chunks * 2) + lane, x.select(lane == 0, m, l), writes & (lane < 2));
       }
       x.sync();
 
@@ -835,24 +878,6 @@ struct DecodeChunk {
 // graph). A ticket counter per (row, block y), 8x less contention there, cost more (run 66):
 // the cost is the round trip. So launch_decode uses it only with LOCKSTEP_DECODE_ONE_GRID=1
 // (host-bound eager loops).
-// Note [one grid]: blocks per SM of the default chunk kernels alone on sm_90 (the lesser of what
-// their registers, from ptxas, and their shared memory allow), which their one-grid kernels are
-// held to with a second launch bound: unbounded, ptxas gave the chunk and merge code together
-// 113-168 registers where the chunk kernel alone has 96-128 (3 blocks per SM instead of 4 at
-// head_dim 128 with 4 heads per block). Shared memory is what limits one head per block at head_dim
-// 128 (53 KB: 4 blocks) and head_dim 256 (70 and 78 KB: 3 and 2). Held to the bound, four rarely
-// used variants spill 8-24 bytes per thread (ptxas: head_dim 32 with 4 and 8 heads per block, 64
-// with 2, 96 with 1); the head_dim-128 ones and the rest spill nothing.
-constexpr int decode_chunk_blocks_per_sm(int D, int G) {
-  switch (D) {
-    case 32: return G == 8 ? 5 : G == 4 ? 6 : 7;
-    case 64: return G == 8 ? 4 : G == 4 ? 6 : G == 2 ? 7 : 8;
-    case 96: return G == 4 ? 5 : G == 2 ? 6 : 7;
-    case 128: return G == 2 ? 5 : 4;
-    default: return G == 2 ? 2 : 3;
-  }
-}
-
 template <class C, class M>
 struct DecodeOneGrid {
   static constexpr const char* kName = "decode_one_grid";
