@@ -1153,7 +1153,8 @@ class CpuExec {
   }
 
   // Phase 2: P[g * kChunk + i] = exp(S - m) (0 when every score is -inf) and ml[g] = {m, l}, as
-  // the warp of DecodeChunk that owns head g computes them (Note [softmax per warp]):
+  // the warp of DecodeChunk that owns head g computes them (Note [softmax per warp]; with fewer
+  // heads than warps every warp computes every head and warp 0 stores):
   // lane ln (0..31) takes the max and then the sum of its scores ln * 8 .. ln * 8 + 7 in order,
   // reduced by the 32-lane butterflies; m is lane 0's, l lane 1's (thread 1 stores it), each
   // lane's own value first in every sum.

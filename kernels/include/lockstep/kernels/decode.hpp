@@ -116,12 +116,14 @@ LOCKSTEP_HD bool row_major_decode(const X& x) {
 
 // Note [softmax per warp]
 // The chunk kernel's softmax (phase 2: each head's chunk max m_c, the weights exp(s - m_c) and
-// their sum l_c) is computed for head g by warp g % kWarps alone: lane l takes scores 8 l .. 8 l
-// + 7, its max and its sum in order, and the 32-lane butterflies reduce them. Until run 78 every
-// warp computed every head and warp 0 stored: the same operations in the same order per head,
-// so the same bits, for G times the exps and shuffles per warp between the K and the V tiles
-// (4 heads per block at GQA-4), while only the ring's prefetched V tiles kept the block's loads
-// in flight.
+// their sum l_c) with G >= 4 heads per block is computed for head g by warp g % 4 alone: lane l
+// takes scores 8 l .. 8 l + 7, its max and its sum in order, and the 32-lane butterflies reduce
+// them. Before run 78 every warp computed every head and warp 0 stored (as the kernels with 1
+// and 2 heads per block still do): the same operations in the same order per head, so the same
+// bits (tested: CUDA == CPU, and the CPU's row-major path against its lane path), for a quarter
+// of the exps and shuffles per warp between the K and the V tiles. Measured (run 78, three
+// alternating rounds): flash_decoding B=1 L=32768 0.0708-0.0712 ms against 0.0712-0.0715, B=128
+// L=2048 0.5078-0.5082 against 0.5091-0.5098, incremental B=1 and B=32 unchanged.
 
 // Note [block signals]
 // The merge of a row's head needs every chunk of that row and kv head, not the whole chunk
@@ -470,9 +472,10 @@ constexpr int default_row_batch(int D, int G) {
 // held to with a second launch bound: unbounded, ptxas gave the chunk and merge code together
 // 113-168 registers where the chunk kernel alone has 96-128 (3 blocks per SM instead of 4 at
 // head_dim 128 with 4 heads per block). Shared memory is what limits one head per block at head_dim
-// 128 (53 KB: 4 blocks) and head_dim 256 (70 and 78 KB: 3 and 2). Held to the bound, four rarely
-// used variants spill 8-24 bytes per thread (ptxas: head_dim 32 with 4 and 8 heads per block, 64
-// with 2, 96 with 1); the head_dim-128 ones and the rest spill nothing.
+// 128 (53 KB: 4 blocks) and head_dim 256 (70 and 78 KB: 3 and 2). Held to the bound, three rarely
+// used variants spill 8-24 bytes per thread (ptxas: head_dim 64 with 8
+// and 2 heads per block, 96 with 1; before Note [softmax per warp], 32 with 4 and 8 instead of
+// 64 with 8); the head_dim-128 ones and the rest spill nothing.
 constexpr int decode_chunk_blocks_per_sm(int D, int G) {
   switch (D) {
     case 32: return G == 8 ? 5 : G == 4 ? 6 : 7;
@@ -483,10 +486,11 @@ constexpr int decode_chunk_blocks_per_sm(int D, int G) {
   }
 }
 
-// Note [softmax per warp]: with the softmax split across warps ptxas gave the default chunk
-// kernels more registers than their shared memory needs (168 instead of 128 at head_dim 128
-// with 4 heads per block: 3 blocks per SM instead of 4); they are held to the blocks per SM of
-// decode_chunk_blocks_per_sm, what they had before, by a launch bound.
+// Note [softmax per warp]: with the softmax split across warps ptxas gave the chunk kernels of
+// 4 and 8 heads per block more registers (168 instead of 128 at head_dim 128 with 4 heads: 3
+// blocks per SM instead of 4); they are held to the blocks per SM they had before
+// (decode_chunk_blocks_per_sm) by a launch bound, except at head_dim 96, where the bound of 5
+// blocks spilled 8 bytes per thread (ptxas) and the kernel keeps its 123 registers (4 blocks).
 template <bool Bound, int N>
 struct DecodeChunkBound {};
 template <int N>
@@ -496,7 +500,7 @@ struct DecodeChunkBound<true, N> {
 
 template <int D, int G, int RB = default_row_batch(D, G), int NS = 0>
 struct DecodeChunk
-    : DecodeChunkBound<(NS == 4 || (G == 1 && NS == 3)), decode_chunk_blocks_per_sm(D, G)> {
+    : DecodeChunkBound<(NS == 4 && G >= 4 && D != 96), decode_chunk_blocks_per_sm(D, G)> {
   static_assert(D % 32 == 0 && D <= 256, "head_dim: a multiple of 32, at most 256");
   static_assert(G * D <= 512, "accumulators per thread: G * D / 8 <= 64");
   static constexpr const char* kName = "decode_chunk";
@@ -725,27 +729,46 @@ struct DecodeChunk
       }
       x.sync();
 
-      // Phase 2: chunk max and sum per head. Note [softmax per warp]: warp w computes heads w,
-      // w + kWarps, ...; with fewer heads than warps, warp w repeats head w % G and stores nothing.
-      LOCKSTEP_UNROLL
-      for (int k = 0; k < (G + kWarps - 1) / kWarps; ++k) {
-        const I gw = x.warp() + k * kWarps, gm = x.warp() & (G - 1);
-        const I g = G >= kWarps ? gw : gm;
-        const B writes = x.warp() < (G >= kWarps ? kWarps : G);
-        const I sg = g * kDecodeChunk + lane * 8;  // this lane's 8 scores of head g
-        F m = -kInf;
-        for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) m = x.max(m, x.load(S, sg + i));
-        m = x.warp_max(m);
-        const B empty = m == -kInf;
-        F l = 0.0f;
-        for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) {
-          const F e = x.select(empty, 0.0f, x.exp(x.load(S, sg + i) - m));
-          x.store(P, sg + i, e, writes);
-          l = l + e;
+      // Phase 2: chunk max and sum per head. Note [softmax per warp]: with at least as many heads
+      // as warps, warp w computes heads w, w + kWarps, ...; with fewer, every warp computes every
+      // head and warp 0 stores.
+      if constexpr (G >= kWarps) {
+        LOCKSTEP_UNROLL
+        for (int k = 0; k < G / kWarps; ++k) {
+          const I g = x.warp() + k * kWarps;
+          const I sg = g * kDecodeChunk + lane * 8;  // this lane's 8 scores of head g
+          F m = -kInf;
+          for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) m = x.max(m, x.load(S, sg + i));
+          m = x.warp_max(m);
+          const B empty = m == -kInf;
+          F l = 0.0f;
+          for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) {
+            const F e = x.select(empty, 0.0f, x.exp(x.load(S, sg + i) - m));
+            x.store(P, sg + i, e);
+            l = l + e;
+          }
+          l = x.warp_sum(l);
+          float* ml = p.part_ml + ((std::int64_t{r} * p.H + h0) * p.max_chunks + chunk) * 2;
+          x.store(ml, g * (p.max_chunks * 2) + lane, x.select(lane == 0, m, l), lane < 2);
         }
-        l = x.warp_sum(l);
-        float* ml = p.part_ml + ((std::int64_t{r} * p.H + h0) * p.max_chunks + chunk) * 2;
-        x.store(ml, g * (p.max_chunks * 2) + lane, x.select(lane == 0, m, l), writes & (lane < 2));
+      } else {
+        LOCKSTEP_UNROLL
+        for (int g = 0; g < G; ++g) {
+          const float* sg = S + g * kDecodeChunk;
+          F m = -kInf;
+          for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) m = x.max(m, x.load(sg, lane * 8 + i));
+          m = x.warp_max(m);
+          const B empty = m == -kInf;
+          F l = 0.0f;
+          for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) {
+            const F e = x.select(empty, 0.0f, x.exp(x.load(sg, lane * 8 + i) - m));
+            x.store(P + g * kDecodeChunk, lane * 8 + i, e, x.warp() == 0);
+            l = l + e;
+          }
+          l = x.warp_sum(l);
+          float* ml = p.part_ml + ((std::int64_t{r} * p.H + h0 + g) * p.max_chunks + chunk) * 2;
+          x.store(ml, lane, x.select(lane == 0, m, l), x.thread() < 2);
+        }
       }
       x.sync();
 
