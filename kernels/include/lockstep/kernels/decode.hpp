@@ -460,22 +460,15 @@ constexpr int default_row_batch(int D, int G) {
   return want >= 4 ? 4 : want >= 2 ? 2 : 1;  // 8 spilled at head_dim 32 (ptxas, run 7)
 }
 
-// Note [async tiles]
-// With NS >= 2 stages, a block streams its chunk's K and then V tiles of 16 * RB rows through a
-// ring of NS tiles in shared memory, filled by asynchronous copies (cp.async on the GPU) that run
-// NS - 1 tiles ahead of the arithmetic: the first V tiles are in flight while the chunk's softmax
-// is computed, and no registers hold loads in flight. The arithmetic reads the same values in the
-// same order as with NS = 0 (loads straight into registers), so the bits are the same (tested);
-// rows past the length are zero-filled, never read, as the masked loads give zeros.
 // Note [one grid]: blocks per SM of the default chunk kernels alone on sm_90 (the lesser of what
 // their registers, from ptxas, and their shared memory allow), which their one-grid kernels are
 // held to with a second launch bound: unbounded, ptxas gave the chunk and merge code together
 // 113-168 registers where the chunk kernel alone has 96-128 (3 blocks per SM instead of 4 at
 // head_dim 128 with 4 heads per block). Shared memory is what limits one head per block at head_dim
 // 128 (53 KB: 4 blocks) and head_dim 256 (70 and 78 KB: 3 and 2). Held to the bound, three rarely
-// used variants spill 8-24 bytes per thread (ptxas: head_dim 64 with 8
-// and 2 heads per block, 96 with 1; before Note [softmax per warp], 32 with 4 and 8 instead of
-// 64 with 8); the head_dim-128 ones and the rest spill nothing.
+// used variants spill 8-24 bytes per thread (ptxas: head_dim 64 with 8 and 2 heads per block, 96
+// with 1; before Note [softmax per warp], 32 with 4 and 8 instead of 64 with 8); the
+// head_dim-128 ones and the rest spill nothing.
 constexpr int decode_chunk_blocks_per_sm(int D, int G) {
   switch (D) {
     case 32: return G == 8 ? 5 : G == 4 ? 6 : 7;
@@ -498,6 +491,13 @@ struct DecodeChunkBound<true, N> {
   static constexpr int kMinBlocks = N;
 };
 
+// Note [async tiles]
+// With NS >= 2 stages, a block streams its chunk's K and then V tiles of 16 * RB rows through a
+// ring of NS tiles in shared memory, filled by asynchronous copies (cp.async on the GPU) that run
+// NS - 1 tiles ahead of the arithmetic: the first V tiles are in flight while the chunk's softmax
+// is computed, and no registers hold loads in flight. The arithmetic reads the same values in the
+// same order as with NS = 0 (loads straight into registers), so the bits are the same (tested);
+// rows past the length are zero-filled, never read, as the masked loads give zeros.
 template <int D, int G, int RB = default_row_batch(D, G), int NS = 0>
 struct DecodeChunk
     : DecodeChunkBound<(NS == 4 && G >= 4 && D != 96), decode_chunk_blocks_per_sm(D, G)> {
