@@ -732,43 +732,25 @@ struct DecodeChunk
       // Phase 2: chunk max and sum per head. Note [softmax per warp]: with at least as many heads
       // as warps, warp w computes heads w, w + kWarps, ...; with fewer, every warp computes every
       // head and warp 0 stores.
-      if constexpr (G >= kWarps) {
-        LOCKSTEP_UNROLL
-        for (int k = 0; k < G / kWarps; ++k) {
-          const I g = x.warp() + k * kWarps;
-          const I sg = g * kDecodeChunk + lane * 8;  // this lane's 8 scores of head g
-          F m = -kInf;
-          for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) m = x.max(m, x.load(S, sg + i));
-          m = x.warp_max(m);
-          const B empty = m == -kInf;
-          F l = 0.0f;
-          for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) {
-            const F e = x.select(empty, 0.0f, x.exp(x.load(S, sg + i) - m));
-            x.store(P, sg + i, e);
-            l = l + e;
-          }
-          l = x.warp_sum(l);
-          float* ml = p.part_ml + ((std::int64_t{r} * p.H + h0) * p.max_chunks + chunk) * 2;
-          x.store(ml, g * (p.max_chunks * 2) + lane, x.select(lane == 0, m, l), lane < 2);
+      constexpr bool kSplit = G >= kWarps;
+      LOCKSTEP_UNROLL
+      for (int k = 0; k < (kSplit ? G / kWarps : G); ++k) {
+        const I g = x.warp() * (kSplit ? 1 : 0) + k * (kSplit ? kWarps : 1);
+        const B writes = x.warp() < (kSplit ? kWarps : 1);
+        const I sg = g * kDecodeChunk + lane * 8;  // this lane's 8 scores of head g
+        F m = -kInf;
+        for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) m = x.max(m, x.load(S, sg + i));
+        m = x.warp_max(m);
+        const B empty = m == -kInf;
+        F l = 0.0f;
+        for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) {
+          const F e = x.select(empty, 0.0f, x.exp(x.load(S, sg + i) - m));
+          x.store(P, sg + i, e, writes);
+          l = l + e;
         }
-      } else {
-        LOCKSTEP_UNROLL
-        for (int g = 0; g < G; ++g) {
-          const float* sg = S + g * kDecodeChunk;
-          F m = -kInf;
-          for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) m = x.max(m, x.load(sg, lane * 8 + i));
-          m = x.warp_max(m);
-          const B empty = m == -kInf;
-          F l = 0.0f;
-          for (int i = 0; i < kDecodeChunk / kWarpSize; ++i) {
-            const F e = x.select(empty, 0.0f, x.exp(x.load(sg, lane * 8 + i) - m));
-            x.store(P + g * kDecodeChunk, lane * 8 + i, e, x.warp() == 0);
-            l = l + e;
-          }
-          l = x.warp_sum(l);
-          float* ml = p.part_ml + ((std::int64_t{r} * p.H + h0 + g) * p.max_chunks + chunk) * 2;
-          x.store(ml, lane, x.select(lane == 0, m, l), x.thread() < 2);
-        }
+        l = x.warp_sum(l);
+        float* ml = p.part_ml + ((std::int64_t{r} * p.H + h0) * p.max_chunks + chunk) * 2;
+        x.store(ml, g * (p.max_chunks * 2) + lane, x.select(lane == 0, m, l), writes & (lane < 2));
       }
       x.sync();
 
