@@ -46,6 +46,41 @@ bool use_separate_p(std::int64_t blocks, std::int64_t multiprocessors) {
   return blocks <= 3 * multiprocessors;
 }
 
+// Note [wgmma products] (kernels/fused_attention.hpp): the tensor-core kernel on warpgroup
+// products. It runs on CUDA devices of compute capability 9.0 when the library was built for
+// sm_90a (LOCKSTEP_HAVE_WGMMA: CMAKE_CUDA_ARCHITECTURES containing 90a), at head_dim 64 and 128.
+// LOCKSTEP_FUSED_TC_WGMMA=0 never picks it; =1 picks it wherever it can run, the CPU device
+// included (whose emulation gives FusedAttentionTensorCore's bytes: a test holds it to them).
+bool use_wgmma(const Stream& s, int D) {
+  if (D != 64 && D != 128) return false;
+  const char* v = std::getenv("LOCKSTEP_FUSED_TC_WGMMA");
+  const int knob = v != nullptr ? std::atoi(v) : -1;
+  if (knob == 0) return false;
+  if (s.device().id().kind != DeviceKind::kCuda) return knob == 1;
+#if defined(LOCKSTEP_HAVE_WGMMA)
+  return s.device().caps().compute_capability == 90;
+#else
+  return false;
+#endif
+}
+
+// The wgmma kernel's schedule (warpgroups per block, ring stages): two warpgroups (128 rows, one
+// block per SM at head_dim 128) and a ring of 3 where the grid fills two waves of 132 SMs, else
+// one warpgroup and 2. LOCKSTEP_FUSED_TC_WGMMA_SCHED=12|22|23 (warpgroups, stages) overrides (a
+// measurement knob); the same bits either way.
+int wgmma_schedule(int D, std::int64_t blocks_at_128_rows) {
+  if (const char* v = std::getenv("LOCKSTEP_FUSED_TC_WGMMA_SCHED"); v != nullptr) {
+    const int sched = std::atoi(v);
+    if (sched == 12 || sched == 22 || sched == 23) return sched;
+  }
+  return D == 128 && blocks_at_128_rows >= 2 * 132 ? 23 : 12;
+}
+
+int wgmma_swap_knob() {
+  const char* v = std::getenv("LOCKSTEP_WGMMA_SWAP");
+  return v != nullptr ? std::atoi(v) & 3 : 0;
+}
+
 template <int D>
 void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_t seq_q,
                   std::int64_t heads, std::int64_t batch, bool tensor_core) {
@@ -78,6 +113,16 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
   }
   if constexpr (D >= 64 && D <= 128) {
     const std::int64_t blocks128 = kernels::ceil_div(seq_q, std::int64_t{128}) * heads * batch;
+    if constexpr (D == 64 || D == 128) {
+      if (use_wgmma(s, D)) {
+        tp.wgmma_swap = wgmma_swap_knob();
+        switch (wgmma_schedule(D, blocks128)) {
+          case 22: return go(kernels::FusedAttentionWgmma<D, 2, 2>{}, tp);
+          case 23: return go(kernels::FusedAttentionWgmma<D, 2, 3>{}, tp);
+          default: return go(kernels::FusedAttentionWgmma<D, 1, 2>{}, tp);
+        }
+      }
+    }
     if (use_two_m_tiles(D, blocks128)) return go(kernels::FusedAttentionTensorCore<D, 2>{}, tp);
   }
   go(kernels::FusedAttentionTensorCore<D>{}, tp);

@@ -939,6 +939,38 @@ class CpuExec {
       }
     }
   }
+  // Warpgroup products (backends/cuda/cuda_exec.cuh has the layouts; Note [wgmma products]): the
+  // kernels that use them give every warpgroup of the block the same B, so each warp's 16 rows
+  // are its A fragment times that B, n-tile by n-tile, each as mma_16816 (Note [tensor-core
+  // emulation]): the same bits as the mma.sync schedule over the same operands. The fences and
+  // waits order nothing here (a block runs its statements in order).
+  template <int NB, bool kTransB>
+  void wgmma(Lanes<float> (&c)[NB / 8][4], const Lanes<std::int32_t> (&a)[4], const half_t* base, int off,
+             int lbo, int sbo, bool accumulate) const {
+    auto b_at = [&](int k, int n) -> half_t {
+      return base[off + (kTransB ? n % 8 + (n / 8) * sbo + (k % 8) * 8 + (k / 8) * lbo
+                                 : (n % 8) * 8 + (n / 8) * sbo + k % 8 + (k / 8) * lbo)];
+    };
+    if (!accumulate)
+      for (int n8 = 0; n8 < NB / 8; ++n8)
+        for (int e = 0; e < 4; ++e) c[n8][e] = Lanes<float>(0.0f);
+    for (int n8 = 0; n8 < NB / 8; ++n8) {
+      Lanes<std::int32_t> b0, b1;
+      for (int i = 0; i < N; ++i) {
+        const int l = i & 31, n = 8 * n8 + (l >> 2), t = 2 * (l & 3);
+        b0.set(i, pack_bits(b_at(t, n), b_at(t + 1, n)));
+        b1.set(i, pack_bits(b_at(t + 8, n), b_at(t + 9, n)));
+      }
+      mma_16816(c[n8], a, b0, b1);
+    }
+  }
+  void wgmma_fence() const {}
+  void wgmma_commit() const {}
+  template <int P>
+  void wgmma_wait() const {}
+  template <int K>
+  void wgmma_hold(Lanes<float> (&)[K][4]) const {}
+  void fence_async_shared() const {}
   // 16 bytes (8 halves) per active lane into shared memory, zeros where the mask is false.
   template <LaneExpr DO, LaneExpr SO, class M>
   void copy8h_async(half_t* dst, DO&& doff, const half_t* src, SO&& soff, M&& mask) const {

@@ -8,6 +8,7 @@
 #include <mma.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "lockstep/kernels/math.hpp"
 
@@ -278,6 +279,172 @@ struct CudaExec {
     __trap();  // sm_80 and newer (this build targets sm_90)
 #endif
   }
+  // Warpgroup products (wgmma.mma_async, sm_90a; Note [wgmma products] in
+  // kernels/fused_attention.hpp). wgmma<N, kTransB>: the warpgroup's 64 x N accumulator c (each
+  // warp's 16 rows in mma_16816's layout, c[n8] = columns 8 n8 .. 8 n8 + 7) += A (64 x 16, each
+  // warp's 16 rows as mma_16816's A fragment) x B (16 x N) from shared memory at base + off, laid
+  // out in 8 x 8 core matrices of 16-byte rows, no swizzle: B(k, n) at (n % 8) * 8 + (n / 8) * sbo
+  // + k % 8 + (k / 8) * lbo halves (K-major) or, kTransB, n % 8 + (n / 8) * sbo + (k % 8) * 8 +
+  // (k / 8) * lbo (MN-major); accumulate = false ignores c. Asynchronous: wgmma_fence() before the
+  // first product of a batch (registers written since), wgmma_commit() after its last, and
+  // wgmma_wait<P>() (at most P batches still pending) then wgmma_hold(c) before c is read.
+  // fence_async_shared(): this thread's shared-memory writes (cp.async included, once waited for)
+  // become visible to the products (the async proxy); a barrier follows it.
+  template <int NB, bool kTransB>
+  __device__ __forceinline__ void wgmma(float (&c)[NB / 8][4], const int (&a)[4], const half_t* base, int off,
+                                        int lbo, int sbo, bool accumulate) const {
+    static_assert(NB == 64 || NB == 128, "wgmma: N = 64 or 128");
+    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(base + off));
+    const std::uint64_t desc = std::uint64_t((addr & 0x3ffffu) >> 4) |
+                               (std::uint64_t((static_cast<unsigned>(lbo) * 2u) >> 4) << 16) |
+                               (std::uint64_t((static_cast<unsigned>(sbo) * 2u) >> 4) << 32);
+    wgmma_m64n_dispatch(c, a, desc, accumulate ? 1 : 0, std::integral_constant<int, kTransB ? 1 : 0>{});
+  }
+  __device__ __forceinline__ void wgmma_fence() const {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+  }
+  __device__ __forceinline__ void wgmma_commit() const {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+  }
+  template <int P>
+  __device__ __forceinline__ void wgmma_wait() const {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(P) : "memory");
+#endif
+  }
+  // The accumulators as the compiler must see them after a wait: written here, so no read of them
+  // moves above it.
+  template <int K>
+  __device__ __forceinline__ void wgmma_hold(float (&c)[K][4]) const {
+#pragma unroll
+    for (int i = 0; i < K; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(c[i][e])::"memory");
+  }
+  __device__ __forceinline__ void fence_async_shared() const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+  }
+  template <int K, int T>
+  __device__ __forceinline__ void wgmma_m64n_dispatch(float (&c)[K][4], const int (&a)[4], std::uint64_t desc,
+                                                      int accumulate, std::integral_constant<int, T> t) const {
+    if constexpr (K == 8) wgmma_m64n64k16(c, a, desc, accumulate, t);
+    else wgmma_m64n128k16(c, a, desc, accumulate, t);
+  }
+  __device__ __forceinline__ void wgmma_m64n64k16(float (&c)[8][4], const int (&a)[4], std::uint64_t desc,
+                                                   int accumulate, std::integral_constant<int, 0>) const {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]), "+f"(c[0][3]),
+          "+f"(c[1][0]), "+f"(c[1][1]), "+f"(c[1][2]), "+f"(c[1][3]),
+          "+f"(c[2][0]), "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]),
+          "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]), "+f"(c[3][3]),
+          "+f"(c[4][0]), "+f"(c[4][1]), "+f"(c[4][2]), "+f"(c[4][3]),
+          "+f"(c[5][0]), "+f"(c[5][1]), "+f"(c[5][2]), "+f"(c[5][3]),
+          "+f"(c[6][0]), "+f"(c[6][1]), "+f"(c[6][2]), "+f"(c[6][3]),
+          "+f"(c[7][0]), "+f"(c[7][1]), "+f"(c[7][2]), "+f"(c[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
+#else
+    __trap();  // sm_90a only (Note [wgmma products])
+#endif
+  }
+  __device__ __forceinline__ void wgmma_m64n64k16(float (&c)[8][4], const int (&a)[4], std::uint64_t desc,
+                                                   int accumulate, std::integral_constant<int, 1>) const {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]), "+f"(c[0][3]),
+          "+f"(c[1][0]), "+f"(c[1][1]), "+f"(c[1][2]), "+f"(c[1][3]),
+          "+f"(c[2][0]), "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]),
+          "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]), "+f"(c[3][3]),
+          "+f"(c[4][0]), "+f"(c[4][1]), "+f"(c[4][2]), "+f"(c[4][3]),
+          "+f"(c[5][0]), "+f"(c[5][1]), "+f"(c[5][2]), "+f"(c[5][3]),
+          "+f"(c[6][0]), "+f"(c[6][1]), "+f"(c[6][2]), "+f"(c[6][3]),
+          "+f"(c[7][0]), "+f"(c[7][1]), "+f"(c[7][2]), "+f"(c[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
+#else
+    __trap();  // sm_90a only (Note [wgmma products])
+#endif
+  }
+  __device__ __forceinline__ void wgmma_m64n128k16(float (&c)[16][4], const int (&a)[4], std::uint64_t desc,
+                                                   int accumulate, std::integral_constant<int, 0>) const {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]), "+f"(c[0][3]),
+          "+f"(c[1][0]), "+f"(c[1][1]), "+f"(c[1][2]), "+f"(c[1][3]),
+          "+f"(c[2][0]), "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]),
+          "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]), "+f"(c[3][3]),
+          "+f"(c[4][0]), "+f"(c[4][1]), "+f"(c[4][2]), "+f"(c[4][3]),
+          "+f"(c[5][0]), "+f"(c[5][1]), "+f"(c[5][2]), "+f"(c[5][3]),
+          "+f"(c[6][0]), "+f"(c[6][1]), "+f"(c[6][2]), "+f"(c[6][3]),
+          "+f"(c[7][0]), "+f"(c[7][1]), "+f"(c[7][2]), "+f"(c[7][3]),
+          "+f"(c[8][0]), "+f"(c[8][1]), "+f"(c[8][2]), "+f"(c[8][3]),
+          "+f"(c[9][0]), "+f"(c[9][1]), "+f"(c[9][2]), "+f"(c[9][3]),
+          "+f"(c[10][0]), "+f"(c[10][1]), "+f"(c[10][2]), "+f"(c[10][3]),
+          "+f"(c[11][0]), "+f"(c[11][1]), "+f"(c[11][2]), "+f"(c[11][3]),
+          "+f"(c[12][0]), "+f"(c[12][1]), "+f"(c[12][2]), "+f"(c[12][3]),
+          "+f"(c[13][0]), "+f"(c[13][1]), "+f"(c[13][2]), "+f"(c[13][3]),
+          "+f"(c[14][0]), "+f"(c[14][1]), "+f"(c[14][2]), "+f"(c[14][3]),
+          "+f"(c[15][0]), "+f"(c[15][1]), "+f"(c[15][2]), "+f"(c[15][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
+#else
+    __trap();  // sm_90a only (Note [wgmma products])
+#endif
+  }
+  __device__ __forceinline__ void wgmma_m64n128k16(float (&c)[16][4], const int (&a)[4], std::uint64_t desc,
+                                                   int accumulate, std::integral_constant<int, 1>) const {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]), "+f"(c[0][3]),
+          "+f"(c[1][0]), "+f"(c[1][1]), "+f"(c[1][2]), "+f"(c[1][3]),
+          "+f"(c[2][0]), "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]),
+          "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]), "+f"(c[3][3]),
+          "+f"(c[4][0]), "+f"(c[4][1]), "+f"(c[4][2]), "+f"(c[4][3]),
+          "+f"(c[5][0]), "+f"(c[5][1]), "+f"(c[5][2]), "+f"(c[5][3]),
+          "+f"(c[6][0]), "+f"(c[6][1]), "+f"(c[6][2]), "+f"(c[6][3]),
+          "+f"(c[7][0]), "+f"(c[7][1]), "+f"(c[7][2]), "+f"(c[7][3]),
+          "+f"(c[8][0]), "+f"(c[8][1]), "+f"(c[8][2]), "+f"(c[8][3]),
+          "+f"(c[9][0]), "+f"(c[9][1]), "+f"(c[9][2]), "+f"(c[9][3]),
+          "+f"(c[10][0]), "+f"(c[10][1]), "+f"(c[10][2]), "+f"(c[10][3]),
+          "+f"(c[11][0]), "+f"(c[11][1]), "+f"(c[11][2]), "+f"(c[11][3]),
+          "+f"(c[12][0]), "+f"(c[12][1]), "+f"(c[12][2]), "+f"(c[12][3]),
+          "+f"(c[13][0]), "+f"(c[13][1]), "+f"(c[13][2]), "+f"(c[13][3]),
+          "+f"(c[14][0]), "+f"(c[14][1]), "+f"(c[14][2]), "+f"(c[14][3]),
+          "+f"(c[15][0]), "+f"(c[15][1]), "+f"(c[15][2]), "+f"(c[15][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
+#else
+    __trap();  // sm_90a only (Note [wgmma products])
+#endif
+  }
+
   // 16 bytes (8 halves) into shared memory, as copy4_async (zeros when m is false).
   __device__ __forceinline__ void copy8h_async(half_t* dst, int doff, const half_t* src, int soff,
                                                bool m) const {

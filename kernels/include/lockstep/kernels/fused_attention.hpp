@@ -31,6 +31,8 @@ struct FusedAttentionParams {
   // TensorCore: K and V rounded to fp16, [B, Hkv, Skv, D] contiguous (FusedHalfPack writes them).
   void* k_half;
   void* v_half;
+  // FusedAttentionWgmma on CUDA: LOCKSTEP_WGMMA_SWAP, a diagnostic (Note [wgmma products]).
+  std::int32_t wgmma_swap;
 };
 
 // What a block of either fused kernel owns: query rows [s0, s0 + rows) of head h in batch b, kv
@@ -658,6 +660,33 @@ struct FusedAttentionTensorCore {
     }
   }
 
+  // out = o / l; a fully masked row (l == 0) gives zeros and log-sum-exp -inf.
+  template <class X, class F, class I>
+  LOCKSTEP_HD static void store_rows(X& x, const Params& p, const FusedBlock& fb, const F (&o)[kM][D / 8][4],
+                                     const F (&m)[kM][2], const F (&l)[kM][2], const I (&row0)[kM],
+                                     const I& tq) {
+    using B = typename X::template Lanes<bool>;
+    LOCKSTEP_UNROLL
+    for (int mt = 0; mt < kM; ++mt)
+      LOCKSTEP_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const F lt = x.template warp_sum<4>(l[mt][h]);
+        const I row = row0[mt] + h * 8;
+        const B live = row < fb.rows;
+        const B empty = lt == 0.0f;
+        LOCKSTEP_UNROLL
+        for (int n = 0; n < D / 8; ++n)
+          LOCKSTEP_UNROLL
+          for (int e = 0; e < 2; ++e)
+            x.store(fb.ob, row * fb.o_ss + (tq * 2 + (8 * n + e)),
+                    x.select(empty, 0.0f, o[mt][n][h * 2 + e] / lt), live);
+        if (p.lse != nullptr) {
+          float* lrow = p.lse + (std::int64_t{fb.b} * p.H + fb.h) * p.Sq + fb.s0;
+          x.store(lrow, row, x.select(empty, -kInf, m[mt][h] * p.scale + x.log(lt)), live & (tq == 0));
+        }
+      }
+  }
+
   template <class X>
   LOCKSTEP_HD static void run(X& x, const Params& p) {
     using F = typename X::template Lanes<float>;
@@ -749,26 +778,179 @@ struct FusedAttentionTensorCore {
       pv_tile(x, s, o, Vt, v_off);
     }
 
-    // out = o / l; a fully masked row (l == 0) gives zeros and log-sum-exp -inf.
+    store_rows(x, p, fb, o, m, l, row0, tq);
+  }
+};
+
+// Note [wgmma products]
+// FusedAttentionWgmma is FusedAttentionTensorCore's schedule and arithmetic with the products as
+// warpgroup instructions (PTX wgmma.mma_async, sm_90a): one instruction multiplies a warpgroup's
+// 64 rows by a 16 x N operand read from shared memory by the tensor cores themselves, where
+// mma.sync needs one instruction per 16 x 8 tile and an ldmatrix per two. Per tile of 64 keys and
+// warp at head_dim 128 that is 12 product instructions instead of 128 mma.sync and 64 ldmatrix, and
+// the products run asynchronously to the issuing warps. What is computed does not change:
+//   - the accumulator layout of wgmma is mma_16816's per warp (warp w of a warpgroup holds its rows
+//     16 w .. 16 w + 15, c[n8] being columns 8 n8 .. 8 n8 + 7), and A from registers is each
+//     warp's mma_16816 A fragment, so Q's fragments, the softmax on S (softmax_tile), P's packing
+//     and the output (store_rows) are FusedAttentionTensorCore<D, 1>'s own functions;
+//   - S accumulates over head_dim in steps of 16 and O over the tile's keys in steps of 16, in the
+//     same order; the CPU device emulates each product n-tile by n-tile with mma_16816's
+//     emulation, so on the CPU this kernel and FusedAttentionTensorCore give the same bytes
+//     (tested), and CUDA's differ from the CPU's only as the hardware's products do (Note
+//     [tensor-core emulation]; the same documented bound).
+// Shared memory: K and V tiles of 64 keys as 8 x 8 core matrices (16-byte rows of 8 halves, no
+// swizzle): the 16-byte chunk c of key row r at chunk index ((r / 8) (D / 8) + c) 8 + r % 8, so
+// thread t's cp.async writes chunk t (consecutive 16-byte rows: no bank conflicts). K is B of
+// Q.K^T in K-major order (leading byte offset 128 between core matrices along head_dim, stride
+// 16 D between groups of 8 keys); V is B of P.V in MN-major order (the same memory: leading 16 D
+// between groups of 8 keys, stride 128 between groups of 8 columns). Q's fragments come straight
+// from global memory into registers (rounded to fp16 as FusedAttentionTensorCore rounds them).
+// Schedule: WG warpgroups per block (64 WG query rows) share a ring of kStages K/V tiles filled
+// by cp.async kStages - 1 tiles ahead; one barrier per tile; each warpgroup issues its 8
+// (head_dim 128) Q.K^T products, waits, runs the softmax, issues its 4 P.V products and waits.
+// Built only for sm_90a (the host picks it on compute capability 9.0 when the library was built
+// with it: CMAKE_CUDA_ARCHITECTURES containing 90a); elsewhere its products trap.
+template <int D, int WG = 2, int kStages = 2>
+struct FusedAttentionWgmma {
+  static_assert(D == 64 || D == 128, "wgmma attention: head_dim 64 or 128");
+  static_assert((WG == 1 || WG == 2) && kStages >= 2 && kStages <= 4, "warpgroups 1 or 2, stages 2-4");
+  using Tc = FusedAttentionTensorCore<D, 1>;
+  // Blocks per SM the registers must allow: one warpgroup as FusedAttentionTensorCore<D, 1>, two
+  // (a block of 8 warps) one block at head_dim 128 (up to 255 registers), two at 64.
+  static constexpr int kMinBlocks = WG == 1 ? Tc::kMinBlocks : (D == 128 ? 1 : 2);
+  static constexpr const char* kName = "fused_attention_wgmma";
+  static constexpr int kWarps = 4 * WG;
+  static constexpr int kThreads = kWarps * kWarpSize;
+  static constexpr int kRows = 64 * WG;          // query rows per block
+  static constexpr int kTile = Tc::kTile;        // keys per tile (64)
+  static_assert(kTile == 64, "the Q.K^T product is 64 x 64 per warpgroup");
+  static constexpr int kTileHalves = kTile * D;  // one K or V tile, no padding
+  static constexpr int kChunks = kTile * D / 8;  // 16-byte chunks per tile
+  static constexpr int kCopies = kChunks / kThreads;  // per thread and tile
+  static_assert(kCopies * kThreads == kChunks, "tile copies: whole chunks per thread (1, 2 or 4 warpgroups)");
+  static constexpr std::size_t kSharedBytes = std::size_t(2) * kStages * kTileHalves * 2 + 32;
+  // Core-matrix strides (halves): along head_dim 64 (one core matrix), along keys 8 D.
+  static constexpr int kCoreStep = 64;
+  static constexpr int kKeyGroupStep = 8 * D;
+  using Params = FusedAttentionParams;
+
+  // Rows [0, keys) of a K or V tile from the packed fp16 operand (row pitch D) into the core-matrix
+  // layout; rows past `keys` are zeros.
+  template <class X, class T>
+  LOCKSTEP_HD static void issue_tile(X& x, typename X::half_t* dst, const typename X::half_t* src,
+                                     int keys, const T& t) {
     LOCKSTEP_UNROLL
-    for (int mt = 0; mt < kM; ++mt)
-      LOCKSTEP_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        const F lt = x.template warp_sum<4>(l[mt][h]);
-        const I row = row0[mt] + h * 8;
-        const B live = row < rows;
-        const B empty = lt == 0.0f;
-        LOCKSTEP_UNROLL
-        for (int n = 0; n < D / 8; ++n)
-          LOCKSTEP_UNROLL
-          for (int e = 0; e < 2; ++e)
-            x.store(fb.ob, row * fb.o_ss + (tq * 2 + (8 * n + e)),
-                    x.select(empty, 0.0f, o[mt][n][h * 2 + e] / lt), live);
-        if (p.lse != nullptr) {
-          float* lrow = p.lse + (std::int64_t{fb.b} * p.H + fb.h) * p.Sq + s0;
-          x.store(lrow, row, x.select(empty, -kInf, m[mt][h] * p.scale + x.log(lt)), live & (tq == 0));
-        }
+    for (int i = 0; i < kCopies; ++i) {
+      const auto q = t + i * kThreads;                // the chunk this thread writes
+      const auto row = x.idiv(q, D) * 8 + (q & 7);    // q / D: the group of 8 keys
+      const auto c = (q >> 3) - x.idiv(q >> 3, D / 8) * (D / 8);
+      x.copy8h_async(dst, q * 8, src, row * D + c * 8, row < keys);
+    }
+  }
+
+  template <class X>
+  LOCKSTEP_HD static void run(X& x, const Params& p) {
+    using F = typename X::template Lanes<float>;
+    using I = typename X::template Lanes<lane_int>;
+    using H = typename X::half_t;
+    H* Ks = x.template shared<H>(kStages * kTileHalves);
+    H* Vs = x.template shared<H>(kStages * kTileHalves);
+
+    const FusedBlock fb(x, p, kRows);
+    const int s0 = fb.s0, shift = fb.shift;
+    const std::int64_t kv_base = (std::int64_t{fb.b} * p.Hkv + fb.hk) * p.Skv * D;
+    const H* kh = static_cast<const H*>(p.k_half) + kv_base;
+    const H* vh = static_cast<const H*>(p.v_half) + kv_base;
+
+    const I t = x.thread();
+    const I lane = x.lane();
+    const I w = x.warp();
+    const I g = lane >> 2, tq = lane & 3;
+    I row0[1];
+    row0[0] = w * 16 + g;  // lane 4g + t of warp w holds rows row0 and row0 + 8
+
+    const int last_key = fb.last_key(p);
+    const int tiles = last_key > 0 ? static_cast<int>((last_key + kTile - 1) / kTile) : 0;
+    auto tile_keys = [&](int j) { return static_cast<int>(imin(last_key - std::int64_t{j} * kTile, kTile)); };
+    LOCKSTEP_UNROLL
+    for (int j = 0; j < kStages - 1; ++j) {
+      if (j < tiles) {
+        issue_tile(x, Ks + j * kTileHalves, kh + std::int64_t{j} * kTile * D, tile_keys(j), t);
+        issue_tile(x, Vs + j * kTileHalves, vh + std::int64_t{j} * kTile * D, tile_keys(j), t);
       }
+      x.async_commit();
+    }
+
+    // Q's A fragments from global memory, rounded to fp16 (rows past the block's are zeros).
+    I qf[D / 16][4];
+    LOCKSTEP_UNROLL
+    for (int kk = 0; kk < D / 16; ++kk)
+      LOCKSTEP_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const I r = row0[0] + (e & 1) * 8;
+        const I c = tq * 2 + (kk * 16 + (e >> 1) * 8);
+        const auto live = r < fb.rows;
+        qf[kk][e] = x.pack_half2(x.load(fb.qb, r * fb.q_ss + c, live, 0.0f),
+                                 x.load(fb.qb, r * fb.q_ss + (c + 1), live, 0.0f));
+      }
+
+    F o[1][D / 8][4];
+    LOCKSTEP_UNROLL
+    for (int n = 0; n < D / 8; ++n)
+      LOCKSTEP_UNROLL
+      for (int e = 0; e < 4; ++e) o[0][n][e] = 0.0f;
+    F m[1][2] = {{F(-kInf), F(-kInf)}}, l[1][2] = {{F(0.0f), F(0.0f)}};
+    const float c2 = p.scale_log2;
+    F s[1][kTile / 8][4];
+    // Descriptor strides (Note [wgmma products]); LOCKSTEP_WGMMA_SWAP (a diagnostic for the first
+    // GPU runs) swaps K's (bit 0) or V's (bit 1) on CUDA only.
+    int k_lbo = kCoreStep, k_sbo = kKeyGroupStep, v_lbo = kKeyGroupStep, v_sbo = kCoreStep;
+    if constexpr (!X::kIsCpu) {
+      if (p.wgmma_swap & 1) k_lbo = kKeyGroupStep, k_sbo = kCoreStep;
+      if (p.wgmma_swap & 2) v_lbo = kCoreStep, v_sbo = kKeyGroupStep;
+    }
+
+    for (int j = 0; j < tiles; ++j) {
+      const int buf = j % kStages;
+      x.template async_wait<kStages - 2>();  // tile j has landed (this thread's copies) ...
+      x.fence_async_shared();                // ... and is visible to the products
+      x.sync();                              // every thread's copies; every warp done with j - 1
+      if (j + kStages - 1 < tiles) {
+        const int jn = j + kStages - 1, bn = jn % kStages;
+        issue_tile(x, Ks + bn * kTileHalves, kh + std::int64_t{jn} * kTile * D, tile_keys(jn), t);
+        issue_tile(x, Vs + bn * kTileHalves, vh + std::int64_t{jn} * kTile * D, tile_keys(jn), t);
+      }
+      x.async_commit();
+      // S = Q.K^T: 64 x 64 per warpgroup, head_dim in steps of 16.
+      x.wgmma_fence();
+      LOCKSTEP_UNROLL
+      for (int kk = 0; kk < D / 16; ++kk)
+        x.template wgmma<kTile, false>(s[0], qf[kk], Ks, buf * kTileHalves + kk * 2 * kCoreStep, k_lbo, k_sbo,
+                                       kk > 0);
+      x.wgmma_commit();
+      x.template wgmma_wait<0>();
+      x.wgmma_hold(s[0]);
+      Tc::softmax_tile(x, p, s, m, l, o, row0, tq, j * kTile, tile_keys(j), s0, shift, c2);
+      // O += P.V: the tile's keys in steps of 16 (every A fragment packed first, so that the
+      // products issue back to back after one fence).
+      I pa[kTile / 16][4];
+      LOCKSTEP_UNROLL
+      for (int kc = 0; kc < kTile / 16; ++kc) {
+        pa[kc][0] = x.pack_half2(s[0][2 * kc][0], s[0][2 * kc][1]);
+        pa[kc][1] = x.pack_half2(s[0][2 * kc][2], s[0][2 * kc][3]);
+        pa[kc][2] = x.pack_half2(s[0][2 * kc + 1][0], s[0][2 * kc + 1][1]);
+        pa[kc][3] = x.pack_half2(s[0][2 * kc + 1][2], s[0][2 * kc + 1][3]);
+      }
+      x.wgmma_fence();
+      LOCKSTEP_UNROLL
+      for (int kc = 0; kc < kTile / 16; ++kc)
+        x.template wgmma<D, true>(o[0], pa[kc], Vs, buf * kTileHalves + kc * 2 * kKeyGroupStep, v_lbo, v_sbo, true);
+      x.wgmma_commit();
+      x.template wgmma_wait<0>();
+      x.wgmma_hold(o[0]);
+    }
+    x.template async_wait<0>();  // no copy outlives the block
+    Tc::store_rows(x, p, fb, o, m, l, row0, tq);
   }
 };
 
