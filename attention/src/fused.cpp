@@ -64,16 +64,15 @@ bool use_wgmma(const Stream& s, int D) {
 #endif
 }
 
-// The wgmma kernel's schedule (warpgroups per block, ring stages): two warpgroups (128 rows, one
-// block per SM at head_dim 128) and a ring of 3 where the grid fills two waves of 132 SMs, else
-// one warpgroup and 2. LOCKSTEP_FUSED_TC_WGMMA_SCHED=12|22|23 (warpgroups, stages) overrides (a
-// measurement knob); the same bits either way.
-int wgmma_schedule(int D, std::int64_t blocks_at_128_rows) {
-  if (const char* v = std::getenv("LOCKSTEP_FUSED_TC_WGMMA_SCHED"); v != nullptr) {
-    const int sched = std::atoi(v);
-    if (sched == 12 || sched == 22 || sched == 23) return sched;
+// The wgmma kernel's warpgroups per block: two (128 rows; one block per SM at head_dim 128) where
+// the grid fills two waves of 132 SMs at 128 rows, else one (64 rows). LOCKSTEP_FUSED_TC_WGMMA_WG=1|2
+// overrides (a measurement knob); the same bits either way.
+int wgmma_warpgroups(int D, std::int64_t blocks_at_128_rows) {
+  if (const char* v = std::getenv("LOCKSTEP_FUSED_TC_WGMMA_WG"); v != nullptr) {
+    const int wg = std::atoi(v);
+    if (wg == 1 || wg == 2) return wg;
   }
-  return D == 128 && blocks_at_128_rows >= 2 * 132 ? 23 : 12;
+  return D == 128 && blocks_at_128_rows >= 2 * 132 ? 2 : 1;
 }
 
 int wgmma_swap_knob() {
@@ -116,11 +115,8 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
     if constexpr (D == 64 || D == 128) {
       if (use_wgmma(s, D)) {
         tp.wgmma_swap = wgmma_swap_knob();
-        switch (wgmma_schedule(D, blocks128)) {
-          case 22: return go(kernels::FusedAttentionWgmma<D, 2, 2>{}, tp);
-          case 23: return go(kernels::FusedAttentionWgmma<D, 2, 3>{}, tp);
-          default: return go(kernels::FusedAttentionWgmma<D, 1, 2>{}, tp);
-        }
+        if (wgmma_warpgroups(D, blocks128) == 2) return go(kernels::FusedAttentionWgmma<D, 2>{}, tp);
+        return go(kernels::FusedAttentionWgmma<D, 1>{}, tp);
       }
     }
     if (use_two_m_tiles(D, blocks128)) return go(kernels::FusedAttentionTensorCore<D, 2>{}, tp);

@@ -970,6 +970,10 @@ class CpuExec {
   void wgmma_wait() const {}
   template <int K>
   void wgmma_hold(Lanes<float> (&)[K][4]) const {}
+  template <int K>
+  void wgmma_keep(Lanes<std::int32_t> (&)[K][4], int) const {}
+  template <int K>
+  void wgmma_ready(Lanes<std::int32_t> (&)[K][4]) const {}
   void fence_async_shared() const {}
   // 16 bytes (8 halves) per active lane into shared memory, zeros where the mask is false.
   template <LaneExpr DO, LaneExpr SO, class M>

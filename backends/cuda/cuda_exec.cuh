@@ -325,6 +325,26 @@ struct CudaExec {
 #pragma unroll
       for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(c[i][e])::"memory");
   }
+  // A fragments kept in registers across a loop of products, rewritten by an ordinary instruction
+  // (xor with z, a zero the compiler cannot see; volatile, so before the fence that follows)
+  // before a batch reads them: ptxas keeps a product's register operands live only up to the
+  // product (Note [wgmma products]).
+  template <int K>
+  __device__ __forceinline__ void wgmma_keep(int (&a)[K][4], int z) const {
+#pragma unroll
+    for (int i = 0; i < K; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) asm volatile("xor.b32 %0, %0, %1;\n" : "+r"(a[i][e]) : "r"(z));
+  }
+  // A fragments computed before the fence that precedes their products (volatile: the compiler
+  // keeps this, and so their computation, before the fence; ptxas otherwise serializes the batch).
+  template <int K>
+  __device__ __forceinline__ void wgmma_ready(int (&a)[K][4]) const {
+#pragma unroll
+    for (int i = 0; i < K; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e]));
+  }
   __device__ __forceinline__ void fence_async_shared() const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");

@@ -31,8 +31,10 @@ struct FusedAttentionParams {
   // TensorCore: K and V rounded to fp16, [B, Hkv, Skv, D] contiguous (FusedHalfPack writes them).
   void* k_half;
   void* v_half;
-  // FusedAttentionWgmma on CUDA: LOCKSTEP_WGMMA_SWAP, a diagnostic (Note [wgmma products]).
+  // FusedAttentionWgmma on CUDA: LOCKSTEP_WGMMA_SWAP, a diagnostic, and a zero the compiler
+  // cannot see (Note [wgmma products]).
   std::int32_t wgmma_swap;
+  std::int32_t zero;
 };
 
 // What a block of either fused kernel owns: query rows [s0, s0 + rows) of head h in batch b, kv
@@ -783,21 +785,21 @@ struct FusedAttentionTensorCore {
 };
 
 // Note [wgmma products]
-// FusedAttentionWgmma is FusedAttentionTensorCore's schedule and arithmetic with the products as
-// warpgroup instructions (PTX wgmma.mma_async, sm_90a): one instruction multiplies a warpgroup's
-// 64 rows by a 16 x N operand read from shared memory by the tensor cores themselves, where
-// mma.sync needs one instruction per 16 x 8 tile and an ldmatrix per two. Per tile of 64 keys and
-// warp at head_dim 128 that is 12 product instructions instead of 128 mma.sync and 64 ldmatrix, and
-// the products run asynchronously to the issuing warps. What is computed does not change:
-//   - the accumulator layout of wgmma is mma_16816's per warp (warp w of a warpgroup holds its rows
-//     16 w .. 16 w + 15, c[n8] being columns 8 n8 .. 8 n8 + 7), and A from registers is each
+// FusedAttentionWgmma is FusedAttentionTensorCore's arithmetic with the products as warpgroup
+// instructions (PTX wgmma.mma_async, sm_90a): one instruction multiplies a warpgroup's 64 rows by
+// a 16 x N operand that the tensor cores read from shared memory themselves, where mma.sync needs
+// one instruction per 16 x 8 tile and an ldmatrix per two. Per tile of 64 keys and warp at
+// head_dim 128: 12 product instructions instead of 128 mma.sync and 64 ldmatrix; and the products
+// run asynchronously to the warps that issue them. What is computed does not change:
+//   - the accumulator layout of wgmma is mma_16816's per warp (warp w of a warpgroup holds its
+//     rows 16 w .. 16 w + 15, c[n8] being columns 8 n8 .. 8 n8 + 7), and A from registers is each
 //     warp's mma_16816 A fragment, so Q's fragments, the softmax on S (softmax_tile), P's packing
-//     and the output (store_rows) are FusedAttentionTensorCore<D, 1>'s own functions;
+//     and the output (store_rows) are FusedAttentionTensorCore<D, 1>'s own;
 //   - S accumulates over head_dim in steps of 16 and O over the tile's keys in steps of 16, in the
 //     same order; the CPU device emulates each product n-tile by n-tile with mma_16816's
-//     emulation, so on the CPU this kernel and FusedAttentionTensorCore give the same bytes
-//     (tested), and CUDA's differ from the CPU's only as the hardware's products do (Note
-//     [tensor-core emulation]; the same documented bound).
+//     emulation, so there this kernel and FusedAttentionTensorCore give the same bytes (tested),
+//     and CUDA's differ from the CPU's only as the hardware's products do (Note [tensor-core
+//     emulation]; the same documented bound).
 // Shared memory: K and V tiles of 64 keys as 8 x 8 core matrices (16-byte rows of 8 halves, no
 // swizzle): the 16-byte chunk c of key row r at chunk index ((r / 8) (D / 8) + c) 8 + r % 8, so
 // thread t's cp.async writes chunk t (consecutive 16-byte rows: no bank conflicts). K is B of
@@ -805,29 +807,37 @@ struct FusedAttentionTensorCore {
 // 16 D between groups of 8 keys); V is B of P.V in MN-major order (the same memory: leading 16 D
 // between groups of 8 keys, stride 128 between groups of 8 columns). Q's fragments come straight
 // from global memory into registers (rounded to fp16 as FusedAttentionTensorCore rounds them).
-// Schedule: WG warpgroups per block (64 WG query rows) share a ring of kStages K/V tiles filled
-// by cp.async kStages - 1 tiles ahead; one barrier per tile; each warpgroup issues its 8
-// (head_dim 128) Q.K^T products, waits, runs the softmax, issues its 4 P.V products and waits.
+// ptxas (CUDA 13.0) does not keep a product's register operand live across the loop's back edge:
+// it reused Q's registers inside the loop (run 81: wrong scores from the second tile on). So each
+// tile first rewrites Q's fragments with an ordinary instruction (x.wgmma_keep: xor with p.zero,
+// a zero ptxas cannot see), whose reads keep them live.
+// Schedule (FlashAttention-3's overlap within a warpgroup): WG warpgroups per block (64 WG query
+// rows) share a ring of 3 K/V tiles filled by cp.async. Per tile j, after one barrier (tile j + 1
+// has landed; every warpgroup is done with tile j - 1, whose buffer then takes tile j + 2): issue
+// S' = Q.K^T of tile j + 1, run the softmax of tile j on S (already complete) while S' is
+// computed, issue O += P.V of tile j, wait for S' and then for P.V. S and S' alternate (the loop
+// is unrolled by two).
 // Built only for sm_90a (the host picks it on compute capability 9.0 when the library was built
 // with it: CMAKE_CUDA_ARCHITECTURES containing 90a); elsewhere its products trap.
-template <int D, int WG = 2, int kStages = 2>
+template <int D, int WG = 2>
 struct FusedAttentionWgmma {
   static_assert(D == 64 || D == 128, "wgmma attention: head_dim 64 or 128");
-  static_assert((WG == 1 || WG == 2) && kStages >= 2 && kStages <= 4, "warpgroups 1 or 2, stages 2-4");
+  static_assert(WG == 1 || WG == 2, "one or two warpgroups per block");
   using Tc = FusedAttentionTensorCore<D, 1>;
-  // Blocks per SM the registers must allow: one warpgroup as FusedAttentionTensorCore<D, 1>, two
-  // (a block of 8 warps) one block at head_dim 128 (up to 255 registers), two at 64.
-  static constexpr int kMinBlocks = WG == 1 ? Tc::kMinBlocks : (D == 128 ? 1 : 2);
   static constexpr const char* kName = "fused_attention_wgmma";
   static constexpr int kWarps = 4 * WG;
   static constexpr int kThreads = kWarps * kWarpSize;
   static constexpr int kRows = 64 * WG;          // query rows per block
   static constexpr int kTile = Tc::kTile;        // keys per tile (64)
   static_assert(kTile == 64, "the Q.K^T product is 64 x 64 per warpgroup");
+  static constexpr int kStages = 3;              // tiles j (P.V), j + 1 (Q.K^T), j + 2 (loading)
+  // Blocks per SM the registers must allow (S twice, O, Q: up to 255 registers at head_dim 128
+  // with one warpgroup and two blocks, or two warpgroups and one block).
+  static constexpr int kMinBlocks = WG == 1 ? (D == 128 ? 2 : 3) : 1;
   static constexpr int kTileHalves = kTile * D;  // one K or V tile, no padding
   static constexpr int kChunks = kTile * D / 8;  // 16-byte chunks per tile
   static constexpr int kCopies = kChunks / kThreads;  // per thread and tile
-  static_assert(kCopies * kThreads == kChunks, "tile copies: whole chunks per thread (1, 2 or 4 warpgroups)");
+  static_assert(kCopies * kThreads == kChunks, "tile copies: whole chunks per thread");
   static constexpr std::size_t kSharedBytes = std::size_t(2) * kStages * kTileHalves * 2 + 32;
   // Core-matrix strides (halves): along head_dim 64 (one core matrix), along keys 8 D.
   static constexpr int kCoreStep = 64;
@@ -872,14 +882,16 @@ struct FusedAttentionWgmma {
     const int last_key = fb.last_key(p);
     const int tiles = last_key > 0 ? static_cast<int>((last_key + kTile - 1) / kTile) : 0;
     auto tile_keys = [&](int j) { return static_cast<int>(imin(last_key - std::int64_t{j} * kTile, kTile)); };
-    LOCKSTEP_UNROLL
-    for (int j = 0; j < kStages - 1; ++j) {
+    auto issue = [&](int j) {  // tile j into its ring slot, as one cp.async group
       if (j < tiles) {
-        issue_tile(x, Ks + j * kTileHalves, kh + std::int64_t{j} * kTile * D, tile_keys(j), t);
-        issue_tile(x, Vs + j * kTileHalves, vh + std::int64_t{j} * kTile * D, tile_keys(j), t);
+        const int b = j % kStages;
+        issue_tile(x, Ks + b * kTileHalves, kh + std::int64_t{j} * kTile * D, tile_keys(j), t);
+        issue_tile(x, Vs + b * kTileHalves, vh + std::int64_t{j} * kTile * D, tile_keys(j), t);
       }
       x.async_commit();
-    }
+    };
+    issue(0);
+    issue(1);
 
     // Q's A fragments from global memory, rounded to fp16 (rows past the block's are zeros).
     I qf[D / 16][4];
@@ -901,35 +913,37 @@ struct FusedAttentionWgmma {
       for (int e = 0; e < 4; ++e) o[0][n][e] = 0.0f;
     F m[1][2] = {{F(-kInf), F(-kInf)}}, l[1][2] = {{F(0.0f), F(0.0f)}};
     const float c2 = p.scale_log2;
-    F s[1][kTile / 8][4];
-    // Descriptor strides (Note [wgmma products]); LOCKSTEP_WGMMA_SWAP (a diagnostic for the first
-    // GPU runs) swaps K's (bit 0) or V's (bit 1) on CUDA only.
+    // Descriptor strides (Note [wgmma products]); LOCKSTEP_WGMMA_SWAP (a diagnostic) swaps K's
+    // (bit 0) or V's (bit 1) on CUDA only.
     int k_lbo = kCoreStep, k_sbo = kKeyGroupStep, v_lbo = kKeyGroupStep, v_sbo = kCoreStep;
     if constexpr (!X::kIsCpu) {
       if (p.wgmma_swap & 1) k_lbo = kKeyGroupStep, k_sbo = kCoreStep;
       if (p.wgmma_swap & 2) v_lbo = kCoreStep, v_sbo = kKeyGroupStep;
     }
-
-    for (int j = 0; j < tiles; ++j) {
-      const int buf = j % kStages;
-      x.template async_wait<kStages - 2>();  // tile j has landed (this thread's copies) ...
-      x.fence_async_shared();                // ... and is visible to the products
-      x.sync();                              // every thread's copies; every warp done with j - 1
-      if (j + kStages - 1 < tiles) {
-        const int jn = j + kStages - 1, bn = jn % kStages;
-        issue_tile(x, Ks + bn * kTileHalves, kh + std::int64_t{jn} * kTile * D, tile_keys(jn), t);
-        issue_tile(x, Vs + bn * kTileHalves, vh + std::int64_t{jn} * kTile * D, tile_keys(jn), t);
-      }
-      x.async_commit();
-      // S = Q.K^T: 64 x 64 per warpgroup, head_dim in steps of 16.
+    // S = Q.K^T of tile j into sj, issued (64 x 64 per warpgroup, head_dim in steps of 16).
+    auto issue_qk = [&](int j, F (&sj)[1][kTile / 8][4]) {
+      x.wgmma_keep(qf, p.zero);
       x.wgmma_fence();
       LOCKSTEP_UNROLL
       for (int kk = 0; kk < D / 16; ++kk)
-        x.template wgmma<kTile, false>(s[0], qf[kk], Ks, buf * kTileHalves + kk * 2 * kCoreStep, k_lbo, k_sbo,
-                                       kk > 0);
+        x.template wgmma<kTile, false>(sj[0], qf[kk], Ks, (j % kStages) * kTileHalves + kk * 2 * kCoreStep,
+                                       k_lbo, k_sbo, kk > 0);
       x.wgmma_commit();
-      x.template wgmma_wait<0>();
-      x.wgmma_hold(s[0]);
+    };
+    // Tile j: its scores in s_in (complete); the next tile's products into s_next meanwhile. The
+    // softmax works on a copy: ptxas serializes every product when ordinary instructions write a
+    // product's accumulator registers while another product is in flight (its C7515 advisory).
+    auto step = [&](int j, F (&s_in)[1][kTile / 8][4], F (&s_next)[1][kTile / 8][4]) {
+      F s[1][kTile / 8][4];
+      LOCKSTEP_UNROLL
+      for (int n = 0; n < kTile / 8; ++n)
+        LOCKSTEP_UNROLL
+        for (int e = 0; e < 4; ++e) s[0][n][e] = s_in[0][n][e];
+      x.template async_wait<0>();  // tile j + 1 has landed (this thread's copies) ...
+      x.fence_async_shared();      // ... and is visible to the products
+      x.sync();                    // every thread's copies; every warpgroup done with tile j - 1
+      issue(j + 2);                // into tile j - 1's slot
+      if (j + 1 < tiles) issue_qk(j + 1, s_next);
       Tc::softmax_tile(x, p, s, m, l, o, row0, tq, j * kTile, tile_keys(j), s0, shift, c2);
       // O += P.V: the tile's keys in steps of 16 (every A fragment packed first, so that the
       // products issue back to back after one fence).
@@ -941,13 +955,31 @@ struct FusedAttentionWgmma {
         pa[kc][2] = x.pack_half2(s[0][2 * kc + 1][0], s[0][2 * kc + 1][1]);
         pa[kc][3] = x.pack_half2(s[0][2 * kc + 1][2], s[0][2 * kc + 1][3]);
       }
+      x.wgmma_ready(pa);
       x.wgmma_fence();
       LOCKSTEP_UNROLL
       for (int kc = 0; kc < kTile / 16; ++kc)
-        x.template wgmma<D, true>(o[0], pa[kc], Vs, buf * kTileHalves + kc * 2 * kKeyGroupStep, v_lbo, v_sbo, true);
+        x.template wgmma<D, true>(o[0], pa[kc], Vs, (j % kStages) * kTileHalves + kc * 2 * kKeyGroupStep,
+                                  v_lbo, v_sbo, true);
       x.wgmma_commit();
-      x.template wgmma_wait<0>();
+      x.template wgmma_wait<1>();  // S' (committed first) is complete
+      x.wgmma_hold(s_next[0]);
+      x.template wgmma_wait<0>();  // and P.V
       x.wgmma_hold(o[0]);
+    };
+
+    F sa[1][kTile / 8][4], sb[1][kTile / 8][4];
+    if (tiles > 0) {
+      x.template async_wait<1>();  // tile 0
+      x.fence_async_shared();
+      x.sync();
+      issue_qk(0, sa);
+      x.template wgmma_wait<0>();
+      x.wgmma_hold(sa[0]);
+    }
+    for (int j = 0; j < tiles; j += 2) {
+      step(j, sa, sb);
+      if (j + 1 < tiles) step(j + 1, sb, sa);
     }
     x.template async_wait<0>();  // no copy outlives the block
     Tc::store_rows(x, p, fb, o, m, l, row0, tq);

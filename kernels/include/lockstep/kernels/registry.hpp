@@ -60,9 +60,8 @@ using AllKernels = KernelList<
     FusedAttentionTensorCore<32>, FusedAttentionTensorCore<64>, FusedAttentionTensorCore<96>,
     FusedAttentionTensorCore<128>, FusedAttentionTensorCore<256>,
     FusedAttentionTensorCore<64, 2>, FusedAttentionTensorCore<96, 2>, FusedAttentionTensorCore<128, 2>,
-    // Note [wgmma products]: (head_dim, warpgroups, stages)
-    FusedAttentionWgmma<64, 1, 2>, FusedAttentionWgmma<64, 2, 2>, FusedAttentionWgmma<64, 2, 3>,
-    FusedAttentionWgmma<128, 1, 2>, FusedAttentionWgmma<128, 2, 2>, FusedAttentionWgmma<128, 2, 3>,
+    // Note [wgmma products]: (head_dim, warpgroups per block)
+    FusedAttentionWgmma<64, 1>, FusedAttentionWgmma<64, 2>, FusedAttentionWgmma<128, 1>, FusedAttentionWgmma<128, 2>,
     FusedHalfPack<32>, FusedHalfPack<64>, FusedHalfPack<96>, FusedHalfPack<128>, FusedHalfPack<256>>;
 
 template <class K, class List>
