@@ -11,9 +11,6 @@
 namespace lockstep {
 
 namespace {
-std::uint64_t batch_kv_elems(const kernels::FusedAttentionParams& p, std::int64_t D) {
-  return std::uint64_t(p.B) * std::uint64_t(p.Hkv) * std::uint64_t(p.Skv) * std::uint64_t(D);
-}
 
 // TensorCore at head_dim 64-128 can run 128 query rows per block (two m-tiles per warp sharing
 // each K and V fragment, 255 registers, two blocks per SM) instead of 64 (168 registers at
@@ -98,22 +95,32 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
     return go(kernels::FusedAttentionExact<D>{}, p);
   }
   // K and V rounded to fp16 once, packed in the stream's scratch (Note [fused tensor-core
-  // rounding points]), then the fused kernel.
+  // rounding points]), then the fused kernel: the wgmma kernel's packing is tiled (Note [wgmma
+  // products]).
   kernels::FusedAttentionParams tp = p;
+  const bool wgmma = (D == 64 || D == 128) && use_wgmma(s, D);
   if (p.Skv > 0) {
-    const std::size_t half_bytes = std::size_t(batch_kv_elems(p, D)) * 2;
+    const std::int64_t skv_packed = wgmma ? kernels::ceil_div(p.Skv, 64) * 64 : p.Skv;
+    const std::size_t half_bytes =
+        std::size_t(batch) * std::size_t(p.Hkv) * std::size_t(skv_packed) * std::size_t(D) * 2;
     auto* ws = static_cast<char*>(detail::StreamAccess::scratch(s, 2 * half_bytes));
     tp.k_half = ws;
     tp.v_half = ws + half_bytes;
-    using P = kernels::FusedHalfPack<D>;
-    const Dim3 grid{static_cast<std::uint32_t>(kernels::ceil_div(p.Skv, P::kRows)),
-                    static_cast<std::uint32_t>(p.Hkv), static_cast<std::uint32_t>(batch)};
-    launch<P>(s, grid, P::kSharedBytes, tp);
+    auto pack = [&](auto k, std::int64_t rows) {
+      using P = decltype(k);
+      const Dim3 grid{static_cast<std::uint32_t>(kernels::ceil_div(p.Skv, rows)),
+                      static_cast<std::uint32_t>(p.Hkv), static_cast<std::uint32_t>(batch)};
+      launch<P>(s, grid, P::kSharedBytes, tp);
+    };
+    if constexpr (D == 64 || D == 128) {
+      if (wgmma) pack(kernels::FusedHalfPackTiled<D>{}, 64);
+    }
+    if (!wgmma) pack(kernels::FusedHalfPack<D>{}, kernels::FusedHalfPack<D>::kRows);
   }
   if constexpr (D >= 64 && D <= 128) {
     const std::int64_t blocks128 = kernels::ceil_div(seq_q, std::int64_t{128}) * heads * batch;
     if constexpr (D == 64 || D == 128) {
-      if (use_wgmma(s, D)) {
+      if (wgmma) {
         tp.wgmma_swap = wgmma_swap_knob();
         if (wgmma_warpgroups(D, blocks128) == 2) return go(kernels::FusedAttentionWgmma<D, 2>{}, tp);
         return go(kernels::FusedAttentionWgmma<D, 1>{}, tp);

@@ -974,6 +974,16 @@ class CpuExec {
   void wgmma_keep(Lanes<std::int32_t> (&)[K][4], int) const {}
   template <int K>
   void wgmma_ready(Lanes<std::int32_t> (&)[K][4]) const {}
+  // Bulk tiles (backends/cuda/cuda_exec.cuh): the copies happen where they are issued, and every
+  // wait is already satisfied (a block runs its statements in order).
+  void mbar_init(std::uint64_t*, int) const {}
+  void mbar_wait(std::uint64_t*, int) const {}
+  void mbar_arrive_warp(std::uint64_t*) const {}
+  void bulk_tiles(std::uint64_t*, std::uint64_t*, int, bool, half_t* dst0, const half_t* src0, half_t* dst1,
+                  const half_t* src1, int bytes) const {
+    std::memcpy(dst0, src0, std::size_t(bytes));
+    std::memcpy(dst1, src1, std::size_t(bytes));
+  }
   void fence_async_shared() const {}
   // 16 bytes (8 halves) per active lane into shared memory, zeros where the mask is false.
   template <LaneExpr DO, LaneExpr SO, class M>

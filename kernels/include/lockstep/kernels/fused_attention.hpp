@@ -801,22 +801,29 @@ struct FusedAttentionTensorCore {
 //     and CUDA's differ from the CPU's only as the hardware's products do (Note [tensor-core
 //     emulation]; the same documented bound).
 // Shared memory: K and V tiles of 64 keys as 8 x 8 core matrices (16-byte rows of 8 halves, no
-// swizzle): the 16-byte chunk c of key row r at chunk index ((r / 8) (D / 8) + c) 8 + r % 8, so
-// thread t's cp.async writes chunk t (consecutive 16-byte rows: no bank conflicts). K is B of
-// Q.K^T in K-major order (leading byte offset 128 between core matrices along head_dim, stride
-// 16 D between groups of 8 keys); V is B of P.V in MN-major order (the same memory: leading 16 D
-// between groups of 8 keys, stride 128 between groups of 8 columns). Q's fragments come straight
-// from global memory into registers (rounded to fp16 as FusedAttentionTensorCore rounds them).
+// swizzle): element (key r, column k) at ((r / 8) (D / 8) + k / 8) 64 + (r % 8) 8 + k % 8 halves.
+// K is B of Q.K^T in K-major order (leading byte offset 128 between core matrices along head_dim,
+// stride 16 D between groups of 8 keys); V is B of P.V in MN-major order (the same memory: leading
+// 16 D between groups of 8 keys, stride 128 between groups of 8 columns). FusedHalfPackTiled
+// writes K and V in that layout tile by tile, so a tile is one contiguous 64 D halves in global
+// memory too, and one thread moves it with one bulk copy (cp.async.bulk) that completes on the
+// slot's transaction barrier. Rows past Skv in the last tile are zeros; rows of a tile past the
+// block's last visible key (causal) are the keys' own values, weighted 0 (FusedAttentionTensorCore
+// zero-fills those rows instead: a V entry there beyond fp16's range, inf after rounding, would
+// make 0 x inf = NaN here only). Q's fragments come straight from global memory into registers
+// (rounded to fp16 as FusedAttentionTensorCore rounds them).
 // ptxas (CUDA 13.0) does not keep a product's register operand live across the loop's back edge:
 // it reused Q's registers inside the loop (run 81: wrong scores from the second tile on). So each
 // tile first rewrites Q's fragments with an ordinary instruction (x.wgmma_keep: xor with p.zero,
 // a zero ptxas cannot see), whose reads keep them live.
-// Schedule (FlashAttention-3's overlap within a warpgroup): WG warpgroups per block (64 WG query
-// rows) share a ring of 3 K/V tiles filled by cp.async. Per tile j, after one barrier (tile j + 1
-// has landed; every warpgroup is done with tile j - 1, whose buffer then takes tile j + 2): issue
-// S' = Q.K^T of tile j + 1, run the softmax of tile j on S (already complete) while S' is
-// computed, issue O += P.V of tile j, wait for S' and then for P.V. S and S' alternate (the loop
-// is unrolled by two).
+// Schedule (FlashAttention-3's overlap within a warpgroup; no block-wide barrier in the loop):
+// WG warpgroups per block (64 WG query rows) share a ring of 3 K/V tiles. Thread 0 issues tile
+// j + 2 into slot (j + 2) % 3 once every warp has released tile j - 1 there (the slot's `empty`
+// barrier); each warpgroup, per tile j: waits for tile j + 1 (the slot's `full` barrier) and
+// issues S' = Q.K^T of it, runs the softmax of tile j on S (already complete) while S' is
+// computed, issues O += P.V of tile j, waits for S' and for P.V, and releases tile j. S and S'
+// alternate (the loop is unrolled by two). The warpgroups are never more than a tile apart and
+// otherwise run freely, so one's softmax overlaps the other's products.
 // Built only for sm_90a (the host picks it on compute capability 9.0 when the library was built
 // with it: CMAKE_CUDA_ARCHITECTURES containing 90a); elsewhere its products trap.
 template <int D, int WG = 2>
@@ -835,28 +842,11 @@ struct FusedAttentionWgmma {
   // with one warpgroup and two blocks, or two warpgroups and one block).
   static constexpr int kMinBlocks = WG == 1 ? (D == 128 ? 2 : 3) : 1;
   static constexpr int kTileHalves = kTile * D;  // one K or V tile, no padding
-  static constexpr int kChunks = kTile * D / 8;  // 16-byte chunks per tile
-  static constexpr int kCopies = kChunks / kThreads;  // per thread and tile
-  static_assert(kCopies * kThreads == kChunks, "tile copies: whole chunks per thread");
-  static constexpr std::size_t kSharedBytes = std::size_t(2) * kStages * kTileHalves * 2 + 32;
+  static constexpr std::size_t kSharedBytes = std::size_t(2) * kStages * kTileHalves * 2 + 2 * kStages * 8 + 64;
   // Core-matrix strides (halves): along head_dim 64 (one core matrix), along keys 8 D.
   static constexpr int kCoreStep = 64;
   static constexpr int kKeyGroupStep = 8 * D;
   using Params = FusedAttentionParams;
-
-  // Rows [0, keys) of a K or V tile from the packed fp16 operand (row pitch D) into the core-matrix
-  // layout; rows past `keys` are zeros.
-  template <class X, class T>
-  LOCKSTEP_HD static void issue_tile(X& x, typename X::half_t* dst, const typename X::half_t* src,
-                                     int keys, const T& t) {
-    LOCKSTEP_UNROLL
-    for (int i = 0; i < kCopies; ++i) {
-      const auto q = t + i * kThreads;                // the chunk this thread writes
-      const auto row = x.idiv(q, D) * 8 + (q & 7);    // q / D: the group of 8 keys
-      const auto c = (q >> 3) - x.idiv(q >> 3, D / 8) * (D / 8);
-      x.copy8h_async(dst, q * 8, src, row * D + c * 8, row < keys);
-    }
-  }
 
   template <class X>
   LOCKSTEP_HD static void run(X& x, const Params& p) {
@@ -865,14 +855,22 @@ struct FusedAttentionWgmma {
     using H = typename X::half_t;
     H* Ks = x.template shared<H>(kStages * kTileHalves);
     H* Vs = x.template shared<H>(kStages * kTileHalves);
+    std::uint64_t* full = x.template shared<std::uint64_t>(kStages);   // tile landed in the slot
+    std::uint64_t* empty = x.template shared<std::uint64_t>(kStages);  // every warp done with it
 
     const FusedBlock fb(x, p, kRows);
     const int s0 = fb.s0, shift = fb.shift;
-    const std::int64_t kv_base = (std::int64_t{fb.b} * p.Hkv + fb.hk) * p.Skv * D;
+    // FusedHalfPackTiled's layout: [B, Hkv, tiles of Skv, 64 D halves].
+    const std::int64_t kv_base = (std::int64_t{fb.b} * p.Hkv + fb.hk) * ceil_div(p.Skv, kTile) * kTileHalves;
     const H* kh = static_cast<const H*>(p.k_half) + kv_base;
     const H* vh = static_cast<const H*>(p.v_half) + kv_base;
+    LOCKSTEP_UNROLL
+    for (int i = 0; i < kStages; ++i) {
+      x.mbar_init(full + i, 1);
+      x.mbar_init(empty + i, kWarps);
+    }
+    x.sync();
 
-    const I t = x.thread();
     const I lane = x.lane();
     const I w = x.warp();
     const I g = lane >> 2, tq = lane & 3;
@@ -882,13 +880,15 @@ struct FusedAttentionWgmma {
     const int last_key = fb.last_key(p);
     const int tiles = last_key > 0 ? static_cast<int>((last_key + kTile - 1) / kTile) : 0;
     auto tile_keys = [&](int j) { return static_cast<int>(imin(last_key - std::int64_t{j} * kTile, kTile)); };
-    auto issue = [&](int j) {  // tile j into its ring slot, as one cp.async group
+    // Tile j into its ring slot (thread 0; from the third tile on, once the slot's previous tile,
+    // j - 3, has been released by every warp).
+    auto issue = [&](int j) {
       if (j < tiles) {
         const int b = j % kStages;
-        issue_tile(x, Ks + b * kTileHalves, kh + std::int64_t{j} * kTile * D, tile_keys(j), t);
-        issue_tile(x, Vs + b * kTileHalves, vh + std::int64_t{j} * kTile * D, tile_keys(j), t);
+        x.bulk_tiles(full + b, empty + b, (j / kStages + 1) & 1, j >= kStages, Ks + b * kTileHalves,
+                     kh + std::int64_t{j} * kTileHalves, Vs + b * kTileHalves, vh + std::int64_t{j} * kTileHalves,
+                     kTileHalves * 2);
       }
-      x.async_commit();
     };
     issue(0);
     issue(1);
@@ -939,11 +939,11 @@ struct FusedAttentionWgmma {
       for (int n = 0; n < kTile / 8; ++n)
         LOCKSTEP_UNROLL
         for (int e = 0; e < 4; ++e) s[0][n][e] = s_in[0][n][e];
-      x.template async_wait<0>();  // tile j + 1 has landed (this thread's copies) ...
-      x.fence_async_shared();      // ... and is visible to the products
-      x.sync();                    // every thread's copies; every warpgroup done with tile j - 1
-      issue(j + 2);                // into tile j - 1's slot
-      if (j + 1 < tiles) issue_qk(j + 1, s_next);
+      issue(j + 2);  // into tile j - 1's slot
+      if (j + 1 < tiles) {
+        x.mbar_wait(full + (j + 1) % kStages, ((j + 1) / kStages) & 1);  // tile j + 1 has landed
+        issue_qk(j + 1, s_next);
+      }
       Tc::softmax_tile(x, p, s, m, l, o, row0, tq, j * kTile, tile_keys(j), s0, shift, c2);
       // O += P.V: the tile's keys in steps of 16 (every A fragment packed first, so that the
       // products issue back to back after one fence).
@@ -966,13 +966,12 @@ struct FusedAttentionWgmma {
       x.wgmma_hold(s_next[0]);
       x.template wgmma_wait<0>();  // and P.V
       x.wgmma_hold(o[0]);
+      x.mbar_arrive_warp(empty + j % kStages);  // this warp is done with tile j
     };
 
     F sa[1][kTile / 8][4], sb[1][kTile / 8][4];
     if (tiles > 0) {
-      x.template async_wait<1>();  // tile 0
-      x.fence_async_shared();
-      x.sync();
+      x.mbar_wait(full, 0);  // tile 0
       issue_qk(0, sa);
       x.template wgmma_wait<0>();
       x.wgmma_hold(sa[0]);
@@ -981,8 +980,52 @@ struct FusedAttentionWgmma {
       step(j, sa, sb);
       if (j + 1 < tiles) step(j + 1, sb, sa);
     }
-    x.template async_wait<0>();  // no copy outlives the block
-    Tc::store_rows(x, p, fb, o, m, l, row0, tq);
+    Tc::store_rows(x, p, fb, o, m, l, row0, tq);  // every issued tile was waited for
+  }
+};
+
+// K and V rounded to fp16 (nearest even) into FusedAttentionWgmma's tiles (Note [wgmma products]):
+// [B, Hkv, ceil(Skv / 64), 64 D] with each tile in the core-matrix layout, zeros past Skv. Grid:
+// x = tile, y = Hkv, z = B; thread t writes 16-byte chunks t, t + 256, ... of the tile (16-byte
+// chunk q holds key (q / D) 8 + q % 8, columns 8 ((q / 8) % (D / 8)) ..., eight halves).
+template <int D>
+struct FusedHalfPackTiled {
+  static constexpr const char* kName = "fused_attention_half_pack_tiled";
+  static constexpr int kThreads = 256;
+  static constexpr int kTile = 64;
+  static constexpr int kChunks = kTile * D / 8 / kThreads;  // per thread
+  static_assert(kChunks * kThreads * 8 == kTile * D, "whole chunks per thread");
+  static constexpr std::size_t kSharedBytes = 0;
+  using Params = FusedAttentionParams;
+
+  template <class X>
+  LOCKSTEP_HD static void run(X& x, const Params& p) {
+    using I = typename X::template Lanes<lane_int>;
+    const int b = x.block_z(), hk = x.block_y(), s0 = x.block_x() * kTile;
+    const int rows = static_cast<int>(imin(p.Skv - s0, kTile));
+    const std::int64_t dst = ((std::int64_t{b} * p.Hkv + hk) * x.grid_x() + x.block_x()) * (kTile * D / 2);  // words
+    const float* ks = p.k + b * p.k_sb + hk * p.k_sh + std::int64_t{s0} * p.k_ss;
+    const float* vs = p.v + b * p.v_sb + hk * p.v_sh + std::int64_t{s0} * p.v_ss;
+    std::int32_t* kd = static_cast<std::int32_t*>(p.k_half) + dst;
+    std::int32_t* vd = static_cast<std::int32_t*>(p.v_half) + dst;
+    const I t = x.thread();
+    LOCKSTEP_UNROLL
+    for (int i = 0; i < kChunks; ++i) {
+      const I q = t + i * kThreads;
+      const I r = x.idiv(q, D) * 8 + (q & 7);
+      const I c = ((q >> 3) - x.idiv(q >> 3, D / 8) * (D / 8)) * 8;
+      const auto ok = r < rows;
+      LOCKSTEP_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const auto kq = x.load4(ks, r * static_cast<int>(p.k_ss) + (c + 4 * h), ok);
+        const auto vq = x.load4(vs, r * static_cast<int>(p.v_ss) + (c + 4 * h), ok);
+        const I o = q * 4 + 2 * h;
+        x.store(kd, o, x.pack_half2(kq.x, kq.y));
+        x.store(kd, o + 1, x.pack_half2(kq.z, kq.w));
+        x.store(vd, o, x.pack_half2(vq.x, vq.y));
+        x.store(vd, o + 1, x.pack_half2(vq.z, vq.w));
+      }
+    }
   }
 };
 
