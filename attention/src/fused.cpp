@@ -44,37 +44,40 @@ bool use_separate_p(std::int64_t blocks, std::int64_t multiprocessors) {
 }
 
 // Note [wgmma products] (kernels/fused_attention.hpp): the tensor-core kernel on warpgroup
-// products. It runs on CUDA devices of compute capability 9.0 when the library was built for
+// products. It can run on CUDA devices of compute capability 9.0 when the library was built for
 // sm_90a (LOCKSTEP_HAVE_WGMMA: CMAKE_CUDA_ARCHITECTURES containing 90a), at head_dim 64 and 128.
+// Measured (run 83, H200, against the mma.sync kernels it replaces): B4 H32 L4096 D128 3.43 ms
+// instead of 4.41 (causal 2.02 instead of 2.51), whisper-tiny's 1x6x1500x64 0.0455 (two
+// warpgroups) instead of 0.051-0.054; 16x16x1024x64 causal 0.287-0.292 instead of 0.280-0.282. So
+// it is the default at head_dim 128, and at 64 for grids under two waves of 132 SMs (64-row blocks).
 // LOCKSTEP_FUSED_TC_WGMMA=0 never picks it; =1 picks it wherever it can run, the CPU device
 // included (whose emulation gives FusedAttentionTensorCore's bytes: a test holds it to them).
-bool use_wgmma(const Stream& s, int D) {
+bool use_wgmma(const Stream& s, int D, std::int64_t blocks_at_64_rows) {
   if (D != 64 && D != 128) return false;
   const char* v = std::getenv("LOCKSTEP_FUSED_TC_WGMMA");
   const int knob = v != nullptr ? std::atoi(v) : -1;
   if (knob == 0) return false;
   if (s.device().id().kind != DeviceKind::kCuda) return knob == 1;
 #if defined(LOCKSTEP_HAVE_WGMMA)
-  return s.device().caps().compute_capability == 90;
+  if (s.device().caps().compute_capability != 90) return false;
+  return knob == 1 || D == 128 || blocks_at_64_rows < 2 * 132;
 #else
+  (void)blocks_at_64_rows;
   return false;
 #endif
 }
 
-// The wgmma kernel's warpgroups per block: two (128 rows; one block per SM at head_dim 128) where
-// the grid fills two waves of 132 SMs at 128 rows, else one (64 rows). LOCKSTEP_FUSED_TC_WGMMA_WG=1|2
-// overrides (a measurement knob); the same bits either way.
-int wgmma_warpgroups(int D, std::int64_t blocks_at_128_rows) {
+// The wgmma kernel's warpgroups per block: two (128 rows, sharing each K/V tile) where the grid
+// at 64 rows per block is under two waves of 132 SMs (whisper-tiny: 0.0455 ms with two, 0.0509
+// with one, run 83), else one (64 rows, two blocks per SM: B4 H32 L4096 D128 3.43 ms with one,
+// 3.49-3.51 with two; causal 2.02 against 2.09-2.10). LOCKSTEP_FUSED_TC_WGMMA_WG=1|2 overrides (a
+// measurement knob); the same bits either way.
+int wgmma_warpgroups(std::int64_t blocks_at_64_rows) {
   if (const char* v = std::getenv("LOCKSTEP_FUSED_TC_WGMMA_WG"); v != nullptr) {
     const int wg = std::atoi(v);
     if (wg == 1 || wg == 2) return wg;
   }
-  return D == 128 && blocks_at_128_rows >= 2 * 132 ? 2 : 1;
-}
-
-int wgmma_swap_knob() {
-  const char* v = std::getenv("LOCKSTEP_WGMMA_SWAP");
-  return v != nullptr ? std::atoi(v) & 3 : 0;
+  return blocks_at_64_rows < 2 * 132 ? 2 : 1;
 }
 
 template <int D>
@@ -98,7 +101,8 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
   // rounding points]), then the fused kernel: the wgmma kernel's packing is tiled (Note [wgmma
   // products]).
   kernels::FusedAttentionParams tp = p;
-  const bool wgmma = (D == 64 || D == 128) && use_wgmma(s, D);
+  const std::int64_t blocks64 = kernels::ceil_div(seq_q, std::int64_t{64}) * heads * batch;
+  const bool wgmma = (D == 64 || D == 128) && use_wgmma(s, D, blocks64);
   if (p.Skv > 0) {
     const std::int64_t skv_packed = wgmma ? kernels::ceil_div(p.Skv, 64) * 64 : p.Skv;
     const std::size_t half_bytes =
@@ -121,8 +125,7 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
     const std::int64_t blocks128 = kernels::ceil_div(seq_q, std::int64_t{128}) * heads * batch;
     if constexpr (D == 64 || D == 128) {
       if (wgmma) {
-        tp.wgmma_swap = wgmma_swap_knob();
-        if (wgmma_warpgroups(D, blocks128) == 2) return go(kernels::FusedAttentionWgmma<D, 2>{}, tp);
+        if (wgmma_warpgroups(blocks64) == 2) return go(kernels::FusedAttentionWgmma<D, 2>{}, tp);
         return go(kernels::FusedAttentionWgmma<D, 1>{}, tp);
       }
     }
