@@ -979,8 +979,10 @@ class CpuExec {
   void mbar_init(std::uint64_t*, int) const {}
   void mbar_wait(std::uint64_t*, int) const {}
   void mbar_arrive_warp(std::uint64_t*) const {}
-  void bulk_tile(std::uint64_t*, std::uint64_t*, int, bool, half_t* dst, const half_t* src, int bytes) const {
-    std::memcpy(dst, src, std::size_t(bytes));
+  void bulk_tiles(std::uint64_t*, std::uint64_t*, int, bool, half_t* dst0, const half_t* src0, half_t* dst1,
+                  const half_t* src1, int bytes) const {
+    std::memcpy(dst0, src0, std::size_t(bytes));
+    std::memcpy(dst1, src1, std::size_t(bytes));
   }
   void fence_async_shared() const {}
   // 16 bytes (8 halves) per active lane into shared memory, zeros where the mask is false.

@@ -348,9 +348,9 @@ struct CudaExec {
   // Bulk tiles (Note [wgmma products]): transaction barriers in shared memory and one-thread bulk
   // copies (cp.async.bulk, sm_90). mbar_init: thread 0 sets up a barrier that completes a phase
   // after `count` arrivals (and every expected byte); a sync() follows before any use.
-  // bulk_tile: thread 0 waits for phase `empty_parity` of `empty` when wait_empty (the slot's
-  // previous tile released), expects `bytes` on `full` and copies src -> dst (16-byte aligned)
-  // completing on `full`. mbar_wait: every thread waits
+  // bulk_tiles: thread 0 waits for phase `empty_parity` of `empty` when wait_empty (the slot's
+  // previous tile released), expects 2 * bytes on `full` and copies src0 -> dst0 and
+  // src1 -> dst1 (bytes each, 16-byte aligned) completing on `full`. mbar_wait: every thread waits
   // for phase `parity` of bar to complete. mbar_arrive_warp: lane 0 of each warp arrives.
   __device__ __forceinline__ void mbar_init(std::uint64_t* bar, int count) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -386,16 +386,20 @@ struct CudaExec {
     __trap();
 #endif
   }
-  __device__ __forceinline__ void bulk_tile(std::uint64_t* full, std::uint64_t* empty, int empty_parity,
-                                            bool wait_empty, half_t* dst, const half_t* src, int bytes) const {
+  __device__ __forceinline__ void bulk_tiles(std::uint64_t* full, std::uint64_t* empty, int empty_parity,
+                                             bool wait_empty, half_t* dst0, const half_t* src0, half_t* dst1,
+                                             const half_t* src1, int bytes) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (threadIdx.x == 0) {
       if (wait_empty) mbar_wait_one(empty, empty_parity);
       const unsigned f = static_cast<unsigned>(__cvta_generic_to_shared(full));
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(f), "r"(bytes) : "memory");
-      const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(f), "r"(2 * bytes) : "memory");
+      const unsigned d0 = static_cast<unsigned>(__cvta_generic_to_shared(dst0));
+      const unsigned d1 = static_cast<unsigned>(__cvta_generic_to_shared(dst1));
       asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-                   ::"r"(d), "l"(src), "r"(bytes), "r"(f) : "memory");
+                   ::"r"(d0), "l"(src0), "r"(bytes), "r"(f) : "memory");
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                   ::"r"(d1), "l"(src1), "r"(bytes), "r"(f) : "memory");
     }
     __syncwarp();
 #else

@@ -558,17 +558,6 @@ struct FusedAttentionTensorCore {
   LOCKSTEP_HD static void softmax_tile(X& x, const Params& p, F (&s)[kM][kTile / 8][4], F (&m)[kM][2],
                                        F (&l)[kM][2], F (&o)[kM][D / 8][4], const I (&row0)[kM],
                                        const I& tq, int j0, int keys, int s0, int shift, float c2) {
-    F alpha[kM][2];
-    bool rescale[kM];
-    softmax_core<false>(x, p, s, m, l, o, row0, tq, j0, keys, s0, shift, c2, alpha, rescale);
-  }
-  // softmax_tile; with kDeferO the rescale of o is left to the caller: o = o * alpha[mt][e >> 1]
-  // where rescale[mt] (rescale_o), which may then come after a product into o completes.
-  template <bool kDeferO, class X, class F, class I>
-  LOCKSTEP_HD static void softmax_core(X& x, const Params& p, F (&s)[kM][kTile / 8][4], F (&m)[kM][2],
-                                       F (&l)[kM][2], F (&o)[kM][D / 8][4], const I (&row0)[kM],
-                                       const I& tq, int j0, int keys, int s0, int shift, float c2,
-                                       F (&alpha_out)[kM][2], bool (&rescale_out)[kM]) {
     using B = typename X::template Lanes<bool>;
     const bool masked = keys < kTile || (p.causal && j0 + kTile - 1 > s0 + shift);
     LOCKSTEP_UNROLL
@@ -625,7 +614,6 @@ struct FusedAttentionTensorCore {
       // o * 1 = o: a warp none of whose rows moved skips the rescale on the GPU, the same bits.
       bool rescale = true;
       if constexpr (!X::kIsCpu) rescale = x.warp_any(moved[0] | moved[1]);
-      rescale_out[mt] = rescale;
       if (rescale) {
         F alpha[2];
         LOCKSTEP_UNROLL
@@ -633,30 +621,16 @@ struct FusedAttentionTensorCore {
           // (m_old - m) c, not fma(m_old, c, -mc): -inf when m_old is, so alpha = 0 then.
           alpha[h] = x.select(moved[h], x.exp2_weight((m_old[h] - m[mt][h]) * c2), 1.0f);
           l[mt][h] = l[mt][h] * alpha[h] + ls[h];
-          alpha_out[mt][h] = alpha[h];
         }
-        if constexpr (!kDeferO) {
+        LOCKSTEP_UNROLL
+        for (int n = 0; n < D / 8; ++n)
           LOCKSTEP_UNROLL
-          for (int n = 0; n < D / 8; ++n)
-            LOCKSTEP_UNROLL
-            for (int e = 0; e < 4; ++e) o[mt][n][e] = o[mt][n][e] * alpha[e >> 1];
-        }
+          for (int e = 0; e < 4; ++e) o[mt][n][e] = o[mt][n][e] * alpha[e >> 1];
       } else {
         LOCKSTEP_UNROLL
         for (int h = 0; h < 2; ++h) l[mt][h] = l[mt][h] + ls[h];
       }
     }
-  }
-  template <class X, class F>
-  LOCKSTEP_HD static void rescale_o(X&, F (&o)[kM][D / 8][4], const F (&alpha)[kM][2], const bool (&rescale)[kM]) {
-    LOCKSTEP_UNROLL
-    for (int mt = 0; mt < kM; ++mt)
-      if (rescale[mt]) {
-        LOCKSTEP_UNROLL
-        for (int n = 0; n < D / 8; ++n)
-          LOCKSTEP_UNROLL
-          for (int e = 0; e < 4; ++e) o[mt][n][e] = o[mt][n][e] * alpha[mt][e >> 1];
-      }
   }
 
   // O += P.V of one tile: P's A fragments are the S accumulators of two n-tiles, packed to fp16.
@@ -841,16 +815,13 @@ struct FusedAttentionTensorCore {
 // tile first rewrites Q's fragments with an ordinary instruction (x.wgmma_keep: xor with p.zero,
 // a zero ptxas cannot see), whose reads keep them live.
 // Schedule (FlashAttention-3's overlap within a warpgroup; no block-wide barrier in the loop):
-// WG warpgroups per block (64 WG query rows) share a ring of 3 K tiles and one of 3 V tiles, each
-// slot with a `full` barrier (the tile landed: bulk copy by thread 0) and an `empty` one (every
-// warp released it). Per tile j, each warpgroup: issues S' = Q.K^T of tile j + 1 (once its K has
-// landed) and runs the softmax of tile j on a copy of its scores while S' and P.V of tile j - 1
-// are computed; waits for both (one wait: the accumulators are then read and written with no
-// product in flight, as ptxas requires to keep the products asynchronous), releases K of tile
-// j + 1 and V of tile j - 1 (whose slot thread 0 refills with V of tile j + 2), copies S', rescales
-// O and issues O += P.V of tile j, left in flight. Thread 0 refills K's slots one tile ahead of
-// their use and V's two. The warpgroups otherwise run freely (never more than a tile apart), so
-// one's softmax overlaps the other's products.
+// WG warpgroups per block (64 WG query rows) share a ring of 3 K/V tiles. Thread 0 issues tile
+// j + 2 into slot (j + 2) % 3 once every warp has released tile j - 1 there (the slot's `empty`
+// barrier); each warpgroup, per tile j: waits for tile j + 1 (the slot's `full` barrier) and
+// issues S' = Q.K^T of it, runs the softmax of tile j on S (already complete) while S' is
+// computed, issues O += P.V of tile j, waits for S' and for P.V, and releases tile j. S and S'
+// alternate (the loop is unrolled by two). The warpgroups are never more than a tile apart and
+// otherwise run freely, so one's softmax overlaps the other's products.
 // Built only for sm_90a (the host picks it on compute capability 9.0 when the library was built
 // with it: CMAKE_CUDA_ARCHITECTURES containing 90a); elsewhere its products trap.
 template <int D, int WG = 2>
@@ -864,14 +835,12 @@ struct FusedAttentionWgmma {
   static constexpr int kRows = 64 * WG;          // query rows per block
   static constexpr int kTile = Tc::kTile;        // keys per tile (64)
   static_assert(kTile == 64, "the Q.K^T product is 64 x 64 per warpgroup");
-  // Slots per ring: K holds tiles j + 1 and j + 2 during tile j, V tiles j, j + 1 and then j + 2
-  // (in tile j - 1's slot, once P.V of tile j - 1 is done).
-  static constexpr int kStages = 3;
-  // Blocks per SM the registers must allow (S's accumulator and two copies, O, Q: 255 registers
-  // at head_dim 128 with one warpgroup and two blocks, or two warpgroups and one block).
-  static constexpr int kMinBlocks = WG == 1 ? 2 : 1;
+  static constexpr int kStages = 3;              // tiles j (P.V), j + 1 (Q.K^T), j + 2 (loading)
+  // Blocks per SM the registers must allow (S twice, O, Q: up to 255 registers at head_dim 128
+  // with one warpgroup and two blocks, or two warpgroups and one block).
+  static constexpr int kMinBlocks = WG == 1 ? (D == 128 ? 2 : 3) : 1;
   static constexpr int kTileHalves = kTile * D;  // one K or V tile, no padding
-  static constexpr std::size_t kSharedBytes = std::size_t(2) * kStages * kTileHalves * 2 + 4 * kStages * 8 + 32;
+  static constexpr std::size_t kSharedBytes = std::size_t(2) * kStages * kTileHalves * 2 + 2 * kStages * 8 + 64;
   // Core-matrix strides (halves): along head_dim 64 (one core matrix), along keys 8 D.
   static constexpr int kCoreStep = 64;
   static constexpr int kKeyGroupStep = 8 * D;
@@ -884,12 +853,8 @@ struct FusedAttentionWgmma {
     using H = typename X::half_t;
     H* Ks = x.template shared<H>(kStages * kTileHalves);
     H* Vs = x.template shared<H>(kStages * kTileHalves);
-    // Per ring slot of K and of V: the tile has landed (full), every warp is done with it (empty).
-    std::uint64_t* bars = x.template shared<std::uint64_t>(4 * kStages);
-    std::uint64_t* const kfull = bars;
-    std::uint64_t* const kempty = bars + kStages;
-    std::uint64_t* const vfull = bars + 2 * kStages;
-    std::uint64_t* const vempty = bars + 3 * kStages;
+    std::uint64_t* full = x.template shared<std::uint64_t>(kStages);   // tile landed in the slot
+    std::uint64_t* empty = x.template shared<std::uint64_t>(kStages);  // every warp done with it
 
     const FusedBlock fb(x, p, kRows);
     const int s0 = fb.s0, shift = fb.shift;
@@ -899,10 +864,8 @@ struct FusedAttentionWgmma {
     const H* vh = static_cast<const H*>(p.v_half) + kv_base;
     LOCKSTEP_UNROLL
     for (int i = 0; i < kStages; ++i) {
-      x.mbar_init(kfull + i, 1);
-      x.mbar_init(kempty + i, kWarps);
-      x.mbar_init(vfull + i, 1);
-      x.mbar_init(vempty + i, kWarps);
+      x.mbar_init(full + i, 1);
+      x.mbar_init(empty + i, kWarps);
     }
     x.sync();
 
@@ -915,19 +878,18 @@ struct FusedAttentionWgmma {
     const int last_key = fb.last_key(p);
     const int tiles = last_key > 0 ? static_cast<int>((last_key + kTile - 1) / kTile) : 0;
     auto tile_keys = [&](int j) { return static_cast<int>(imin(last_key - std::int64_t{j} * kTile, kTile)); };
-    // K (v = false) or V tile j into its ring slot (thread 0; from the fourth tile on, once the
-    // slot's previous tile, j - 3, has been released by every warp).
-    auto load = [&](bool v, int j) {
+    // Tile j into its ring slot (thread 0; from the third tile on, once the slot's previous tile,
+    // j - 3, has been released by every warp).
+    auto issue = [&](int j) {
       if (j < tiles) {
         const int b = j % kStages;
-        x.bulk_tile((v ? vfull : kfull) + b, (v ? vempty : kempty) + b, (j / kStages + 1) & 1, j >= kStages,
-                    (v ? Vs : Ks) + b * kTileHalves, (v ? vh : kh) + std::int64_t{j} * kTileHalves, kTileHalves * 2);
+        x.bulk_tiles(full + b, empty + b, (j / kStages + 1) & 1, j >= kStages, Ks + b * kTileHalves,
+                     kh + std::int64_t{j} * kTileHalves, Vs + b * kTileHalves, vh + std::int64_t{j} * kTileHalves,
+                     kTileHalves * 2);
       }
     };
-    load(false, 0);
-    load(true, 0);
-    load(false, 1);
-    load(true, 1);
+    issue(0);
+    issue(1);
 
     // Q's A fragments from global memory, rounded to fp16 (rows past the block's are zeros).
     I qf[D / 16][4];
@@ -962,73 +924,56 @@ struct FusedAttentionWgmma {
                                        k_lbo, k_sbo, kk > 0);
       x.wgmma_commit();
     };
-    // Tile j: its scores in c_cur (a copy of the accumulators), P.V of tile j - 1 in flight. The
-    // next tile's Q.K^T and that P.V run during the softmax; then one wait retires both, so the
-    // accumulators are read and written only while no product is in flight (ptxas serializes
-    // every product otherwise: its C7514 and C7515 advisories, reading or writing a product's
-    // accumulator registers within a pipeline stage).
-    F acc[1][kTile / 8][4];  // S of the tile in flight
-    F alpha[1][2];
-    bool rescale[1];
-    auto step = [&](int j, F (&c_cur)[1][kTile / 8][4], F (&c_next)[1][kTile / 8][4]) {
-      load(false, j + 2);  // into K of tile j - 1's slot (released after its Q.K^T)
-      if (j + 1 < tiles) {
-        x.mbar_wait(kfull + (j + 1) % kStages, ((j + 1) / kStages) & 1);  // K of tile j + 1
-        issue_qk(j + 1, acc);
-      }
-      Tc::template softmax_core<true>(x, p, c_cur, m, l, o, row0, tq, j * kTile, tile_keys(j), s0, shift, c2,
-                                      alpha, rescale);
-      x.template wgmma_wait<0>();  // P.V of tile j - 1 and Q.K^T of tile j + 1
-      x.wgmma_hold(o[0]);
-      if (j > 0) x.mbar_arrive_warp(vempty + (j - 1) % kStages);
-      if (j + 1 < tiles) {
-        x.wgmma_hold(acc[0]);
-        x.mbar_arrive_warp(kempty + (j + 1) % kStages);
+    // Tile j: its scores in s_in (complete); the next tile's products into s_next meanwhile. The
+    // softmax works on a copy: ptxas serializes every product when ordinary instructions write a
+    // product's accumulator registers while another product is in flight (its C7515 advisory).
+    auto step = [&](int j, F (&s_in)[1][kTile / 8][4], F (&s_next)[1][kTile / 8][4]) {
+      F s[1][kTile / 8][4];
+      LOCKSTEP_UNROLL
+      for (int n = 0; n < kTile / 8; ++n)
         LOCKSTEP_UNROLL
-        for (int n = 0; n < kTile / 8; ++n)
-          LOCKSTEP_UNROLL
-          for (int e = 0; e < 4; ++e) c_next[0][n][e] = acc[0][n][e];
+        for (int e = 0; e < 4; ++e) s[0][n][e] = s_in[0][n][e];
+      issue(j + 2);  // into tile j - 1's slot
+      if (j + 1 < tiles) {
+        x.mbar_wait(full + (j + 1) % kStages, ((j + 1) / kStages) & 1);  // tile j + 1 has landed
+        issue_qk(j + 1, s_next);
       }
-      load(true, j + 2);  // into V of tile j - 1's slot
-      Tc::rescale_o(x, o, alpha, rescale);
+      Tc::softmax_tile(x, p, s, m, l, o, row0, tq, j * kTile, tile_keys(j), s0, shift, c2);
       // O += P.V: the tile's keys in steps of 16 (every A fragment packed first, so that the
       // products issue back to back after one fence).
       I pa[kTile / 16][4];
       LOCKSTEP_UNROLL
       for (int kc = 0; kc < kTile / 16; ++kc) {
-        pa[kc][0] = x.pack_half2(c_cur[0][2 * kc][0], c_cur[0][2 * kc][1]);
-        pa[kc][1] = x.pack_half2(c_cur[0][2 * kc][2], c_cur[0][2 * kc][3]);
-        pa[kc][2] = x.pack_half2(c_cur[0][2 * kc + 1][0], c_cur[0][2 * kc + 1][1]);
-        pa[kc][3] = x.pack_half2(c_cur[0][2 * kc + 1][2], c_cur[0][2 * kc + 1][3]);
+        pa[kc][0] = x.pack_half2(s[0][2 * kc][0], s[0][2 * kc][1]);
+        pa[kc][1] = x.pack_half2(s[0][2 * kc][2], s[0][2 * kc][3]);
+        pa[kc][2] = x.pack_half2(s[0][2 * kc + 1][0], s[0][2 * kc + 1][1]);
+        pa[kc][3] = x.pack_half2(s[0][2 * kc + 1][2], s[0][2 * kc + 1][3]);
       }
       x.wgmma_ready(pa);
-      x.mbar_wait(vfull + j % kStages, (j / kStages) & 1);  // V of tile j
       x.wgmma_fence();
       LOCKSTEP_UNROLL
       for (int kc = 0; kc < kTile / 16; ++kc)
         x.template wgmma<D, true>(o[0], pa[kc], Vs, (j % kStages) * kTileHalves + kc * 2 * kKeyGroupStep,
                                   v_lbo, v_sbo, true);
       x.wgmma_commit();
+      x.template wgmma_wait<1>();  // S' (committed first) is complete
+      x.wgmma_hold(s_next[0]);
+      x.template wgmma_wait<0>();  // and P.V
+      x.wgmma_hold(o[0]);
+      x.mbar_arrive_warp(empty + j % kStages);  // this warp is done with tile j
     };
 
-    F ca[1][kTile / 8][4], cb[1][kTile / 8][4];
+    F sa[1][kTile / 8][4], sb[1][kTile / 8][4];
     if (tiles > 0) {
-      x.mbar_wait(kfull, 0);  // K of tile 0
-      issue_qk(0, acc);
+      x.mbar_wait(full, 0);  // tile 0
+      issue_qk(0, sa);
       x.template wgmma_wait<0>();
-      x.wgmma_hold(acc[0]);
-      x.mbar_arrive_warp(kempty);
-      LOCKSTEP_UNROLL
-      for (int n = 0; n < kTile / 8; ++n)
-        LOCKSTEP_UNROLL
-        for (int e = 0; e < 4; ++e) ca[0][n][e] = acc[0][n][e];
+      x.wgmma_hold(sa[0]);
     }
     for (int j = 0; j < tiles; j += 2) {
-      step(j, ca, cb);
-      if (j + 1 < tiles) step(j + 1, cb, ca);
+      step(j, sa, sb);
+      if (j + 1 < tiles) step(j + 1, sb, sa);
     }
-    x.template wgmma_wait<0>();  // the last P.V
-    x.wgmma_hold(o[0]);
     Tc::store_rows(x, p, fb, o, m, l, row0, tq);  // every issued tile was waited for
   }
 };
