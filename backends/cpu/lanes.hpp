@@ -985,6 +985,17 @@ class CpuExec {
     std::memcpy(dst1, src1, std::size_t(bytes));
   }
   void fence_async_shared() const {}
+  // Four 32-bit words per lane to base[off .. off + 3] (CUDA: one 16-byte store).
+  template <LaneExpr O, class W0, class W1, class W2, class W3>
+  void store_words4(std::int32_t* base, O&& off, const W0& w0, const W1& w1, const W2& w2, const W3& w3) const {
+    const Lanes<std::int32_t> o(wrap<std::int32_t>(std::forward<O>(off)));
+    const Lanes<std::int32_t> a(wrap<std::int32_t>(w0)), b(wrap<std::int32_t>(w1)), c(wrap<std::int32_t>(w2)),
+        d(wrap<std::int32_t>(w3));
+    for (int i = 0; i < N; ++i) {
+      std::int32_t* p = base + o[i];
+      p[0] = a[i], p[1] = b[i], p[2] = c[i], p[3] = d[i];
+    }
+  }
   // 16 bytes (8 halves) per active lane into shared memory, zeros where the mask is false.
   template <LaneExpr DO, LaneExpr SO, class M>
   void copy8h_async(half_t* dst, DO&& doff, const half_t* src, SO&& soff, M&& mask) const {

@@ -978,10 +978,28 @@ struct FusedAttentionWgmma {
   }
 };
 
+// What a block of either packing kernel reads and writes: rows [s0, s0 + rows) of K and V for kv
+// head hk of batch b (fp32, by their strides), and the int32 words of their fp16 copies from
+// dst_words on (two halves per word).
+struct HalfPackRows {
+  const float* ks;
+  const float* vs;
+  std::int32_t* kd;
+  std::int32_t* vd;
+  int rows;
+  LOCKSTEP_HD HalfPackRows(const FusedAttentionParams& p, int b, int hk, int s0, int block_rows, std::int64_t dst_words)
+      : ks(p.k + b * p.k_sb + hk * p.k_sh + std::int64_t{s0} * p.k_ss),
+        vs(p.v + b * p.v_sb + hk * p.v_sh + std::int64_t{s0} * p.v_ss),
+        kd(static_cast<std::int32_t*>(p.k_half) + dst_words),
+        vd(static_cast<std::int32_t*>(p.v_half) + dst_words),
+        rows(static_cast<int>(imin(p.Skv - s0, block_rows))) {}
+};
+
 // K and V rounded to fp16 (nearest even) into FusedAttentionWgmma's tiles (Note [wgmma products]):
 // [B, Hkv, ceil(Skv / 64), 64 D] with each tile in the core-matrix layout, zeros past Skv. Grid:
 // x = tile, y = Hkv, z = B; thread t writes 16-byte chunks t, t + 256, ... of the tile (16-byte
-// chunk q holds key (q / D) 8 + q % 8, columns 8 ((q / 8) % (D / 8)) ..., eight halves).
+// chunk q holds key (q / D) 8 + q % 8, columns 8 ((q / 8) % (D / 8)) ..., eight halves), each
+// with one 16-byte store.
 template <int D>
 struct FusedHalfPackTiled {
   static constexpr const char* kName = "fused_attention_half_pack_tiled";
@@ -995,30 +1013,23 @@ struct FusedHalfPackTiled {
   template <class X>
   LOCKSTEP_HD static void run(X& x, const Params& p) {
     using I = typename X::template Lanes<lane_int>;
-    const int b = x.block_z(), hk = x.block_y(), s0 = x.block_x() * kTile;
-    const int rows = static_cast<int>(imin(p.Skv - s0, kTile));
-    const std::int64_t dst = ((std::int64_t{b} * p.Hkv + hk) * x.grid_x() + x.block_x()) * (kTile * D / 2);  // words
-    const float* ks = p.k + b * p.k_sb + hk * p.k_sh + std::int64_t{s0} * p.k_ss;
-    const float* vs = p.v + b * p.v_sb + hk * p.v_sh + std::int64_t{s0} * p.v_ss;
-    std::int32_t* kd = static_cast<std::int32_t*>(p.k_half) + dst;
-    std::int32_t* vd = static_cast<std::int32_t*>(p.v_half) + dst;
+    const int b = x.block_z(), hk = x.block_y();
+    const std::int64_t dst = ((std::int64_t{b} * p.Hkv + hk) * x.grid_x() + x.block_x()) * (kTile * D / 2);
+    const HalfPackRows pr(p, b, hk, x.block_x() * kTile, kTile, dst);
+    const int k_ss = static_cast<int>(p.k_ss), v_ss = static_cast<int>(p.v_ss);
     const I t = x.thread();
     LOCKSTEP_UNROLL
     for (int i = 0; i < kChunks; ++i) {
       const I q = t + i * kThreads;
       const I r = x.idiv(q, D) * 8 + (q & 7);
       const I c = ((q >> 3) - x.idiv(q >> 3, D / 8) * (D / 8)) * 8;
-      const auto ok = r < rows;
-      LOCKSTEP_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        const auto kq = x.load4(ks, r * static_cast<int>(p.k_ss) + (c + 4 * h), ok);
-        const auto vq = x.load4(vs, r * static_cast<int>(p.v_ss) + (c + 4 * h), ok);
-        const I o = q * 4 + 2 * h;
-        x.store(kd, o, x.pack_half2(kq.x, kq.y));
-        x.store(kd, o + 1, x.pack_half2(kq.z, kq.w));
-        x.store(vd, o, x.pack_half2(vq.x, vq.y));
-        x.store(vd, o + 1, x.pack_half2(vq.z, vq.w));
-      }
+      const auto ok = r < pr.rows;
+      const auto k0 = x.load4(pr.ks, r * k_ss + c, ok), k1 = x.load4(pr.ks, r * k_ss + (c + 4), ok);
+      const auto v0 = x.load4(pr.vs, r * v_ss + c, ok), v1 = x.load4(pr.vs, r * v_ss + (c + 4), ok);
+      x.store_words4(pr.kd, q * 4, x.pack_half2(k0.x, k0.y), x.pack_half2(k0.z, k0.w), x.pack_half2(k1.x, k1.y),
+                     x.pack_half2(k1.z, k1.w));
+      x.store_words4(pr.vd, q * 4, x.pack_half2(v0.x, v0.y), x.pack_half2(v0.z, v0.w), x.pack_half2(v1.x, v1.y),
+                     x.pack_half2(v1.z, v1.w));
     }
   }
 };
@@ -1040,12 +1051,10 @@ struct FusedHalfPack {
   LOCKSTEP_HD static void run(X& x, const Params& p) {
     using I = typename X::template Lanes<lane_int>;
     const int b = x.block_z(), hk = x.block_y(), s0 = x.block_x() * kRows;
-    const int rows = static_cast<int>(imin(p.Skv - s0, kRows));
-    const std::int64_t dst = ((std::int64_t{b} * p.Hkv + hk) * p.Skv + s0) * (D / 2);  // words
-    const float* ks = p.k + b * p.k_sb + hk * p.k_sh + std::int64_t{s0} * p.k_ss;
-    const float* vs = p.v + b * p.v_sb + hk * p.v_sh + std::int64_t{s0} * p.v_ss;
-    std::int32_t* kd = static_cast<std::int32_t*>(p.k_half) + dst;
-    std::int32_t* vd = static_cast<std::int32_t*>(p.v_half) + dst;
+    const HalfPackRows pr(p, b, hk, s0, kRows, ((std::int64_t{b} * p.Hkv + hk) * p.Skv + s0) * (D / 2));
+    const int rows = pr.rows;
+    const float *ks = pr.ks, *vs = pr.vs;
+    std::int32_t *kd = pr.kd, *vd = pr.vd;
     const I t = x.thread();
     LOCKSTEP_UNROLL
     for (int i = 0; i < kQuads; ++i) {
