@@ -856,7 +856,7 @@ struct FusedAttentionWgmma {
     std::uint64_t* full = x.template shared<std::uint64_t>(kStages);   // tile landed in the slot
     std::uint64_t* empty = x.template shared<std::uint64_t>(kStages);  // every warp done with it
 
-    const FusedBlock fb(x, p, kRows, /*reverse_causal=*/true);  // causal: the longest row blocks first
+    const FusedBlock fb(x, p, kRows);
     const int s0 = fb.s0, shift = fb.shift;
     // FusedHalfPackTiled's layout: [B, Hkv, tiles of Skv, 64 D halves].
     const std::int64_t kv_base = (std::int64_t{fb.b} * p.Hkv + fb.hk) * ceil_div(p.Skv, kTile) * kTileHalves;
