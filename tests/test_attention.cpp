@@ -1141,8 +1141,8 @@ TEST_P(Attention, FusedTensorCoreRowsPerBlockGiveTheSameBytes) {
 // same operands in the same order as FusedAttentionTensorCore's, so it gives that kernel's bytes,
 // out and lse, with one and two warpgroups per block; 230 keys end with a partial tile (four
 // tiles: both ways round the unrolled pair of score buffers), and 200 query rows with a partial
-// block. (On CUDA it runs where
-// the build has sm_90a, and the tensor-core properties hold it to the CPU within the bound.)
+// block. (On CUDA it runs where the build has sm_90a, and the tensor-core properties hold it to
+// the CPU within the bound.)
 TEST_P(Attention, FusedWgmmaGivesTheTensorCoreBytesOnTheCpu) {
   if (dev->id().kind != DeviceKind::kCpu) GTEST_SKIP() << "the CPU device's emulation (CUDA: the properties)";
   Lcg rng{15};

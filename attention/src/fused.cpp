@@ -102,7 +102,7 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
   // products]).
   kernels::FusedAttentionParams tp = p;
   const std::int64_t blocks64 = kernels::ceil_div(seq_q, std::int64_t{64}) * heads * batch;
-  const bool wgmma = (D == 64 || D == 128) && use_wgmma(s, D, blocks64);
+  const bool wgmma = use_wgmma(s, D, blocks64);  // false at other head_dims
   if (p.Skv > 0) {
     const std::int64_t skv_packed = wgmma ? kernels::ceil_div(p.Skv, 64) * 64 : p.Skv;
     const std::size_t half_bytes =
@@ -121,14 +121,14 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
     }
     if (!wgmma) pack(kernels::FusedHalfPack<D>{}, kernels::FusedHalfPack<D>::kRows);
   }
+  if constexpr (D == 64 || D == 128) {
+    if (wgmma) {
+      if (wgmma_warpgroups(blocks64) == 2) return go(kernels::FusedAttentionWgmma<D, 2>{}, tp);
+      return go(kernels::FusedAttentionWgmma<D, 1>{}, tp);
+    }
+  }
   if constexpr (D >= 64 && D <= 128) {
     const std::int64_t blocks128 = kernels::ceil_div(seq_q, std::int64_t{128}) * heads * batch;
-    if constexpr (D == 64 || D == 128) {
-      if (wgmma) {
-        if (wgmma_warpgroups(blocks64) == 2) return go(kernels::FusedAttentionWgmma<D, 2>{}, tp);
-        return go(kernels::FusedAttentionWgmma<D, 1>{}, tp);
-      }
-    }
     if (use_two_m_tiles(D, blocks128)) return go(kernels::FusedAttentionTensorCore<D, 2>{}, tp);
   }
   go(kernels::FusedAttentionTensorCore<D>{}, tp);

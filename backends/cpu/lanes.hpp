@@ -984,7 +984,6 @@ class CpuExec {
     std::memcpy(dst0, src0, std::size_t(bytes));
     std::memcpy(dst1, src1, std::size_t(bytes));
   }
-  void fence_async_shared() const {}
   // Four 32-bit words per lane to base[off .. off + 3] (CUDA: one 16-byte store).
   template <LaneExpr O, class W0, class W1, class W2, class W3>
   void store_words4(std::int32_t* base, O&& off, const W0& w0, const W1& w1, const W2& w2, const W3& w3) const {

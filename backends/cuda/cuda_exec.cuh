@@ -288,8 +288,6 @@ struct CudaExec {
   // (k / 8) * lbo (MN-major); accumulate = false ignores c. Asynchronous: wgmma_fence() before the
   // first product of a batch (registers written since), wgmma_commit() after its last, and
   // wgmma_wait<P>() (at most P batches still pending) then wgmma_hold(c) before c is read.
-  // fence_async_shared(): this thread's shared-memory writes (cp.async included, once waited for)
-  // become visible to the products (the async proxy); a barrier follows it.
   template <int NB, bool kTransB>
   __device__ __forceinline__ void wgmma(float (&c)[NB / 8][4], const int (&a)[4], const half_t* base, int off,
                                         int lbo, int sbo, bool accumulate) const {
@@ -363,7 +361,7 @@ struct CudaExec {
     __trap();
 #endif
   }
-  __device__ __forceinline__ void mbar_wait_one(std::uint64_t* bar, int parity) const {
+  __device__ __forceinline__ void mbar_wait(std::uint64_t* bar, int parity) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(bar));
     asm volatile(
@@ -374,7 +372,6 @@ struct CudaExec {
     __trap();
 #endif
   }
-  __device__ __forceinline__ void mbar_wait(std::uint64_t* bar, int parity) const { mbar_wait_one(bar, parity); }
   __device__ __forceinline__ void mbar_arrive_warp(std::uint64_t* bar) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     __syncwarp();
@@ -391,7 +388,7 @@ struct CudaExec {
                                              const half_t* src1, int bytes) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (threadIdx.x == 0) {
-      if (wait_empty) mbar_wait_one(empty, empty_parity);
+      if (wait_empty) mbar_wait(empty, empty_parity);
       const unsigned f = static_cast<unsigned>(__cvta_generic_to_shared(full));
       asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(f), "r"(2 * bytes) : "memory");
       const unsigned d0 = static_cast<unsigned>(__cvta_generic_to_shared(dst0));
@@ -404,11 +401,6 @@ struct CudaExec {
     __syncwarp();
 #else
     __trap();
-#endif
-  }
-  __device__ __forceinline__ void fence_async_shared() const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
   }
   template <int K, int T>

@@ -879,7 +879,7 @@ struct FusedAttentionWgmma {
     const int last_key = fb.last_key(p);
     const int tiles = last_key > 0 ? static_cast<int>((last_key + kTile - 1) / kTile) : 0;
     auto tile_keys = [&](int j) { return static_cast<int>(imin(last_key - std::int64_t{j} * kTile, kTile)); };
-    // Tile j into its ring slot (thread 0; from the third tile on, once the slot's previous tile,
+    // Tile j into its ring slot (thread 0; from the fourth tile on, once the slot's previous tile,
     // j - 3, has been released by every warp).
     auto issue = [&](int j) {
       if (j < tiles) {
