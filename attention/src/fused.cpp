@@ -80,6 +80,16 @@ int wgmma_warpgroups(std::int64_t blocks_at_64_rows) {
   return blocks_at_64_rows < 2 * 132 ? 2 : 1;
 }
 
+// Note [packing blocks] (kernels/fused_attention.hpp): the wgmma kernel rounds K and V to fp16
+// itself, each kv head's in the blocks of the kv head before it, instead of in a packing kernel
+// before it (whose 0.2-0.4 ms at B4 H32 L4096 D128 the tensor cores sat out). LOCKSTEP_FUSED_TC_PACK
+// =0|1 overrides the default (a measurement knob); the same bits either way (a unit test holds
+// both to them).
+bool pack_in_kernel() {
+  const char* v = std::getenv("LOCKSTEP_FUSED_TC_PACK");
+  return v == nullptr || std::atoi(v) != 0;
+}
+
 template <int D>
 void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_t seq_q,
                   std::int64_t heads, std::int64_t batch, bool tensor_core) {
@@ -117,6 +127,27 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
       launch<P>(s, grid, P::kSharedBytes, tp);
     };
     if constexpr (D == 64 || D == 128) {
+      if (wgmma && pack_in_kernel()) {
+        // Note [packing blocks]: kv head 0 of batch 0 here, the others by the attention's blocks.
+        const auto packing = [&](auto k) {
+          using K = decltype(k);
+          const std::int64_t tiles_q = kernels::ceil_div(seq_q, std::int64_t{K::kRows});
+          const std::int64_t per_kv = tiles_q * (heads / p.Hkv);
+          const std::int64_t kv_heads = batch * p.Hkv;
+          if (tiles_q * heads * batch > 0x7fffffff) return false;
+          std::int32_t* c = detail::StreamAccess::counters(s, std::size_t(1 + 2 * kv_heads));
+          tp.ticket = c;
+          tp.pack_counters = c + 1;
+          tp.pack_parts = static_cast<std::int32_t>(std::min(per_kv, kernels::ceil_div(p.Skv, 64)));
+          const Dim3 first{static_cast<std::uint32_t>(kernels::ceil_div(p.Skv, 64)), 1, 1};
+          launch<kernels::FusedHalfPackTiled<D>>(s, first, 0, tp);
+          launch<K>(s, Dim3{static_cast<std::uint32_t>(tiles_q * heads * batch), 1, 1}, K::kSharedBytes, tp);
+          return true;
+        };
+        if (wgmma_warpgroups(blocks64) == 2 ? packing(kernels::FusedAttentionWgmma<D, 2, true>{})
+                                            : packing(kernels::FusedAttentionWgmma<D, 1, true>{}))
+          return;
+      }
       if (wgmma) pack(kernels::FusedHalfPackTiled<D>{}, 64);
     }
     if (!wgmma) pack(kernels::FusedHalfPack<D>{}, kernels::FusedHalfPack<D>::kRows);

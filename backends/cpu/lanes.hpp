@@ -794,6 +794,8 @@ class CpuExec {
     if (count != target) signals_mismatch(count, target);
     return std::atomic_ref<std::int32_t>(c[1]).fetch_add(1, std::memory_order_acq_rel);
   }
+  // Note [packing blocks]: copies are plain reads here, ordered by the signals' atomics.
+  void proxy_fence_global() const {}
   // Note [one grid]: the block's ticket (*c before the add); ticket total - 1 resets *c.
   int block_ticket(std::int32_t* c, int total) const {
     std::atomic_ref<std::int32_t> a(*c);

@@ -189,6 +189,14 @@ struct CudaExec {
     __syncthreads();
     return ticket;
   }
+  // Note [packing blocks] (kernels/fused_attention.hpp): orders this thread's generic-proxy
+  // accesses to global memory with its async-proxy ones (bulk copies): the packing blocks' stores
+  // before their signal, and the acquire of that signal before the bulk copies that read them.
+  __device__ __forceinline__ void proxy_fence_global() const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+#endif
+  }
   // Note [one grid] (kernels/decode.hpp): the block's ticket, *c before thread 0's atomic add,
   // the same for every thread; the block that takes ticket total - 1 resets *c to zero.
   __device__ __forceinline__ int block_ticket(std::int32_t* c, int total) const {

@@ -33,6 +33,12 @@ struct FusedAttentionParams {
   void* v_half;
   // Always 0: FusedAttentionWgmma's zero that the compiler cannot see (Note [wgmma products]).
   std::int32_t zero;
+  // Note [packing blocks] (FusedAttentionWgmma with PK): a zero that the blocks take their
+  // tickets from, then a zero pair per kv head of every batch ([B * Hkv][2]), and the packing
+  // blocks per kv head. Null and 0 otherwise.
+  std::int32_t* ticket;
+  std::int32_t* pack_counters;
+  std::int32_t pack_parts;
 };
 
 // What a block of either fused kernel owns: query rows [s0, s0 + rows) of head h in batch b, kv
@@ -55,8 +61,11 @@ struct FusedBlock {
 
   template <class X>
   LOCKSTEP_HD FusedBlock(X& x, const FusedAttentionParams& p, int kRows, bool reverse_causal = false)
-      : b(x.block_z()), h(x.block_y()), hk(h / (p.H / p.Hkv)),
-        s0((reverse_causal && p.causal ? x.grid_x() - 1 - x.block_x() : x.block_x()) * kRows),
+      : FusedBlock(p, x.block_z(), x.block_y(),
+                   reverse_causal && p.causal ? x.grid_x() - 1 - x.block_x() : x.block_x(), kRows) {}
+  // Query tile `tile` of head h in batch b (Note [packing blocks]: the tile a ticket gives).
+  LOCKSTEP_HD FusedBlock(const FusedAttentionParams& p, int b_, int h_, int tile, int kRows)
+      : b(b_), h(h_), hk(h / (p.H / p.Hkv)), s0(tile * kRows),
         rows(static_cast<int>(imin(p.Sq - s0, kRows))), shift(p.Skv - p.Sq),
         qb(p.q + b * p.q_sb + h * p.q_sh + std::int64_t{s0} * p.q_ss),
         kb(p.k + b * p.k_sb + hk * p.k_sh),
@@ -783,6 +792,78 @@ struct FusedAttentionTensorCore {
   }
 };
 
+// What a block of either packing kernel reads and writes: rows [s0, s0 + rows) of K and V for kv
+// head hk of batch b (fp32, by their strides), and the int32 words of their fp16 copies from
+// dst_words on (two halves per word).
+struct HalfPackRows {
+  const float* ks;
+  const float* vs;
+  std::int32_t* kd;
+  std::int32_t* vd;
+  int rows;
+  LOCKSTEP_HD HalfPackRows(const FusedAttentionParams& p, int b, int hk, int s0, int block_rows, std::int64_t dst_words)
+      : ks(p.k + b * p.k_sb + hk * p.k_sh + std::int64_t{s0} * p.k_ss),
+        vs(p.v + b * p.v_sb + hk * p.v_sh + std::int64_t{s0} * p.v_ss),
+        kd(static_cast<std::int32_t*>(p.k_half) + dst_words),
+        vd(static_cast<std::int32_t*>(p.v_half) + dst_words),
+        rows(static_cast<int>(imin(p.Skv - s0, block_rows))) {}
+};
+
+// K and V rounded to fp16 (nearest even) into FusedAttentionWgmma's tiles (Note [wgmma products]):
+// [B, Hkv, ceil(Skv / 64), 64 D] with each tile in the core-matrix layout, zeros past Skv. Grid:
+// x = tile, y = Hkv, z = B; thread t writes 16-byte chunks t, t + 256, ... of the tile (16-byte
+// chunk q holds key (q / D) 8 + q % 8, columns 8 ((q / 8) % (D / 8)) ..., eight halves), each
+// with one 16-byte store.
+template <int D>
+struct FusedHalfPackTiled {
+  static constexpr const char* kName = "fused_attention_half_pack_tiled";
+  static constexpr int kThreads = 256;
+  static constexpr int kTile = 64;
+  static constexpr std::size_t kSharedBytes = 0;
+  using Params = FusedAttentionParams;
+
+  template <class X>
+  LOCKSTEP_HD static void run(X& x, const Params& p) {
+    pack_tile<kThreads>(x, p, x.block_z(), x.block_y(), x.block_x(), x.grid_x());
+  }
+
+  // Tile `tile` of the `tiles` of kv head hk in batch b, by a block of NT threads (also the
+  // packing blocks of FusedAttentionWgmma: Note [packing blocks]).
+  template <int NT, class X>
+  LOCKSTEP_HD static void pack_tile(X& x, const Params& p, int b, int hk, int tile, int tiles) {
+    using I = typename X::template Lanes<lane_int>;
+    constexpr int kChunks = kTile * D / 8 / NT;  // per thread
+    static_assert(kChunks * NT * 8 == kTile * D, "whole chunks per thread");
+    const std::int64_t dst = ((std::int64_t{b} * p.Hkv + hk) * tiles + tile) * (kTile * D / 2);
+    const HalfPackRows pr(p, b, hk, tile * kTile, kTile, dst);
+    const int k_ss = static_cast<int>(p.k_ss), v_ss = static_cast<int>(p.v_ss);
+    const I t = x.thread();
+    // Every chunk's loads are issued before the first store (which the compiler may not move
+    // loads past: the buffers could alias), so that the tile takes one round trip, not kChunks.
+    using Q4 = decltype(x.load4(pr.ks, t, t < 0));
+    Q4 kv[kChunks][4];
+    LOCKSTEP_UNROLL
+    for (int i = 0; i < kChunks; ++i) {
+      const I q = t + i * NT;
+      const I r = x.idiv(q, D) * 8 + (q & 7);
+      const I c = ((q >> 3) - x.idiv(q >> 3, D / 8) * (D / 8)) * 8;
+      const auto ok = r < pr.rows;
+      kv[i][0] = x.load4(pr.ks, r * k_ss + c, ok);
+      kv[i][1] = x.load4(pr.ks, r * k_ss + (c + 4), ok);
+      kv[i][2] = x.load4(pr.vs, r * v_ss + c, ok);
+      kv[i][3] = x.load4(pr.vs, r * v_ss + (c + 4), ok);
+    }
+    LOCKSTEP_UNROLL
+    for (int i = 0; i < kChunks; ++i) {
+      const I q = t + i * NT;
+      x.store_words4(pr.kd, q * 4, x.pack_half2(kv[i][0].x, kv[i][0].y), x.pack_half2(kv[i][0].z, kv[i][0].w),
+                     x.pack_half2(kv[i][1].x, kv[i][1].y), x.pack_half2(kv[i][1].z, kv[i][1].w));
+      x.store_words4(pr.vd, q * 4, x.pack_half2(kv[i][2].x, kv[i][2].y), x.pack_half2(kv[i][2].z, kv[i][2].w),
+                     x.pack_half2(kv[i][3].x, kv[i][3].y), x.pack_half2(kv[i][3].z, kv[i][3].w));
+    }
+  }
+};
+
 // Note [wgmma products]
 // FusedAttentionWgmma is FusedAttentionTensorCore's arithmetic with the products as warpgroup
 // instructions (PTX wgmma.mma_async, sm_90a): one instruction multiplies a warpgroup's 64 rows by
@@ -825,12 +906,12 @@ struct FusedAttentionTensorCore {
 // otherwise run freely, so one's softmax overlaps the other's products.
 // Built only for sm_90a (the host picks it on compute capability 9.0 when the library was built
 // with it: CMAKE_CUDA_ARCHITECTURES containing 90a); elsewhere its products trap.
-template <int D, int WG = 2>
+template <int D, int WG = 2, bool PK = false>
 struct FusedAttentionWgmma {
   static_assert(D == 64 || D == 128, "wgmma attention: head_dim 64 or 128");
   static_assert(WG == 1 || WG == 2, "one or two warpgroups per block");
   using Tc = FusedAttentionTensorCore<D, 1>;
-  static constexpr const char* kName = "fused_attention_wgmma";
+  static constexpr const char* kName = PK ? "fused_attention_wgmma_packing" : "fused_attention_wgmma";
   static constexpr int kWarps = 4 * WG;
   static constexpr int kThreads = kWarps * kWarpSize;
   static constexpr int kRows = 64 * WG;          // query rows per block
@@ -849,6 +930,39 @@ struct FusedAttentionWgmma {
 
   template <class X>
   LOCKSTEP_HD static void run(X& x, const Params& p) {
+    if constexpr (PK) {
+      // Note [packing blocks]: the ticket gives the block its query tile and kv head (kv heads of
+      // every batch in order, then query heads of its group, then tiles).
+      const int tiles_q = static_cast<int>(ceil_div(p.Sq, kRows));
+      const int group = p.H / p.Hkv;
+      const int per_kv = group * tiles_q;  // blocks of one kv head
+      const int t = x.block_ticket(p.ticket, p.B * p.H * tiles_q);
+      const int kvi = t / per_kv, u = t - kvi * per_kv;
+      const int b = kvi / p.Hkv, hk = kvi - b * p.Hkv;
+      if (kvi > 0) {  // kv head 0 was packed by the kernel before
+        std::int32_t* c = p.pack_counters + 2 * std::int64_t{kvi};
+        const int reader = x.wait_signals(c, p.pack_parts, true);
+        x.release_signals(c, reader, per_kv);
+        x.proxy_fence_global();  // the packing blocks' generic stores, then the bulk copies' reads
+      }
+      body(x, p, FusedBlock(p, b, hk * group + u / tiles_q, u % tiles_q, kRows), [&] {
+        const int next = kvi + 1;
+        if (u >= p.pack_parts || next >= p.B * p.Hkv) return;  // block-uniform
+        const int nb = next / p.Hkv, nhk = next - nb * p.Hkv;
+        const int tiles_kv = static_cast<int>(ceil_div(p.Skv, kTile));
+        for (int j = u; j < tiles_kv; j += p.pack_parts)
+          FusedHalfPackTiled<D>::template pack_tile<kThreads>(x, p, nb, nhk, j, tiles_kv);
+        x.proxy_fence_global();
+        x.signal(p.pack_counters + 2 * std::int64_t{next});
+      });
+    } else {
+      body(x, p, FusedBlock(x, p, kRows), [] {});
+    }
+  }
+
+  // The block's attention; between() runs once the first two tiles are in flight.
+  template <class X, class Between>
+  LOCKSTEP_HD static void body(X& x, const Params& p, const FusedBlock& fb, Between&& between) {
     using F = typename X::template Lanes<float>;
     using I = typename X::template Lanes<lane_int>;
     using H = typename X::half_t;
@@ -857,7 +971,6 @@ struct FusedAttentionWgmma {
     std::uint64_t* full = x.template shared<std::uint64_t>(kStages);   // tile landed in the slot
     std::uint64_t* empty = x.template shared<std::uint64_t>(kStages);  // every warp done with it
 
-    const FusedBlock fb(x, p, kRows);
     const int s0 = fb.s0, shift = fb.shift;
     // FusedHalfPackTiled's layout: [B, Hkv, tiles of Skv, 64 D halves].
     const std::int64_t kv_base = (std::int64_t{fb.b} * p.Hkv + fb.hk) * ceil_div(p.Skv, kTile) * kTileHalves;
@@ -891,6 +1004,7 @@ struct FusedAttentionWgmma {
     };
     issue(0);
     issue(1);
+    between();
 
     // Q's A fragments from global memory, rounded to fp16 (rows past the block's are zeros).
     I qf[D / 16][4];
@@ -976,62 +1090,6 @@ struct FusedAttentionWgmma {
       if (j + 1 < tiles) step(j + 1, sb, sa);
     }
     Tc::store_rows(x, p, fb, o, m, l, row0, tq);  // every issued tile was waited for
-  }
-};
-
-// What a block of either packing kernel reads and writes: rows [s0, s0 + rows) of K and V for kv
-// head hk of batch b (fp32, by their strides), and the int32 words of their fp16 copies from
-// dst_words on (two halves per word).
-struct HalfPackRows {
-  const float* ks;
-  const float* vs;
-  std::int32_t* kd;
-  std::int32_t* vd;
-  int rows;
-  LOCKSTEP_HD HalfPackRows(const FusedAttentionParams& p, int b, int hk, int s0, int block_rows, std::int64_t dst_words)
-      : ks(p.k + b * p.k_sb + hk * p.k_sh + std::int64_t{s0} * p.k_ss),
-        vs(p.v + b * p.v_sb + hk * p.v_sh + std::int64_t{s0} * p.v_ss),
-        kd(static_cast<std::int32_t*>(p.k_half) + dst_words),
-        vd(static_cast<std::int32_t*>(p.v_half) + dst_words),
-        rows(static_cast<int>(imin(p.Skv - s0, block_rows))) {}
-};
-
-// K and V rounded to fp16 (nearest even) into FusedAttentionWgmma's tiles (Note [wgmma products]):
-// [B, Hkv, ceil(Skv / 64), 64 D] with each tile in the core-matrix layout, zeros past Skv. Grid:
-// x = tile, y = Hkv, z = B; thread t writes 16-byte chunks t, t + 256, ... of the tile (16-byte
-// chunk q holds key (q / D) 8 + q % 8, columns 8 ((q / 8) % (D / 8)) ..., eight halves), each
-// with one 16-byte store.
-template <int D>
-struct FusedHalfPackTiled {
-  static constexpr const char* kName = "fused_attention_half_pack_tiled";
-  static constexpr int kThreads = 256;
-  static constexpr int kTile = 64;
-  static constexpr int kChunks = kTile * D / 8 / kThreads;  // per thread
-  static_assert(kChunks * kThreads * 8 == kTile * D, "whole chunks per thread");
-  static constexpr std::size_t kSharedBytes = 0;
-  using Params = FusedAttentionParams;
-
-  template <class X>
-  LOCKSTEP_HD static void run(X& x, const Params& p) {
-    using I = typename X::template Lanes<lane_int>;
-    const int b = x.block_z(), hk = x.block_y();
-    const std::int64_t dst = ((std::int64_t{b} * p.Hkv + hk) * x.grid_x() + x.block_x()) * (kTile * D / 2);
-    const HalfPackRows pr(p, b, hk, x.block_x() * kTile, kTile, dst);
-    const int k_ss = static_cast<int>(p.k_ss), v_ss = static_cast<int>(p.v_ss);
-    const I t = x.thread();
-    LOCKSTEP_UNROLL
-    for (int i = 0; i < kChunks; ++i) {
-      const I q = t + i * kThreads;
-      const I r = x.idiv(q, D) * 8 + (q & 7);
-      const I c = ((q >> 3) - x.idiv(q >> 3, D / 8) * (D / 8)) * 8;
-      const auto ok = r < pr.rows;
-      const auto k0 = x.load4(pr.ks, r * k_ss + c, ok), k1 = x.load4(pr.ks, r * k_ss + (c + 4), ok);
-      const auto v0 = x.load4(pr.vs, r * v_ss + c, ok), v1 = x.load4(pr.vs, r * v_ss + (c + 4), ok);
-      x.store_words4(pr.kd, q * 4, x.pack_half2(k0.x, k0.y), x.pack_half2(k0.z, k0.w), x.pack_half2(k1.x, k1.y),
-                     x.pack_half2(k1.z, k1.w));
-      x.store_words4(pr.vd, q * 4, x.pack_half2(v0.x, v0.y), x.pack_half2(v0.z, v0.w), x.pack_half2(v1.x, v1.y),
-                     x.pack_half2(v1.z, v1.w));
-    }
   }
 };
 

@@ -62,6 +62,9 @@ using AllKernels = KernelList<
     FusedAttentionTensorCore<64, 2>, FusedAttentionTensorCore<96, 2>, FusedAttentionTensorCore<128, 2>,
     // Note [wgmma products]: (head_dim, warpgroups per block)
     FusedAttentionWgmma<64, 1>, FusedAttentionWgmma<64, 2>, FusedAttentionWgmma<128, 1>, FusedAttentionWgmma<128, 2>,
+    // with packing blocks (Note [packing blocks])
+    FusedAttentionWgmma<64, 1, true>, FusedAttentionWgmma<64, 2, true>, FusedAttentionWgmma<128, 1, true>,
+    FusedAttentionWgmma<128, 2, true>,
     FusedHalfPack<32>, FusedHalfPack<64>, FusedHalfPack<96>, FusedHalfPack<128>, FusedHalfPack<256>,
     FusedHalfPackTiled<64>, FusedHalfPackTiled<128>>;
 
