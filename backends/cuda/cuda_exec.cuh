@@ -476,8 +476,11 @@ struct CudaExec {
   }
 
   // Four 32-bit words to base[off .. off + 3] (16-byte aligned), one 16-byte store.
+  // One 16-byte store, written in PTX: inlined into FusedAttentionWgmma (Note [packing blocks]),
+  // an int4 store came out of the compiler as four 4-byte ones.
   __device__ __forceinline__ void store_words4(std::int32_t* base, int off, int w0, int w1, int w2, int w3) const {
-    *reinterpret_cast<int4*>(base + off) = make_int4(w0, w1, w2, w3);
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(base + off), "r"(w0), "r"(w1), "r"(w2), "r"(w3)
+                 : "memory");
   }
   // 16 bytes (8 halves) into shared memory, as copy4_async (zeros when m is false).
   __device__ __forceinline__ void copy8h_async(half_t* dst, int doff, const half_t* src, int soff,

@@ -939,30 +939,32 @@ struct FusedAttentionWgmma {
       const int t = x.block_ticket(p.ticket, p.B * p.H * tiles_q);
       const int kvi = t / per_kv, u = t - kvi * per_kv;
       const int b = kvi / p.Hkv, hk = kvi - b * p.Hkv;
-      if (kvi > 0) {  // kv head 0 was packed by the kernel before
-        std::int32_t* c = p.pack_counters + 2 * std::int64_t{kvi};
-        const int reader = x.wait_signals(c, p.pack_parts, true);
-        x.release_signals(c, reader, per_kv);
-        x.proxy_fence_global();  // the packing blocks' generic stores, then the bulk copies' reads
-      }
-      body(x, p, FusedBlock(p, b, hk * group + u / tiles_q, u % tiles_q, kRows), [&] {
-        const int next = kvi + 1;
-        if (u >= p.pack_parts || next >= p.B * p.Hkv) return;  // block-uniform
+      // First the tiles of the next kv head (never behind a wait: a chain of waits and packs
+      // from kv head to kv head made the kernel 1.5-5x slower at head_dim 64, run 89).
+      const int next = kvi + 1;
+      if (u < p.pack_parts && next < p.B * p.Hkv) {  // block-uniform
         const int nb = next / p.Hkv, nhk = next - nb * p.Hkv;
         const int tiles_kv = static_cast<int>(ceil_div(p.Skv, kTile));
         for (int j = u; j < tiles_kv; j += p.pack_parts)
           FusedHalfPackTiled<D>::template pack_tile<kThreads>(x, p, nb, nhk, j, tiles_kv);
         x.proxy_fence_global();
         x.signal(p.pack_counters + 2 * std::int64_t{next});
-      });
+      }
+      if (kvi > 0) {  // kv head 0 was packed by the kernel before
+        std::int32_t* c = p.pack_counters + 2 * std::int64_t{kvi};
+        const int reader = x.wait_signals(c, p.pack_parts, true);
+        x.release_signals(c, reader, per_kv);
+        x.proxy_fence_global();  // the packing blocks' generic stores, then the bulk copies' reads
+      }
+      body(x, p, FusedBlock(p, b, hk * group + u / tiles_q, u % tiles_q, kRows));
     } else {
-      body(x, p, FusedBlock(x, p, kRows), [] {});
+      body(x, p, FusedBlock(x, p, kRows));
     }
   }
 
-  // The block's attention; between() runs once the first two tiles are in flight.
-  template <class X, class Between>
-  LOCKSTEP_HD static void body(X& x, const Params& p, const FusedBlock& fb, Between&& between) {
+  // The block's attention.
+  template <class X>
+  LOCKSTEP_HD static void body(X& x, const Params& p, const FusedBlock& fb) {
     using F = typename X::template Lanes<float>;
     using I = typename X::template Lanes<lane_int>;
     using H = typename X::half_t;
@@ -1004,7 +1006,6 @@ struct FusedAttentionWgmma {
     };
     issue(0);
     issue(1);
-    between();
 
     // Q's A fragments from global memory, rounded to fp16 (rows past the block's are zeros).
     I qf[D / 16][4];
