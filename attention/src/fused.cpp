@@ -81,10 +81,10 @@ int wgmma_warpgroups(std::int64_t blocks_at_64_rows) {
 }
 
 // Note [packing blocks] (kernels/fused_attention.hpp): the wgmma kernel rounds K and V to fp16
-// itself, each kv head's in the blocks of the kv head before it, instead of in a packing kernel
-// before it (whose 0.2-0.4 ms at B4 H32 L4096 D128 the tensor cores sat out). LOCKSTEP_FUSED_TC_PACK
-// =0|1 overrides the default (a measurement knob); the same bits either way (a unit test holds
-// both to them).
+// itself, each kv head's in the blocks of a kv head pack_ahead before it, during their own loops,
+// instead of in a packing kernel before it (whose 0.2-0.4 ms at B4 H32 L4096 D128 the tensor cores
+// sat out). LOCKSTEP_FUSED_TC_PACK=0|1 overrides the default, LOCKSTEP_FUSED_TC_PACK_AHEAD=n the
+// distance (measurement and test knobs); the same bits either way (a unit test holds them to it).
 bool pack_in_kernel() {
   const char* v = std::getenv("LOCKSTEP_FUSED_TC_PACK");
   return v == nullptr || std::atoi(v) != 0;
@@ -128,18 +128,25 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
     };
     if constexpr (D == 64 || D == 128) {
       if (wgmma && pack_in_kernel()) {
-        // Note [packing blocks]: kv head 0 of batch 0 here, the others by the attention's blocks.
+        // Note [packing blocks]: the first pack_ahead kv heads here, the others by the attention's
+        // blocks, pack_ahead kv heads ahead: more than the blocks the GPU holds at once cover.
         const auto packing = [&](auto k) {
           using K = decltype(k);
           const std::int64_t tiles_q = kernels::ceil_div(seq_q, std::int64_t{K::kRows});
           const std::int64_t per_kv = tiles_q * (heads / p.Hkv);
           const std::int64_t kv_heads = batch * p.Hkv;
-          if (tiles_q * heads * batch > 0x7fffffff) return false;
+          const std::int64_t resident = std::int64_t{K::kMinBlocks} * s.device().caps().multiprocessors;
+          std::int64_t ahead = kernels::ceil_div(resident, per_kv) + 2;
+          if (const char* v = std::getenv("LOCKSTEP_FUSED_TC_PACK_AHEAD"); v != nullptr && std::atoi(v) > 0)
+            ahead = std::atoi(v);  // a test and measurement knob: blocks wait when it is short
+          if (ahead >= kv_heads || ahead > 65535 || tiles_q * heads * batch > 0x7fffffff) return false;
           std::int32_t* c = detail::StreamAccess::counters(s, std::size_t(1 + 2 * kv_heads));
           tp.ticket = c;
           tp.pack_counters = c + 1;
-          tp.pack_parts = static_cast<std::int32_t>(std::min(per_kv, kernels::ceil_div(p.Skv, 64)));
-          const Dim3 first{static_cast<std::uint32_t>(kernels::ceil_div(p.Skv, 64)), 1, 1};
+          // Two tiles per packing block: within the loop of each of the kv head's longest blocks.
+          tp.pack_parts = static_cast<std::int32_t>(std::min(per_kv, kernels::ceil_div(kernels::ceil_div(p.Skv, 64), 2)));
+          tp.pack_ahead = static_cast<std::int32_t>(ahead);
+          const Dim3 first{static_cast<std::uint32_t>(kernels::ceil_div(p.Skv, 64)), static_cast<std::uint32_t>(ahead), 1};
           launch<kernels::FusedHalfPackTiled<D>>(s, first, 0, tp);
           launch<K>(s, Dim3{static_cast<std::uint32_t>(tiles_q * heads * batch), 1, 1}, K::kSharedBytes, tp);
           return true;
