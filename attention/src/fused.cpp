@@ -136,7 +136,7 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
           const std::int64_t per_kv = tiles_q * (heads / p.Hkv);
           const std::int64_t kv_heads = batch * p.Hkv;
           const std::int64_t resident = std::int64_t{K::kMinBlocks} * s.device().caps().multiprocessors;
-          std::int64_t ahead = kernels::ceil_div(resident, per_kv) + 2;
+          std::int64_t ahead = 2 * kernels::ceil_div(resident, per_kv) + 2;
           if (const char* v = std::getenv("LOCKSTEP_FUSED_TC_PACK_AHEAD"); v != nullptr && std::atoi(v) > 0)
             ahead = std::atoi(v);  // a test and measurement knob: blocks wait when it is short
           if (ahead >= kv_heads || ahead > 65535 || tiles_q * heads * batch > 0x7fffffff) return false;

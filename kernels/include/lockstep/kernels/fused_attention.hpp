@@ -966,7 +966,7 @@ struct FusedAttentionWgmma {
   static constexpr int kMinBlocks = WG == 1 ? (D == 128 ? 2 : 3) : 1;
   static constexpr int kTileHalves = kTile * D;  // one K or V tile, no padding
   static constexpr std::size_t kSharedBytes =
-      std::size_t(2) * kStages * kTileHalves * 2 + 2 * kStages * 8 + 64 + (PK ? 64 * kThreads + 32 : 0);
+      std::size_t(2) * kStages * kTileHalves * 2 + 2 * kStages * 8 + 64 + (PK ? 128 * kThreads + 32 : 0);
   // Core-matrix strides (halves): along head_dim 64 (one core matrix), along keys 8 D.
   static constexpr int kCoreStep = 64;
   static constexpr int kKeyGroupStep = 8 * D;
@@ -1013,25 +1013,26 @@ struct FusedAttentionWgmma {
     H* Vs = x.template shared<H>(kStages * kTileHalves);
     std::uint64_t* full = x.template shared<std::uint64_t>(kStages);   // tile landed in the slot
     std::uint64_t* empty = x.template shared<std::uint64_t>(kStages);  // every warp done with it
-    float* stage = PK ? x.template shared<float>(16 * kThreads) : nullptr;  // 64 bytes per thread
+    float* stage = PK ? x.template shared<float>(2 * 16 * kThreads) : nullptr;  // 2 x 64 bytes per thread
     const int tiles_kv = static_cast<int>(ceil_div(p.Skv, kTile));
     const int pack_b = pack_kv >= 0 ? pack_kv / p.Hkv : 0, pack_hk = pack_kv >= 0 ? pack_kv - pack_b * p.Hkv : 0;
     constexpr int kPieces = Pack::template kPieces<kThreads>;
     const int pieces = pack_kv >= 0 ? static_cast<int>(ceil_div(tiles_kv - first_tile, p.pack_parts)) * kPieces : 0;
     auto piece_tile = [&](int s) { return first_tile + (s / kPieces) * p.pack_parts; };
-    // Piece s: its copies issued (s < pieces), then piece s - 1 rounded and stored.
+    // Step s: piece s - 2 rounded and stored (its copies, two steps old, have landed), then piece
+    // s's copies issued into the same half of the stage (s < pieces). One copy group per step,
+    // empty or not, so that "all but the newest group" is piece s - 2's.
     auto pack_step = [&](int s) {
       if constexpr (PK) {
-        if (s - 1 >= pieces) return;  // block-uniform
-        if (s >= 1) {
-          x.template async_wait<0>();
-          Pack::template store_piece<kThreads>(x, p, stage, pack_b, pack_hk, piece_tile(s - 1), tiles_kv,
-                                                (s - 1) % kPieces);
+        if (pack_kv < 0 || s - 2 >= pieces) return;  // block-uniform
+        float* half = stage + (s & 1) * 16 * kThreads;
+        if (s >= 2) {
+          x.template async_wait<1>();
+          Pack::template store_piece<kThreads>(x, p, half, pack_b, pack_hk, piece_tile(s - 2), tiles_kv,
+                                                (s - 2) % kPieces);
         }
-        if (s < pieces) {
-          Pack::template copy_piece<kThreads>(x, p, stage, pack_b, pack_hk, piece_tile(s), s % kPieces);
-          x.async_commit();
-        }
+        if (s < pieces) Pack::template copy_piece<kThreads>(x, p, half, pack_b, pack_hk, piece_tile(s), s % kPieces);
+        x.async_commit();
       }
     };
 
@@ -1156,7 +1157,7 @@ struct FusedAttentionWgmma {
     Tc::store_rows(x, p, fb, o, m, l, row0, tq);  // every issued tile was waited for
     if constexpr (PK) {
       if (pack_kv >= 0) {  // block-uniform
-        for (int s = tiles; s <= pieces; ++s) pack_step(s);  // the pieces the loop did not reach
+        for (int s = tiles; s <= pieces + 1; ++s) pack_step(s);  // the pieces the loop did not reach
         x.proxy_fence_global();
         x.signal(p.pack_counters + 2 * std::int64_t{pack_kv});
       }
