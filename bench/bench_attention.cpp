@@ -294,7 +294,7 @@ Result fused(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t S, std::
       ctx.quick ? 0 : 1, std::max(1, ctx.reps / 4));
   r.flops = 4.0 * double(B) * double(H) * double(S) * double(S) * double(D) / (causal ? 2.0 : 1.0);
   r.bytes = 4.0 * double(n) * 4;
-  r.note = tc ? "2 launches (K, V to fp16; the fused kernel: wgmma on sm_90a builds at head_dim 64 and 128, else mma.sync m16n8k16; S, P, O in registers), fp32 accumulation and softmax, FlashAttention-2 schedule; FLOPs halved when causal"
+  r.note = tc ? "2 launches (K, V to fp16; the fused kernel: wgmma on sm_90a builds at head_dim 64 and 128, else mma.sync m16n8k16; S, P, O in registers; at head_dim 64 with large grids the first launch packs one kv head and the fused kernel's packing blocks the rest), fp32 accumulation and softmax, FlashAttention-2 schedule; FLOPs halved when causal"
              : "strict fp32 SIMT, FlashAttention-2 schedule; FLOPs halved when causal";
   // The H200's dense fp16 tensor-core figure (../shared/perf-targets.md), not measured here.
   if (tc && ctx.cuda) r.extra["frac_fp16_tensor_peak_763_TFLOPs"] = r.flops / (r.median_ms * 1e-3) / 763e12;

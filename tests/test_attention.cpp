@@ -1171,11 +1171,10 @@ TEST_P(Attention, FusedWgmmaPackingBlocksGiveTheSameBytes) {
   const bool cpu = dev->id().kind == DeviceKind::kCpu;
   if (cpu) ::setenv("LOCKSTEP_FUSED_TC_WGMMA", "1", 1);
   for (const char* wg : {"1", "2"})
-    for (const char* ahead : {"1", "2"})
     for (const AttentionShape& sh : {AttentionShape{2, 4, 2, 200, 230, 128}, AttentionShape{3, 2, 1, 64, 700, 64},
                                      AttentionShape{1, 3, 1, 130, 90, 128}, AttentionShape{2, 8, 2, 70, 333, 64}})
       for (bool causal : {false, true}) {
-        SCOPED_TRACE(std::string("warpgroups ") + wg + " ahead " + ahead + " B=" + std::to_string(sh.batch) + " Hkv=" +
+        SCOPED_TRACE(std::string("warpgroups ") + wg + " B=" + std::to_string(sh.batch) + " Hkv=" +
                      std::to_string(sh.kv_heads) + " D=" + std::to_string(sh.head_dim) + (causal ? " causal" : ""));
         ::setenv("LOCKSTEP_FUSED_TC_WGMMA_WG", wg, 1);
         const std::size_t nq = std::size_t(sh.batch * sh.heads * sh.seq_q * sh.head_dim);
@@ -1193,10 +1192,8 @@ TEST_P(Attention, FusedWgmmaPackingBlocksGiveTheSameBytes) {
           o.precision = AttentionPrecision::kTensorCore;
           o.causal = causal;
           ::setenv("LOCKSTEP_FUSED_TC_PACK", i == 1 ? "1" : "0", 1);
-          ::setenv("LOCKSTEP_FUSED_TC_PACK_AHEAD", ahead, 1);
           attention(s(), q, i == 0 ? k_other : k, i == 0 ? v_other : v, out, sh, o);
           ::unsetenv("LOCKSTEP_FUSED_TC_PACK");
-          ::unsetenv("LOCKSTEP_FUSED_TC_PACK_AHEAD");
           outs[i] = out.to_vector(s());
         }
         ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA_WG");

@@ -43,13 +43,28 @@ bool use_separate_p(std::int64_t blocks, std::int64_t multiprocessors) {
   return blocks <= 3 * multiprocessors;
 }
 
+// Note [packing blocks] (kernels/fused_attention.hpp): the wgmma kernel rounds K and V to fp16
+// itself, each kv head's in the blocks of the kv head before it, instead of in a packing launch
+// before it. Measured (runs 90 and 92): 16x16x1024x64 causal 0.267-0.272 ms against 0.280-0.281
+// with the mma.sync kernel; 0.7-1% slower at B4 H32 L4096 D128 and 5% at whisper-tiny. So: at
+// head_dim 64 for grids of at least two waves of 132 SMs at 64 rows per block. LOCKSTEP_FUSED_TC_PACK
+// =0|1 overrides (a measurement knob); the same bits either way (a unit test holds them to it).
+bool pack_in_kernel(int D, std::int64_t blocks_at_64_rows) {
+  if (const char* v = std::getenv("LOCKSTEP_FUSED_TC_PACK"); v != nullptr) {
+    const int pk = std::atoi(v);
+    if (pk == 0 || pk == 1) return pk == 1;
+  }
+  return D == 64 && blocks_at_64_rows >= 2 * 132;
+}
+
 // Note [wgmma products] (kernels/fused_attention.hpp): the tensor-core kernel on warpgroup
 // products. It can run on CUDA devices of compute capability 9.0 when the library was built for
 // sm_90a (LOCKSTEP_HAVE_WGMMA: CMAKE_CUDA_ARCHITECTURES containing 90a), at head_dim 64 and 128.
 // Measured (run 83, H200, against the mma.sync kernels it replaces): B4 H32 L4096 D128 3.43 ms
 // instead of 4.41 (causal 2.02 instead of 2.51), whisper-tiny's 1x6x1500x64 0.0455 (two
 // warpgroups) instead of 0.051-0.054; 16x16x1024x64 causal 0.287-0.292 instead of 0.280-0.282. So
-// it is the default at head_dim 128, and at 64 for grids under two waves of 132 SMs (64-row blocks).
+// it is the default at head_dim 128, and at 64 for grids under two waves of 132 SMs (64-row blocks);
+// at 64 for larger grids too since its packing blocks (Note [packing blocks], runs 90 and 92).
 // LOCKSTEP_FUSED_TC_WGMMA=0 never picks it; =1 picks it wherever it can run, the CPU device
 // included (whose emulation gives FusedAttentionTensorCore's bytes: a test holds it to them).
 bool use_wgmma(const Stream& s, int D, std::int64_t blocks_at_64_rows) {
@@ -60,7 +75,7 @@ bool use_wgmma(const Stream& s, int D, std::int64_t blocks_at_64_rows) {
   if (s.device().id().kind != DeviceKind::kCuda) return knob == 1;
 #if defined(LOCKSTEP_HAVE_WGMMA)
   if (s.device().caps().compute_capability != 90) return false;
-  return knob == 1 || D == 128 || blocks_at_64_rows < 2 * 132;
+  return knob == 1 || D == 128 || blocks_at_64_rows < 2 * 132 || pack_in_kernel(D, blocks_at_64_rows);
 #else
   (void)blocks_at_64_rows;
   return false;
@@ -78,16 +93,6 @@ int wgmma_warpgroups(std::int64_t blocks_at_64_rows) {
     if (wg == 1 || wg == 2) return wg;
   }
   return blocks_at_64_rows < 2 * 132 ? 2 : 1;
-}
-
-// Note [packing blocks] (kernels/fused_attention.hpp): the wgmma kernel rounds K and V to fp16
-// itself, each kv head's in the blocks of a kv head pack_ahead before it, during their own loops,
-// instead of in a packing kernel before it (whose 0.2-0.4 ms at B4 H32 L4096 D128 the tensor cores
-// sat out). LOCKSTEP_FUSED_TC_PACK=0|1 overrides the default, LOCKSTEP_FUSED_TC_PACK_AHEAD=n the
-// distance (measurement and test knobs); the same bits either way (a unit test holds them to it).
-bool pack_in_kernel() {
-  const char* v = std::getenv("LOCKSTEP_FUSED_TC_PACK");
-  return v == nullptr || std::atoi(v) != 0;
 }
 
 template <int D>
@@ -127,26 +132,19 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
       launch<P>(s, grid, P::kSharedBytes, tp);
     };
     if constexpr (D == 64 || D == 128) {
-      if (wgmma && pack_in_kernel()) {
-        // Note [packing blocks]: the first pack_ahead kv heads here, the others by the attention's
-        // blocks, pack_ahead kv heads ahead: more than the blocks the GPU holds at once cover.
+      if (wgmma && pack_in_kernel(D, blocks64)) {
+        // Note [packing blocks]: kv head 0 of batch 0 here, the others by the attention's blocks.
         const auto packing = [&](auto k) {
           using K = decltype(k);
           const std::int64_t tiles_q = kernels::ceil_div(seq_q, std::int64_t{K::kRows});
           const std::int64_t per_kv = tiles_q * (heads / p.Hkv);
           const std::int64_t kv_heads = batch * p.Hkv;
-          const std::int64_t resident = std::int64_t{K::kMinBlocks} * s.device().caps().multiprocessors;
-          std::int64_t ahead = 2 * kernels::ceil_div(resident, per_kv) + 2;
-          if (const char* v = std::getenv("LOCKSTEP_FUSED_TC_PACK_AHEAD"); v != nullptr && std::atoi(v) > 0)
-            ahead = std::atoi(v);  // a test and measurement knob: blocks wait when it is short
-          if (ahead >= kv_heads || ahead > 65535 || tiles_q * heads * batch > 0x7fffffff) return false;
+          if (tiles_q * heads * batch > 0x7fffffff) return false;
           std::int32_t* c = detail::StreamAccess::counters(s, std::size_t(1 + 2 * kv_heads));
           tp.ticket = c;
           tp.pack_counters = c + 1;
-          // Two tiles per packing block: within the loop of each of the kv head's longest blocks.
-          tp.pack_parts = static_cast<std::int32_t>(std::min(per_kv, kernels::ceil_div(kernels::ceil_div(p.Skv, 64), 2)));
-          tp.pack_ahead = static_cast<std::int32_t>(ahead);
-          const Dim3 first{static_cast<std::uint32_t>(kernels::ceil_div(p.Skv, 64)), static_cast<std::uint32_t>(ahead), 1};
+          tp.pack_parts = static_cast<std::int32_t>(std::min(per_kv, kernels::ceil_div(p.Skv, 64)));
+          const Dim3 first{static_cast<std::uint32_t>(kernels::ceil_div(p.Skv, 64)), 1, 1};
           launch<kernels::FusedHalfPackTiled<D>>(s, first, 0, tp);
           launch<K>(s, Dim3{static_cast<std::uint32_t>(tiles_q * heads * batch), 1, 1}, K::kSharedBytes, tp);
           return true;

@@ -39,7 +39,6 @@ struct FusedAttentionParams {
   std::int32_t* ticket;
   std::int32_t* pack_counters;
   std::int32_t pack_parts;
-  std::int32_t pack_ahead;  // kv heads packed by the kernel before; block of kv head i packs i + this
 };
 
 // What a block of either fused kernel owns: query rows [s0, s0 + rows) of head h in batch b, kv
@@ -823,51 +822,9 @@ struct FusedHalfPackTiled {
   static constexpr std::size_t kSharedBytes = 0;
   using Params = FusedAttentionParams;
 
-  // Grid: x = tile, kv head (b, hk) = block_z * grid_y + block_y: (Hkv, B) for every kv head, (n,
-  // 1) for the first n (Note [packing blocks]).
   template <class X>
   LOCKSTEP_HD static void run(X& x, const Params& p) {
-    const int kvi = x.block_z() * x.grid_y() + x.block_y();
-    const int b = kvi / p.Hkv;
-    pack_tile<kThreads>(x, p, b, kvi - b * p.Hkv, x.block_x(), x.grid_x());
-  }
-
-  // Note [packing blocks]: piece i of a tile, by a block of NT threads in two halves: thread t
-  // copies 16-byte chunk q = t + i NT of K's and of V's fp32 rows into its own 64 bytes of
-  // `stage` (quad k at (k NT + t) 4 floats: conflict-free), asynchronously; after x.async_wait,
-  // the same thread rounds them and stores the chunk's fp16 words (as pack_tile does).
-  template <int NT>
-  static constexpr int kPieces = kTile * D / 8 / NT;
-  template <int NT, class X>
-  LOCKSTEP_HD static void copy_piece(X& x, const Params& p, float* stage, int b, int hk, int tile, int i) {
-    using I = typename X::template Lanes<lane_int>;
-    const HalfPackRows pr(p, b, hk, tile * kTile, kTile, 0);
-    const I t = x.thread();
-    const I q = t + i * NT;
-    const I r = x.idiv(q, D) * 8 + (q & 7);
-    const I c = ((q >> 3) - x.idiv(q >> 3, D / 8) * (D / 8)) * 8;
-    const auto ok = r < pr.rows;
-    const int k_ss = static_cast<int>(p.k_ss), v_ss = static_cast<int>(p.v_ss);
-    x.copy4_async(stage, t * 4, pr.ks, r * k_ss + c, ok);
-    x.copy4_async(stage, (t + NT) * 4, pr.ks, r * k_ss + (c + 4), ok);
-    x.copy4_async(stage, (t + 2 * NT) * 4, pr.vs, r * v_ss + c, ok);
-    x.copy4_async(stage, (t + 3 * NT) * 4, pr.vs, r * v_ss + (c + 4), ok);
-  }
-  template <int NT, class X>
-  LOCKSTEP_HD static void store_piece(X& x, const Params& p, const float* stage, int b, int hk, int tile, int tiles,
-                                      int i) {
-    using I = typename X::template Lanes<lane_int>;
-    const std::int64_t dst = ((std::int64_t{b} * p.Hkv + hk) * tiles + tile) * (kTile * D / 2);
-    std::int32_t* kd = static_cast<std::int32_t*>(p.k_half) + dst;
-    std::int32_t* vd = static_cast<std::int32_t*>(p.v_half) + dst;
-    const I t = x.thread();
-    const I q = t + i * NT;
-    const auto k0 = x.load4(stage, t * 4), k1 = x.load4(stage, (t + NT) * 4);
-    x.store_words4(kd, q * 4, x.pack_half2(k0.x, k0.y), x.pack_half2(k0.z, k0.w), x.pack_half2(k1.x, k1.y),
-                   x.pack_half2(k1.z, k1.w));
-    const auto v0 = x.load4(stage, (t + 2 * NT) * 4), v1 = x.load4(stage, (t + 3 * NT) * 4);
-    x.store_words4(vd, q * 4, x.pack_half2(v0.x, v0.y), x.pack_half2(v0.z, v0.w), x.pack_half2(v1.x, v1.y),
-                   x.pack_half2(v1.z, v1.w));
+    pack_tile<kThreads>(x, p, x.block_z(), x.block_y(), x.block_x(), x.grid_x());
   }
 
   // Tile `tile` of the `tiles` of kv head hk in batch b, by a block of NT threads (also the
@@ -906,6 +863,34 @@ struct FusedHalfPackTiled {
     }
   }
 };
+
+// Note [packing blocks]
+// FusedAttentionWgmma<D, WG, true> rounds K and V to fp16 in its own blocks instead of reading
+// tiles that FusedHalfPackTiled wrote in a launch of its own before it. Blocks take tickets
+// (x.block_ticket) in the order they start; ticket t owns a query tile of flattened kv head
+// i = t / A (A: the blocks of one kv head, its query heads' tiles; kv heads of every batch in
+// order, then query heads, then tiles), u = t % A. Blocks u < P of kv head i (P = min(A, key
+// tiles)) first pack tiles u, u + P, ... of kv head i + 1 (FusedHalfPackTiled::pack_tile: the same
+// rounding and layout, every load in flight before the first store) and signal that kv head's
+// counter (x.signal: a release); then every block of kv head i > 0 waits for its own counter to
+// reach P (x.wait_signals: an acquire) and runs the attention. Kv head 0 of batch 0 is packed by
+// FusedHalfPackTiled in the launch before. No deadlock whatever the scheduler does: a block waits
+// only for blocks with lower tickets, which have started and never wait before they pack. (Packing
+// after the wait chained every kv head's packing behind the one before: 1.5-5x slower at head_dim
+// 64, run 89.) The packing blocks' stores are generic-proxy writes that the bulk copies (async
+// proxy) read: each side fences the proxies (x.proxy_fence_global). The last reader of a counter
+// resets it, and the ticket resets itself, so the stream's counters are zeros again for the next
+// call (Note [block signals]). Which block rounds a tile, and when, changes; the rounding does not:
+// the same bits (tested with the scratch first filled with another call's tiles). On the CPU
+// device the waits yield to the threads that run the lower tickets.
+// Measured (runs 90-92, H200): 16x16x1024x64 causal 0.267-0.272 ms against the mma.sync kernel's
+// 0.280-0.281 (and the wgmma kernel's with its own packing launch, 0.287-0.292 in run 83), so it
+// is the default at head_dim 64 for grids of two waves or more; at B4 H32 L4096 D128 it was
+// 0.7-1% slower than the packing launch (causal 0.5-1%), and at whisper-tiny (72 blocks) 5%, so
+// those keep the launch. Packing inside the attention loop instead (a piece of a tile per key
+// tile, cp.async into shared memory, rounded a step later, a few kv heads ahead) was 2.5% slower
+// at head_dim 128 with a double-buffered stage and 1.7-11% with a single one (runs 91, 92): the
+// loop is at 255 registers and issue-bound, and each piece adds to it.
 
 // Note [wgmma products]
 // FusedAttentionWgmma is FusedAttentionTensorCore's arithmetic with the products as warpgroup
@@ -965,8 +950,7 @@ struct FusedAttentionWgmma {
   // with one warpgroup and two blocks, or two warpgroups and one block).
   static constexpr int kMinBlocks = WG == 1 ? (D == 128 ? 2 : 3) : 1;
   static constexpr int kTileHalves = kTile * D;  // one K or V tile, no padding
-  static constexpr std::size_t kSharedBytes =
-      std::size_t(2) * kStages * kTileHalves * 2 + 2 * kStages * 8 + 64 + (PK ? 128 * kThreads + 32 : 0);
+  static constexpr std::size_t kSharedBytes = std::size_t(2) * kStages * kTileHalves * 2 + 2 * kStages * 8 + 64;
   // Core-matrix strides (halves): along head_dim 64 (one core matrix), along keys 8 D.
   static constexpr int kCoreStep = 64;
   static constexpr int kKeyGroupStep = 8 * D;
@@ -983,58 +967,39 @@ struct FusedAttentionWgmma {
       const int t = x.block_ticket(p.ticket, p.B * p.H * tiles_q);
       const int kvi = t / per_kv, u = t - kvi * per_kv;
       const int b = kvi / p.Hkv, hk = kvi - b * p.Hkv;
-      if (kvi >= p.pack_ahead) {  // kv heads before pack_ahead were packed by the kernel before
+      // First the tiles of the next kv head (never behind a wait: a chain of waits and packs
+      // from kv head to kv head made the kernel 1.5-5x slower at head_dim 64, run 89).
+      const int next = kvi + 1;
+      if (u < p.pack_parts && next < p.B * p.Hkv) {  // block-uniform
+        const int nb = next / p.Hkv, nhk = next - nb * p.Hkv;
+        const int tiles_kv = static_cast<int>(ceil_div(p.Skv, kTile));
+        for (int j = u; j < tiles_kv; j += p.pack_parts)
+          FusedHalfPackTiled<D>::template pack_tile<kThreads>(x, p, nb, nhk, j, tiles_kv);
+        x.proxy_fence_global();
+        x.signal(p.pack_counters + 2 * std::int64_t{next});
+      }
+      if (kvi > 0) {  // kv head 0 was packed by the kernel before
         std::int32_t* c = p.pack_counters + 2 * std::int64_t{kvi};
         const int reader = x.wait_signals(c, p.pack_parts, true);
         x.release_signals(c, reader, per_kv);
         x.proxy_fence_global();  // the packing blocks' generic stores, then the bulk copies' reads
       }
-      // The last pack_parts blocks of the kv head (its longest when causal), the i-th of them
-      // packing tiles i, i + pack_parts, ... of kv head kvi + pack_ahead.
-      const int target = kvi + p.pack_ahead;
-      const int first_tile = u - (per_kv - p.pack_parts);
-      const bool packs = first_tile >= 0 && target < p.B * p.Hkv;
-      body(x, p, FusedBlock(p, b, hk * group + u / tiles_q, u % tiles_q, kRows), packs ? target : -1, first_tile);
+      body(x, p, FusedBlock(p, b, hk * group + u / tiles_q, u % tiles_q, kRows));
     } else {
-      body(x, p, FusedBlock(x, p, kRows), -1, 0);
+      body(x, p, FusedBlock(x, p, kRows));
     }
   }
 
-  // The block's attention; with pack_kv >= 0 (Note [packing blocks]), it also packs tiles
-  // first_tile, first_tile + p.pack_parts, ... of flattened kv head pack_kv, a piece per key tile
-  // of its own loop (the rest after the loop), and signals that kv head's counter at its end.
+  // The block's attention.
   template <class X>
-  LOCKSTEP_HD static void body(X& x, const Params& p, const FusedBlock& fb, int pack_kv, int first_tile) {
+  LOCKSTEP_HD static void body(X& x, const Params& p, const FusedBlock& fb) {
     using F = typename X::template Lanes<float>;
     using I = typename X::template Lanes<lane_int>;
     using H = typename X::half_t;
-    using Pack = FusedHalfPackTiled<D>;
     H* Ks = x.template shared<H>(kStages * kTileHalves);
     H* Vs = x.template shared<H>(kStages * kTileHalves);
     std::uint64_t* full = x.template shared<std::uint64_t>(kStages);   // tile landed in the slot
     std::uint64_t* empty = x.template shared<std::uint64_t>(kStages);  // every warp done with it
-    float* stage = PK ? x.template shared<float>(2 * 16 * kThreads) : nullptr;  // 2 x 64 bytes per thread
-    const int tiles_kv = static_cast<int>(ceil_div(p.Skv, kTile));
-    const int pack_b = pack_kv >= 0 ? pack_kv / p.Hkv : 0, pack_hk = pack_kv >= 0 ? pack_kv - pack_b * p.Hkv : 0;
-    constexpr int kPieces = Pack::template kPieces<kThreads>;
-    const int pieces = pack_kv >= 0 ? static_cast<int>(ceil_div(tiles_kv - first_tile, p.pack_parts)) * kPieces : 0;
-    auto piece_tile = [&](int s) { return first_tile + (s / kPieces) * p.pack_parts; };
-    // Step s: piece s - 2 rounded and stored (its copies, two steps old, have landed), then piece
-    // s's copies issued into the same half of the stage (s < pieces). One copy group per step,
-    // empty or not, so that "all but the newest group" is piece s - 2's.
-    auto pack_step = [&](int s) {
-      if constexpr (PK) {
-        if (pack_kv < 0 || s - 2 >= pieces) return;  // block-uniform
-        float* half = stage + (s & 1) * 16 * kThreads;
-        if (s >= 2) {
-          x.template async_wait<1>();
-          Pack::template store_piece<kThreads>(x, p, half, pack_b, pack_hk, piece_tile(s - 2), tiles_kv,
-                                                (s - 2) % kPieces);
-        }
-        if (s < pieces) Pack::template copy_piece<kThreads>(x, p, half, pack_b, pack_hk, piece_tile(s), s % kPieces);
-        x.async_commit();
-      }
-    };
 
     const int s0 = fb.s0, shift = fb.shift;
     // FusedHalfPackTiled's layout: [B, Hkv, tiles of Skv, 64 D halves].
@@ -1117,7 +1082,6 @@ struct FusedAttentionWgmma {
         x.mbar_wait(full + (j + 1) % kStages, ((j + 1) / kStages) & 1);  // tile j + 1 has landed
         issue_qk(j + 1, s_next);
       }
-      pack_step(j);
       Tc::softmax_tile(x, p, s, m, l, o, row0, tq, j * kTile, tile_keys(j), s0, shift, c2);
       // O += P.V: the tile's keys in steps of 16 (every A fragment packed first, so that the
       // products issue back to back after one fence).
@@ -1155,13 +1119,6 @@ struct FusedAttentionWgmma {
       if (j + 1 < tiles) step(j + 1, sb, sa);
     }
     Tc::store_rows(x, p, fb, o, m, l, row0, tq);  // every issued tile was waited for
-    if constexpr (PK) {
-      if (pack_kv >= 0) {  // block-uniform
-        for (int s = tiles; s <= pieces + 1; ++s) pack_step(s);  // the pieces the loop did not reach
-        x.proxy_fence_global();
-        x.signal(p.pack_counters + 2 * std::int64_t{pack_kv});
-      }
-    }
   }
 };
 
