@@ -475,9 +475,9 @@ struct CudaExec {
 #endif
   }
 
-  // Four 32-bit words to base[off .. off + 3] (16-byte aligned), one 16-byte store.
-  // One 16-byte store, written in PTX: inlined into FusedAttentionWgmma (Note [packing blocks]),
-  // an int4 store came out of the compiler as four 4-byte ones.
+  // Four 32-bit words to base[off .. off + 3] (16-byte aligned), one 16-byte store, written in
+  // PTX: inlined into FusedAttentionWgmma (Note [packing blocks]), an int4 store came out of the
+  // compiler as four 4-byte ones.
   __device__ __forceinline__ void store_words4(std::int32_t* base, int off, int w0, int w1, int w2, int w3) const {
     asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(base + off), "r"(w0), "r"(w1), "r"(w2), "r"(w3)
                  : "memory");
