@@ -144,8 +144,6 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
           tp.ticket = c;
           tp.pack_counters = c + 1;
           tp.pack_parts = static_cast<std::int32_t>(std::min(per_kv, kernels::ceil_div(p.Skv, 64)));
-          const char* rv = std::getenv("LOCKSTEP_FUSED_TC_PACK_REVERSE");  // measurement only
-          tp.pack_reverse = rv != nullptr && std::atoi(rv) == 1 ? 1 : 0;
           const Dim3 first{static_cast<std::uint32_t>(kernels::ceil_div(p.Skv, 64)), 1, 1};
           launch<kernels::FusedHalfPackTiled<D>>(s, first, 0, tp);
           launch<K>(s, Dim3{static_cast<std::uint32_t>(tiles_q * heads * batch), 1, 1}, K::kSharedBytes, tp);

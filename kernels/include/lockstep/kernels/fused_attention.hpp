@@ -39,7 +39,6 @@ struct FusedAttentionParams {
   std::int32_t* ticket;
   std::int32_t* pack_counters;
   std::int32_t pack_parts;
-  std::int32_t pack_reverse;  // 1: with a causal mask, each kv head's longest query tiles first
 };
 
 // What a block of either fused kernel owns: query rows [s0, s0 + rows) of head h in batch b, kv
@@ -985,8 +984,7 @@ struct FusedAttentionWgmma {
         x.release_signals(c, reader, per_kv);
         x.proxy_fence_global();  // the packing blocks' generic stores, then the bulk copies' reads
       }
-      const int tile = p.pack_reverse && p.causal ? tiles_q - 1 - u % tiles_q : u % tiles_q;
-      body(x, p, FusedBlock(p, b, hk * group + u / tiles_q, tile, kRows));
+      body(x, p, FusedBlock(p, b, hk * group + u / tiles_q, u % tiles_q, kRows));
     } else {
       body(x, p, FusedBlock(x, p, kRows));
     }
