@@ -137,13 +137,10 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
         const auto packing = [&](auto k) {
           using K = decltype(k);
           const std::int64_t tiles_q = kernels::ceil_div(seq_q, std::int64_t{K::kRows});
-          const std::int64_t per_kv = tiles_q * (heads / p.Hkv);
-          const std::int64_t kv_heads = batch * p.Hkv;
           if (tiles_q * heads * batch > 0x7fffffff) return false;
-          std::int32_t* c = detail::StreamAccess::counters(s, std::size_t(1 + 2 * kv_heads));
+          std::int32_t* c = detail::StreamAccess::counters(s, std::size_t(1 + 2 * batch * p.Hkv));
           tp.ticket = c;
           tp.pack_counters = c + 1;
-          tp.pack_parts = static_cast<std::int32_t>(std::min(per_kv, kernels::ceil_div(p.Skv, 64)));
           const Dim3 first{static_cast<std::uint32_t>(kernels::ceil_div(p.Skv, 64)), 1, 1};
           launch<kernels::FusedHalfPackTiled<D>>(s, first, 0, tp);
           launch<K>(s, Dim3{static_cast<std::uint32_t>(tiles_q * heads * batch), 1, 1}, K::kSharedBytes, tp);

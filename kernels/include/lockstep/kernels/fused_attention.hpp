@@ -34,11 +34,9 @@ struct FusedAttentionParams {
   // Always 0: FusedAttentionWgmma's zero that the compiler cannot see (Note [wgmma products]).
   std::int32_t zero;
   // Note [packing blocks] (FusedAttentionWgmma with PK): a zero that the blocks take their
-  // tickets from, then a zero pair per kv head of every batch ([B * Hkv][2]), and the packing
-  // blocks per kv head. Null and 0 otherwise.
+  // tickets from, then a zero pair per kv head of every batch ([B * Hkv][2]). Null otherwise.
   std::int32_t* ticket;
   std::int32_t* pack_counters;
-  std::int32_t pack_parts;
 };
 
 // What a block of either fused kernel owns: query rows [s0, s0 + rows) of head h in batch b, kv
@@ -967,20 +965,21 @@ struct FusedAttentionWgmma {
       const int t = x.block_ticket(p.ticket, p.B * p.H * tiles_q);
       const int kvi = t / per_kv, u = t - kvi * per_kv;
       const int b = kvi / p.Hkv, hk = kvi - b * p.Hkv;
+      const int tiles_kv = static_cast<int>(ceil_div(p.Skv, kTile));
+      const int parts = static_cast<int>(imin(per_kv, tiles_kv));  // packing blocks per kv head
       // First the tiles of the next kv head (never behind a wait: a chain of waits and packs
       // from kv head to kv head made the kernel 1.5-5x slower at head_dim 64, run 89).
       const int next = kvi + 1;
-      if (u < p.pack_parts && next < p.B * p.Hkv) {  // block-uniform
+      if (u < parts && next < p.B * p.Hkv) {  // block-uniform
         const int nb = next / p.Hkv, nhk = next - nb * p.Hkv;
-        const int tiles_kv = static_cast<int>(ceil_div(p.Skv, kTile));
-        for (int j = u; j < tiles_kv; j += p.pack_parts)
+        for (int j = u; j < tiles_kv; j += parts)
           FusedHalfPackTiled<D>::template pack_tile<kThreads>(x, p, nb, nhk, j, tiles_kv);
         x.proxy_fence_global();
         x.signal(p.pack_counters + 2 * std::int64_t{next});
       }
       if (kvi > 0) {  // kv head 0 was packed by the kernel before
         std::int32_t* c = p.pack_counters + 2 * std::int64_t{kvi};
-        const int reader = x.wait_signals(c, p.pack_parts, true);
+        const int reader = x.wait_signals(c, parts, true);
         x.release_signals(c, reader, per_kv);
         x.proxy_fence_global();  // the packing blocks' generic stores, then the bulk copies' reads
       }
