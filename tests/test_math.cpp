@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -26,6 +27,7 @@ float host_eval(MathFn fn, float x) {
     case MathFn::kSin: return math::sin(x);
     case MathFn::kCos: return math::cos(x);
     case MathFn::kExp2Weight: return math::exp2_weight(x);
+    case MathFn::kExp2Tc: return math::exp2_weight(x);  // the CPU device's exp2_tc
     default: return math::round_to_half(x);
   }
 }
@@ -152,6 +154,8 @@ TEST_P(DeviceMath, MatchesHostScalarBits) {
   for (int f = 0; f < static_cast<int>(MathFn::kCount); ++f)
     for (std::uint32_t start : {0x00000000u, 0x3f000000u, 0x42a00000u, 0x80700000u, 0xc2b00000u,
                                 0x7f700000u}) {
+      // Not strict on CUDA (the SFU's ex2.approx): held to its bound by DeviceMath.Exp2Tc... below.
+      if (static_cast<MathFn>(f) == MathFn::kExp2Tc && dev->id().kind != DeviceKind::kCpu) continue;
       launch<K>(s, Dim3{std::uint32_t(n / K::kPerBlock), 1, 1}, 0,
                 K::Params{nullptr, out.data().get(), n, start, static_cast<MathFn>(f)});
       const auto host = out.to_vector(s);
@@ -162,6 +166,47 @@ TEST_P(DeviceMath, MatchesHostScalarBits) {
       }
     }
 }
+
+// Note [hardware exp2 on the tensor-core path]: the tensor-core softmax's exp2 (the SFU's
+// ex2.approx on CUDA, exp2_weight on the CPU) within its documented bound over the weights' domain,
+// [-126, 8] (arguments are at most 8 by Note [lazy rescale]; below -126 both give 0 or a weight no
+// fp32 sum beside a weight near 1 can see), every 257th float there; and its special values.
+TEST_P(DeviceMath, Exp2TcIsWithinItsBoundOnTheWeightsDomain) {
+  using K = kernels::MathEval;
+  std::vector<float> in;
+  for (std::uint64_t b = 0; b < (1ull << 32); b += 257) {
+    const float x = from_bits(static_cast<std::uint32_t>(b));
+    if (x >= -126.0f && x <= 8.0f) in.push_back(x);
+  }
+  const float specials[] = {0.0f, -0.0f, 1.0f, -1.0f, 8.0f, -INFINITY, NAN, -200.0f};
+  in.insert(in.end(), std::begin(specials), std::end(specials));
+  const auto n = static_cast<std::int64_t>(in.size());
+  Buffer<float> bin(dev, in.size()), out(dev, in.size());
+  auto& s = dev->default_stream();
+  bin.copy_from_host(s, in);
+  launch<K>(s, Dim3{std::uint32_t((n + K::kPerBlock - 1) / K::kPerBlock), 1, 1}, 0,
+            K::Params{bin.data().get(), out.data().get(), n, 0, MathFn::kExp2Tc});
+  const auto got = out.to_vector(s);
+  const std::size_t ns = std::size(specials), body = in.size() - ns;
+  double worst = 0;
+  float worst_x = 0;
+  for (std::size_t i = 0; i < body; ++i) {
+    const double u = ulps(got[i], reference(MathFn::kExp2Tc, in[i]));
+    if (!(u <= worst)) worst = u, worst_x = in[i];
+  }
+  std::printf("exp2_tc on %s: max %.3f ulp over %zu floats in [-126, 8] (at x = %.9g)\n",
+              GetParam().c_str(), worst, body, double(worst_x));
+  EXPECT_LE(worst, harness::math_ulp_bound(int(MathFn::kExp2Tc)));
+  EXPECT_EQ(got[body + 0], 1.0f) << "2^0 is exactly 1 (Note [lazy rescale])";
+  EXPECT_EQ(got[body + 1], 1.0f);
+  EXPECT_EQ(got[body + 2], 2.0f);
+  EXPECT_EQ(got[body + 3], 0.5f);
+  EXPECT_EQ(got[body + 4], 256.0f);
+  EXPECT_EQ(got[body + 5], 0.0f) << "a masked score's weight";
+  EXPECT_TRUE(std::isnan(got[body + 6])) << "a NaN score reaches its row";
+  EXPECT_EQ(got[body + 7], 0.0f);
+}
+
 LOCKSTEP_INSTANTIATE_BACKENDS(DeviceMath);
 
 TEST(DeviceMath, EverySimdVariantMatchesHostScalarBits) {

@@ -1020,6 +1020,7 @@ class CpuExec {
   LS_UNARY(exp, OpExp)
   LS_UNARY(exp2, OpExp2)
   LS_UNARY(exp2_weight, OpExp2Weight)
+  LS_UNARY(exp2_tc, OpExp2Weight)  // Note [hardware exp2 on the tensor-core path]: the CPU's is exp2_weight
   LS_UNARY(log, OpLog)
   LS_UNARY(sin, OpSin)
   LS_UNARY(cos, OpCos)

@@ -499,6 +499,14 @@ struct CudaExec {
   __device__ __forceinline__ float exp(float v) const { return math::exp(v); }
   __device__ __forceinline__ float exp2(float v) const { return math::exp2(v); }
   __device__ __forceinline__ float exp2_weight(float v) const { return math::exp2_weight(v); }
+  // Note [hardware exp2 on the tensor-core path] (kernels/fused_attention.hpp): the SFU's
+  // ex2.approx (one MUFU.EX2; results below 2^-126 flush to 0, as exp2_weight gives 0 below
+  // -126.5). Only the tensor-core softmax calls it; the CPU device evaluates exp2_weight there.
+  __device__ __forceinline__ float exp2_tc(float v) const {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+    return r;
+  }
   __device__ __forceinline__ float log(float v) const { return math::log(v); }
   __device__ __forceinline__ float sin(float v) const { return math::sin(v); }
   __device__ __forceinline__ float cos(float v) const { return math::cos(v); }

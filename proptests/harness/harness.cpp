@@ -400,6 +400,8 @@ double math_reference(int fn, float x) {
     case kernels::MathFn::kCos: return std::cos(d);
     case kernels::MathFn::kExp2Weight:  // its domain: y <= 127; 0 below -126.5 (math.hpp)
       return (std::isnan(d) || d > 127.0) ? NAN : d < -126.5 ? 0.0 : std::exp2(d);
+    case kernels::MathFn::kExp2Tc:  // as exp2_weight; on CUDA the SFU flushes below -126 to 0
+      return (std::isnan(d) || d > 127.0) ? NAN : d < -126.0 ? 0.0 : std::exp2(d);
     default: return reference_half(d);
   }
 }
@@ -468,8 +470,8 @@ std::unique_ptr<Case> gemm_case(const GemmShape& s) { return std::make_unique<Ge
 std::unique_ptr<Case> math_case(const MathShape& s) { return std::make_unique<MathCase>(s); }
 
 const char* math_name(int fn) {
-  static const char* names[] = {"exp", "exp2", "log", "sin", "cos", "round_to_half", "exp2_weight"};
-  return (fn >= 0 && fn < 7) ? names[fn] : "?";
+  static const char* names[] = {"exp", "exp2", "log", "sin", "cos", "round_to_half", "exp2_weight", "exp2_tc"};
+  return (fn >= 0 && fn < 8) ? names[fn] : "?";
 }
 
 // Note [math bounds]: the measured worst cases are in docs/numerics.md; these are the bounds the
@@ -482,6 +484,10 @@ double math_ulp_bound(int fn) {
     case kernels::MathFn::kSin:
     case kernels::MathFn::kCos: return 2.0;
     case kernels::MathFn::kExp2Weight: return 2.5;  // measured 2.04 over every float in [-126, 2]
+    // Note [hardware exp2 on the tensor-core path]: the bound the tensor-core softmax's weights are
+    // held to on [-126, 8] (DeviceMath.Exp2TcIsWithinItsBoundOnTheWeightsDomain); docs/numerics.md
+    // has the measured figure.
+    case kernels::MathFn::kExp2Tc: return 3.0;
     default: return 0.5;  // round_to_half is exact rounding: at most half an fp16 ulp, checked exactly
   }
 }

@@ -457,11 +457,24 @@ struct FusedAttentionExact {
 // s = Q.K^T is accumulated in fp32 over head_dim in steps of 16 (one mma each). The softmax is in
 // base 2 on the raw scores, FlashAttention-2's formulation: with m the row's reference max of s
 // (Note [lazy rescale]) and c = scale * log2(e) rounded to fp32, mc = m * c (fp32) and the weight
-// p = exp2_weight(fma(s, c, -mc)) (math.hpp: 2.04 ulp, 0 below 2^-126.5); alpha = exp2_weight((m_old
+// p = exp2_tc(fma(s, c, -mc)) (Note [hardware exp2 on the tensor-core path]); alpha = exp2_tc((m_old
 // - m) * c) where m moved, else 1. The row sum l accumulates the fp32 p, per lane in key order and
 // over the 4 lanes of a quad at the end; the output accumulator is first rescaled, o = o * alpha
 // (fp32), then P.V adds into it in steps of 16 keys with p rounded to fp16. out = o / l;
 // log-sum-exp = m * scale + log(l).
+//
+// Note [hardware exp2 on the tensor-core path]
+// The weights' 2^y is x.exp2_tc: on CUDA one MUFU.EX2 (ex2.approx.ftz.f32: results below 2^-126
+// flush to 0), on the CPU device the strict exp2_weight (math.hpp: 2.04 ulp, 0 below 2^-126.5).
+// This is the one place where the two backends run different arithmetic on purpose: the
+// tensor-core paths are not bitwise across backends anyway (Note [tensor-core emulation]; they are
+// held to the tensor-core bound of the float64 oracle and to each other within it), and each weight
+// is rounded to fp16 (2^-11) before P.V, so a weight error of a few 2^-24 moves P's bits for about
+// one weight in a thousand. The strict polynomial cost 11 instructions per score on the issue-bound
+// softmax (the hardware one 1, on the otherwise idle SFU pipe): 12-20% of the kernel (runs 43-45).
+// Exact and the decode kernels keep the strict exp (bitwise across backends). Bound: 3 ulp on the
+// weights' domain [-126, 8] (harness math_ulp_bound, DeviceMath.Exp2TcIsWithinItsBoundOnTheWeightsDomain;
+// docs/numerics.md has the measured figure); 2^0 = 1 and 2^-inf = 0 exactly, NaN stays NaN.
 //
 // Note [lazy rescale]
 // FlashAttention-4's conditional rescaling: a row's reference max m moves to the tile's max only
@@ -589,7 +602,7 @@ struct FusedAttentionTensorCore {
             s[mt][n][e] = x.select(lim[e >> 1] > 8 * n + (e & 1), s[mt][n][e], -kInf);
       }
       // A lane's running max in a fixed order by max_num (one instruction; a NaN score is
-      // skipped here and reaches the row through its weight, exp2_weight(NaN) = NaN, so the
+      // skipped here and reaches the row through its weight, exp2_tc(NaN) = NaN, so the
       // row's output and log-sum-exp are NaN all the same: FusedNanQueryRowGivesNanOutput).
       F mx[2] = {F(-kInf), F(-kInf)};
       LOCKSTEP_UNROLL
@@ -615,7 +628,7 @@ struct FusedAttentionTensorCore {
       for (int n = 0; n < kTile / 8; ++n)
         LOCKSTEP_UNROLL
         for (int e = 0; e < 4; ++e) {
-          s[mt][n][e] = x.exp2_weight(x.fma(s[mt][n][e], c2, -mc[e >> 1]));
+          s[mt][n][e] = x.exp2_tc(x.fma(s[mt][n][e], c2, -mc[e >> 1]));
           ls[e >> 1] = ls[e >> 1] + s[mt][n][e];
         }
       // alpha = 2^((m_old - m) c) where m moved (0 from -inf), else exactly 1, and l * 1 = l,
@@ -627,7 +640,7 @@ struct FusedAttentionTensorCore {
         LOCKSTEP_UNROLL
         for (int h = 0; h < 2; ++h) {
           // (m_old - m) c, not fma(m_old, c, -mc): -inf when m_old is, so alpha = 0 then.
-          alpha[h] = x.select(moved[h], x.exp2_weight((m_old[h] - m[mt][h]) * c2), 1.0f);
+          alpha[h] = x.select(moved[h], x.exp2_tc((m_old[h] - m[mt][h]) * c2), 1.0f);
           l[mt][h] = l[mt][h] * alpha[h] + ls[h];
         }
         LOCKSTEP_UNROLL
