@@ -902,6 +902,15 @@ struct FusedHalfPackTiled {
 // tile, cp.async into shared memory, rounded a step later, a few kv heads ahead) was 2.5% slower
 // at head_dim 128 with a double-buffered stage and 1.7-11% with a single one (runs 91, 92): the
 // loop is at 255 registers and issue-bound, and each piece adds to it.
+//
+// Note [early query loads]
+// With the softmax on the SFU (Note [hardware exp2 on the tensor-core path]), Nsight Compute at
+// 16x16x1024x64 causal (run 98) put 38% of the packing kernel's warp samples before the first
+// product: the packing loads' round trip (F2FP waiting on them: 11%), the wait for the kv head's
+// counter (6%), then Q's loads' round trip (11.5%), one after the other, with three blocks (12
+// warps) per SM to hide them. At head_dim 64 the block therefore issues Q's loads (fp32, kept
+// in 32 registers) before the packing loads, and rounds them to fp16 after its wait: one round
+// trip for both. (At head_dim 128 Q's 64 registers and the packing tile's 128 would not fit.)
 
 // Note [wgmma products]
 // FusedAttentionWgmma is FusedAttentionTensorCore's arithmetic with the products as warpgroup
@@ -969,6 +978,7 @@ struct FusedAttentionWgmma {
 
   template <class X>
   LOCKSTEP_HD static void run(X& x, const Params& p) {
+    using F = typename X::template Lanes<float>;
     if constexpr (PK) {
       // Note [packing blocks]: the ticket gives the block its query tile and kv head (kv heads of
       // every batch in order, then query heads of its group, then tiles).
@@ -983,6 +993,12 @@ struct FusedAttentionWgmma {
       // First the tiles of the next kv head (never behind a wait: a chain of waits and packs
       // from kv head to kv head made the kernel 1.5-5x slower at head_dim 64, run 89).
       const int next = kvi + 1;
+      // Note [early query loads]: at head_dim 64, Q's loads are in flight during the packing
+      // loads, so the block waits for memory once where it waited twice.
+      const FusedBlock fb(p, b, hk * group + u / tiles_q, u % tiles_q, kRows);
+      constexpr bool kEarlyQ = D == 64;
+      F qv[D / 16][4][2];
+      if constexpr (kEarlyQ) load_q(x, fb, qv);
       if (u < parts && next < p.B * p.Hkv) {  // block-uniform
         const int nb = next / p.Hkv, nhk = next - nb * p.Hkv;
         for (int j = u; j < tiles_kv; j += parts)
@@ -996,15 +1012,35 @@ struct FusedAttentionWgmma {
         x.release_signals(c, reader, per_kv);
         x.proxy_fence_global();  // the packing blocks' generic stores, then the bulk copies' reads
       }
-      body(x, p, FusedBlock(p, b, hk * group + u / tiles_q, u % tiles_q, kRows));
+      body<kEarlyQ>(x, p, fb, qv);
     } else {
-      body(x, p, FusedBlock(x, p, kRows));
+      F qv[D / 16][4][2];
+      body<false>(x, p, FusedBlock(x, p, kRows), qv);
     }
   }
 
-  // The block's attention.
-  template <class X>
-  LOCKSTEP_HD static void body(X& x, const Params& p, const FusedBlock& fb) {
+  // Q's fp32 values for the block's A fragments (rows past the block's are zeros): pair e of
+  // k-step kk is row row0 + (e & 1) 8, columns tq 2 + kk 16 + (e >> 1) 8 and the next.
+  template <class X, class F>
+  LOCKSTEP_HD static void load_q(X& x, const FusedBlock& fb, F (&qv)[D / 16][4][2]) {
+    using I = typename X::template Lanes<lane_int>;
+    const I lane = x.lane();
+    const I row0 = x.warp() * 16 + (lane >> 2), tq = lane & 3;
+    LOCKSTEP_UNROLL
+    for (int kk = 0; kk < D / 16; ++kk)
+      LOCKSTEP_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const I r = row0 + (e & 1) * 8;
+        const I c = tq * 2 + (kk * 16 + (e >> 1) * 8);
+        const auto live = r < fb.rows;
+        qv[kk][e][0] = x.load(fb.qb, r * fb.q_ss + c, live, 0.0f);
+        qv[kk][e][1] = x.load(fb.qb, r * fb.q_ss + (c + 1), live, 0.0f);
+      }
+  }
+
+  // The block's attention; qv holds Q's values already when kQLoaded (else body loads them).
+  template <bool kQLoaded, class X, class QF>
+  LOCKSTEP_HD static void body(X& x, const Params& p, const FusedBlock& fb, QF (&qv)[D / 16][4][2]) {
     using F = typename X::template Lanes<float>;
     using I = typename X::template Lanes<lane_int>;
     using H = typename X::half_t;
@@ -1047,18 +1083,13 @@ struct FusedAttentionWgmma {
     issue(0);
     issue(1);
 
-    // Q's A fragments from global memory, rounded to fp16 (rows past the block's are zeros).
+    // Q's A fragments, rounded to fp16 (rows past the block's are zeros).
+    if constexpr (!kQLoaded) load_q(x, fb, qv);
     I qf[D / 16][4];
     LOCKSTEP_UNROLL
     for (int kk = 0; kk < D / 16; ++kk)
       LOCKSTEP_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const I r = row0[0] + (e & 1) * 8;
-        const I c = tq * 2 + (kk * 16 + (e >> 1) * 8);
-        const auto live = r < fb.rows;
-        qf[kk][e] = x.pack_half2(x.load(fb.qb, r * fb.q_ss + c, live, 0.0f),
-                                 x.load(fb.qb, r * fb.q_ss + (c + 1), live, 0.0f));
-      }
+      for (int e = 0; e < 4; ++e) qf[kk][e] = x.pack_half2(qv[kk][e][0], qv[kk][e][1]);
 
     F o[1][D / 8][4];
     LOCKSTEP_UNROLL
