@@ -476,6 +476,17 @@ struct FusedAttentionExact {
 // weights' domain [-126, 8] (harness math_ulp_bound, DeviceMath.Exp2TcIsWithinItsBoundOnTheWeightsDomain;
 // docs/numerics.md has the measured figure); 2^0 = 1 and 2^-inf = 0 exactly, NaN stays NaN.
 //
+// Note [softmax max tree]
+// A row's max over the tile (16 scores per lane at 64-key tiles) is on the path to every weight
+// of the tile, and with three blocks of four warps per SM the kernel is latency-bound (run 98:
+// 36% of issue slots busy, the most frequent stall a fixed-latency dependency). So the lane's
+// max is a tree of max_num (depth 5, where the running max was a chain of 16), and the quad's
+// a butterfly of max_num (one instruction per step, where math::max took six). Both give the
+// same value as before in any order: max_num is exact and skips NaN (the tree has -inf at one
+// leaf, so it is never NaN); only the sign of a zero maximum may differ between lanes or orders,
+// and m enters the results only through m c - m_old c, fma(s, c, -m c) and m scale + log(l),
+// where +0 and -0 give the same bits. So the outputs' bits are unchanged.
+//
 // Note [lazy rescale]
 // FlashAttention-4's conditional rescaling: a row's reference max m moves to the tile's max only
 // when the tile's largest weight against m would exceed 2^kLazyLog2 = 2^8 (fma(tmax, c, -m c) > 8,
@@ -601,20 +612,32 @@ struct FusedAttentionTensorCore {
           for (int e = 0; e < 4; ++e)
             s[mt][n][e] = x.select(lim[e >> 1] > 8 * n + (e & 1), s[mt][n][e], -kInf);
       }
-      // A lane's running max in a fixed order by max_num (one instruction; a NaN score is
-      // skipped here and reaches the row through its weight, exp2_tc(NaN) = NaN, so the
-      // row's output and log-sum-exp are NaN all the same: FusedNanQueryRowGivesNanOutput).
-      F mx[2] = {F(-kInf), F(-kInf)};
+      // A lane's max of the tile by max_num (one instruction; a NaN score is skipped here and
+      // reaches the row through its weight, exp2_tc(NaN) = NaN, so the row's output and
+      // log-sum-exp are NaN all the same: FusedNanQueryRowGivesNanOutput), as a tree (Note
+      // [softmax max tree]): -inf joins one leaf, so the max is never NaN.
+      F mx[2];
       LOCKSTEP_UNROLL
-      for (int n = 0; n < kTile / 8; ++n)
+      for (int h = 0; h < 2; ++h) {
+        constexpr int kN = kTile / 8;  // the row's values in this lane: s[n][2h], s[n][2h + 1]
+        F t[kN];
         LOCKSTEP_UNROLL
-        for (int e = 0; e < 4; ++e) mx[e >> 1] = x.max_num(mx[e >> 1], s[mt][n][e]);
+        for (int n = 0; n < kN; ++n) t[n] = x.max_num(s[mt][n][2 * h], s[mt][n][2 * h + 1]);
+        t[kN - 1] = x.max_num(t[kN - 1], F(-kInf));
+        LOCKSTEP_UNROLL
+        for (int w = 1; w < kN; w *= 2)
+          LOCKSTEP_UNROLL
+          for (int n = 0; n + w < kN; n += 2 * w) t[n] = x.max_num(t[n], t[n + w]);
+        mx[h] = t[0];
+      }
       // Note [lazy rescale]: m moves only when the tile's max exceeds it by more than kLazyLog2.
       F m_old[2], mc[2];
       B moved[2];
       LOCKSTEP_UNROLL
       for (int h = 0; h < 2; ++h) {
-        const F tmax = x.template warp_max<4>(mx[h]);  // never NaN (max_num from -inf)
+        // Over the quad, by max_num too (never NaN: the lanes' maxima are not).
+        F tmax = x.max_num(mx[h], x.shfl_xor(mx[h], 2));
+        tmax = x.max_num(tmax, x.shfl_xor(tmax, 1));
         m_old[h] = m[mt][h];
         // From m_old = -inf: +inf > 8, moved; a tile this row sees nothing of (tmax = -inf):
         // NaN or -inf, not moved, so a row that has seen nothing keeps m = -inf.
