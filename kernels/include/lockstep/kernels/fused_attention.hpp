@@ -487,6 +487,14 @@ struct FusedAttentionExact {
 // and m enters the results only through m c - m_old c, fma(s, c, -m c) and m scale + log(l),
 // where +0 and -0 give the same bits. So the outputs' bits are unchanged.
 //
+// Note [softmax output]
+// ptxas serializes every product when ordinary instructions write a product's accumulator
+// registers while another product is in flight (its C7515 advisory; run 81), so the wgmma
+// kernel's softmax never writes S: softmax_tile reads the scores from one array and writes the
+// weights to another (the mma.sync kernel passes the same array twice). Until run 101 the wgmma
+// kernel copied S first (32 moves per tile at head_dim 64 and 128) and worked in place on the
+// copy. The same operations in the same order either way, so the same bits.
+//
 // Note [lazy rescale]
 // FlashAttention-4's conditional rescaling: a row's reference max m moves to the tile's max only
 // when the tile's largest weight against m would exceed 2^kLazyLog2 = 2^8 (fma(tmax, c, -m c) > 8,
@@ -585,12 +593,20 @@ struct FusedAttentionTensorCore {
 
   // Online softmax of tile j (keys j0 .. j0 + keys - 1) on the accumulators (Note [register
   // fragments]), in base 2: a weight is 2^(s c - m c) with c = scale log2(e) (Note [fused
-  // tensor-core rounding points]). S becomes the tile's weights; m, l and o are updated.
+  // tensor-core rounding points]). The scores are read from sc and the tile's weights written to
+  // s (the same array here; the wgmma kernel passes its product's accumulators as sc and never
+  // writes them: Note [softmax output]); m, l and o are updated.
   template <class X, class F, class I>
   LOCKSTEP_HD static void softmax_tile(X& x, const Params& p, F (&s)[kM][kTile / 8][4], F (&m)[kM][2],
                                        F (&l)[kM][2], F (&o)[kM][D / 8][4], const I (&row0)[kM],
                                        const I& tq, int j0, int keys, int s0, int shift, float c2) {
-    using B = typename X::template Lanes<bool>;
+    softmax_tile(x, p, s, s, m, l, o, row0, tq, j0, keys, s0, shift, c2);
+  }
+  template <class X, class F, class I>
+  LOCKSTEP_HD static void softmax_tile(X& x, const Params& p, const F (&sc)[kM][kTile / 8][4],
+                                       F (&s)[kM][kTile / 8][4], F (&m)[kM][2], F (&l)[kM][2],
+                                       F (&o)[kM][D / 8][4], const I (&row0)[kM], const I& tq, int j0,
+                                       int keys, int s0, int shift, float c2) {
     const bool masked = keys < kTile || (p.causal && j0 + kTile - 1 > s0 + shift);
     LOCKSTEP_UNROLL
     for (int mt = 0; mt < kM; ++mt) {
@@ -610,70 +626,80 @@ struct FusedAttentionTensorCore {
         for (int n = 0; n < kTile / 8; ++n)
           LOCKSTEP_UNROLL
           for (int e = 0; e < 4; ++e)
-            s[mt][n][e] = x.select(lim[e >> 1] > 8 * n + (e & 1), s[mt][n][e], -kInf);
-      }
-      // A lane's max of the tile by max_num (one instruction; a NaN score is skipped here and
-      // reaches the row through its weight, exp2_tc(NaN) = NaN, so the row's output and
-      // log-sum-exp are NaN all the same: FusedNanQueryRowGivesNanOutput), as a tree (Note
-      // [softmax max tree]): -inf joins one leaf, so the max is never NaN.
-      F mx[2];
-      LOCKSTEP_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        constexpr int kN = kTile / 8;  // the row's values in this lane: s[n][2h], s[n][2h + 1]
-        F t[kN];
-        LOCKSTEP_UNROLL
-        for (int n = 0; n < kN; ++n) t[n] = x.max_num(s[mt][n][2 * h], s[mt][n][2 * h + 1]);
-        t[kN - 1] = x.max_num(t[kN - 1], F(-kInf));
-        LOCKSTEP_UNROLL
-        for (int w = 1; w < kN; w *= 2)
-          LOCKSTEP_UNROLL
-          for (int n = 0; n + w < kN; n += 2 * w) t[n] = x.max_num(t[n], t[n + w]);
-        mx[h] = t[0];
-      }
-      // Note [lazy rescale]: m moves only when the tile's max exceeds it by more than kLazyLog2.
-      F m_old[2], mc[2];
-      B moved[2];
-      LOCKSTEP_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        // Over the quad, by max_num too (never NaN: the lanes' maxima are not).
-        F tmax = x.max_num(mx[h], x.shfl_xor(mx[h], 2));
-        tmax = x.max_num(tmax, x.shfl_xor(tmax, 1));
-        m_old[h] = m[mt][h];
-        // From m_old = -inf: +inf > 8, moved; a tile this row sees nothing of (tmax = -inf):
-        // NaN or -inf, not moved, so a row that has seen nothing keeps m = -inf.
-        moved[h] = x.fma(tmax, c2, -(m_old[h] * c2)) > kLazyLog2;
-        m[mt][h] = x.select(moved[h], tmax, m_old[h]);
-        const B none = m[mt][h] == -kInf;  // nothing visible yet in this row: every weight 0
-        mc[h] = x.select(none, 0.0f, m[mt][h] * c2);
-      }
-      F ls[2] = {F(0.0f), F(0.0f)};
-      LOCKSTEP_UNROLL
-      for (int n = 0; n < kTile / 8; ++n)
-        LOCKSTEP_UNROLL
-        for (int e = 0; e < 4; ++e) {
-          s[mt][n][e] = x.exp2_tc(x.fma(s[mt][n][e], c2, -mc[e >> 1]));
-          ls[e >> 1] = ls[e >> 1] + s[mt][n][e];
-        }
-      // alpha = 2^((m_old - m) c) where m moved (0 from -inf), else exactly 1, and l * 1 = l,
-      // o * 1 = o: a warp none of whose rows moved skips the rescale on the GPU, the same bits.
-      bool rescale = true;
-      if constexpr (!X::kIsCpu) rescale = x.warp_any(moved[0] | moved[1]);
-      if (rescale) {
-        F alpha[2];
-        LOCKSTEP_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          // (m_old - m) c, not fma(m_old, c, -mc): -inf when m_old is, so alpha = 0 then.
-          alpha[h] = x.select(moved[h], x.exp2_tc((m_old[h] - m[mt][h]) * c2), 1.0f);
-          l[mt][h] = l[mt][h] * alpha[h] + ls[h];
-        }
-        LOCKSTEP_UNROLL
-        for (int n = 0; n < D / 8; ++n)
-          LOCKSTEP_UNROLL
-          for (int e = 0; e < 4; ++e) o[mt][n][e] = o[mt][n][e] * alpha[e >> 1];
+            s[mt][n][e] = x.select(lim[e >> 1] > 8 * n + (e & 1), sc[mt][n][e], -kInf);
+        weights(x, s[mt], s[mt], m[mt], l[mt], o[mt], c2);
       } else {
-        LOCKSTEP_UNROLL
-        for (int h = 0; h < 2; ++h) l[mt][h] = l[mt][h] + ls[h];
+        weights(x, s[mt], sc[mt], m[mt], l[mt], o[mt], c2);
       }
+    }
+  }
+
+  // The softmax of one m-tile (softmax_tile): scores sc (masked), weights into w.
+  template <class X, class F>
+  LOCKSTEP_HD static void weights(X& x, F (&w)[kTile / 8][4], const F (&sc)[kTile / 8][4], F (&m)[2],
+                                  F (&l)[2], F (&o)[D / 8][4], float c2) {
+    using B = typename X::template Lanes<bool>;
+    // A lane's max of the tile by max_num (one instruction; a NaN score is skipped here and
+    // reaches the row through its weight, exp2_tc(NaN) = NaN, so the row's output and
+    // log-sum-exp are NaN all the same: FusedNanQueryRowGivesNanOutput), as a tree (Note
+    // [softmax max tree]): -inf joins one leaf, so the max is never NaN.
+    F mx[2];
+    LOCKSTEP_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      constexpr int kN = kTile / 8;  // the row's values in this lane: sc[n][2h], sc[n][2h + 1]
+      F t[kN];
+      LOCKSTEP_UNROLL
+      for (int n = 0; n < kN; ++n) t[n] = x.max_num(sc[n][2 * h], sc[n][2 * h + 1]);
+      t[kN - 1] = x.max_num(t[kN - 1], F(-kInf));
+      LOCKSTEP_UNROLL
+      for (int v = 1; v < kN; v *= 2)
+        LOCKSTEP_UNROLL
+        for (int n = 0; n + v < kN; n += 2 * v) t[n] = x.max_num(t[n], t[n + v]);
+      mx[h] = t[0];
+    }
+    // Note [lazy rescale]: m moves only when the tile's max exceeds it by more than kLazyLog2.
+    F m_old[2], mc[2];
+    B moved[2];
+    LOCKSTEP_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      // Over the quad, by max_num too (never NaN: the lanes' maxima are not).
+      F tmax = x.max_num(mx[h], x.shfl_xor(mx[h], 2));
+      tmax = x.max_num(tmax, x.shfl_xor(tmax, 1));
+      m_old[h] = m[h];
+      // From m_old = -inf: +inf > 8, moved; a tile this row sees nothing of (tmax = -inf):
+      // NaN or -inf, not moved, so a row that has seen nothing keeps m = -inf.
+      moved[h] = x.fma(tmax, c2, -(m_old[h] * c2)) > kLazyLog2;
+      m[h] = x.select(moved[h], tmax, m_old[h]);
+      const B none = m[h] == -kInf;  // nothing visible yet in this row: every weight 0
+      mc[h] = x.select(none, 0.0f, m[h] * c2);
+    }
+    F ls[2] = {F(0.0f), F(0.0f)};
+    LOCKSTEP_UNROLL
+    for (int n = 0; n < kTile / 8; ++n)
+      LOCKSTEP_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        w[n][e] = x.exp2_tc(x.fma(sc[n][e], c2, -mc[e >> 1]));
+        ls[e >> 1] = ls[e >> 1] + w[n][e];
+      }
+    // alpha = 2^((m_old - m) c) where m moved (0 from -inf), else exactly 1, and l * 1 = l,
+    // o * 1 = o: a warp none of whose rows moved skips the rescale on the GPU, the same bits.
+    bool rescale = true;
+    if constexpr (!X::kIsCpu) rescale = x.warp_any(moved[0] | moved[1]);
+    if (rescale) {
+      F alpha[2];
+      LOCKSTEP_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        // (m_old - m) c, not fma(m_old, c, -mc): -inf when m_old is, so alpha = 0 then.
+        alpha[h] = x.select(moved[h], x.exp2_tc((m_old[h] - m[h]) * c2), 1.0f);
+        l[h] = l[h] * alpha[h] + ls[h];
+      }
+      LOCKSTEP_UNROLL
+      for (int n = 0; n < D / 8; ++n)
+        LOCKSTEP_UNROLL
+        for (int e = 0; e < 4; ++e) o[n][e] = o[n][e] * alpha[e >> 1];
+    } else {
+      LOCKSTEP_UNROLL
+      for (int h = 0; h < 2; ++h) l[h] = l[h] + ls[h];
     }
   }
 
@@ -1135,20 +1161,15 @@ struct FusedAttentionWgmma {
       x.wgmma_commit();
     };
     // Tile j: its scores in s_in (complete); the next tile's products into s_next meanwhile. The
-    // softmax works on a copy: ptxas serializes every product when ordinary instructions write a
-    // product's accumulator registers while another product is in flight (its C7515 advisory).
+    // softmax reads s_in and writes its weights to s (Note [softmax output]).
     auto step = [&](int j, F (&s_in)[1][kTile / 8][4], F (&s_next)[1][kTile / 8][4]) {
       F s[1][kTile / 8][4];
-      LOCKSTEP_UNROLL
-      for (int n = 0; n < kTile / 8; ++n)
-        LOCKSTEP_UNROLL
-        for (int e = 0; e < 4; ++e) s[0][n][e] = s_in[0][n][e];
       issue(j + 2);  // into tile j - 1's slot
       if (j + 1 < tiles) {
         x.mbar_wait(full + (j + 1) % kStages, ((j + 1) / kStages) & 1);  // tile j + 1 has landed
         issue_qk(j + 1, s_next);
       }
-      Tc::softmax_tile(x, p, s, m, l, o, row0, tq, j * kTile, tile_keys(j), s0, shift, c2);
+      Tc::softmax_tile(x, p, s_in, s, m, l, o, row0, tq, j * kTile, tile_keys(j), s0, shift, c2);
       // O += P.V: the tile's keys in steps of 16 (every A fragment packed first, so that the
       // products issue back to back after one fence).
       I pa[kTile / 16][4];
