@@ -600,7 +600,12 @@ struct FusedAttentionTensorCore {
   LOCKSTEP_HD static void softmax_tile(X& x, const Params& p, F (&s)[kM][kTile / 8][4], F (&m)[kM][2],
                                        F (&l)[kM][2], F (&o)[kM][D / 8][4], const I (&row0)[kM],
                                        const I& tq, int j0, int keys, int s0, int shift, float c2) {
-    softmax_tile(x, p, s, s, m, l, o, row0, tq, j0, keys, s0, shift, c2);
+    const bool masked = keys < kTile || (p.causal && j0 + kTile - 1 > s0 + shift);
+    LOCKSTEP_UNROLL
+    for (int mt = 0; mt < kM; ++mt) {
+      if (masked) mask_tile(x, p, s[mt], s[mt], row0[mt], tq, j0, keys, s0, shift);
+      weights(x, s[mt], s[mt], m[mt], l[mt], o[mt], c2);
+    }
   }
   template <class X, class F, class I>
   LOCKSTEP_HD static void softmax_tile(X& x, const Params& p, const F (&sc)[kM][kTile / 8][4],
@@ -611,27 +616,33 @@ struct FusedAttentionTensorCore {
     LOCKSTEP_UNROLL
     for (int mt = 0; mt < kM; ++mt) {
       if (masked) {  // one block-uniform branch for the tile, not one per score
-        // Key 2 tq + c of the tile is visible to row r when 2 tq + c < keys and (causal)
-        // 2 tq + c + j0 <= r + s0 + shift: c < lim, one bound per row and thread.
-        I lim[2];
-        LOCKSTEP_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          lim[h] = tq * -2 + keys;
-          if (p.causal) {
-            const I diag = row0[mt] + (h * 8 + s0 + shift - j0 + 1) - tq * 2;
-            lim[h] = x.select(diag < lim[h], diag, lim[h]);
-          }
-        }
-        LOCKSTEP_UNROLL
-        for (int n = 0; n < kTile / 8; ++n)
-          LOCKSTEP_UNROLL
-          for (int e = 0; e < 4; ++e)
-            s[mt][n][e] = x.select(lim[e >> 1] > 8 * n + (e & 1), sc[mt][n][e], -kInf);
+        mask_tile(x, p, sc[mt], s[mt], row0[mt], tq, j0, keys, s0, shift);
         weights(x, s[mt], s[mt], m[mt], l[mt], o[mt], c2);
       } else {
         weights(x, s[mt], sc[mt], m[mt], l[mt], o[mt], c2);
       }
     }
+  }
+
+  // A partial or causal tile's scores sc with the keys a row does not see set to -inf, into s.
+  template <class X, class F, class I>
+  LOCKSTEP_HD static void mask_tile(X& x, const Params& p, const F (&sc)[kTile / 8][4], F (&s)[kTile / 8][4],
+                                    const I& row0, const I& tq, int j0, int keys, int s0, int shift) {
+    // Key 2 tq + c of the tile is visible to row r when 2 tq + c < keys and (causal)
+    // 2 tq + c + j0 <= r + s0 + shift: c < lim, one bound per row and thread.
+    I lim[2];
+    LOCKSTEP_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      lim[h] = tq * -2 + keys;
+      if (p.causal) {
+        const I diag = row0 + (h * 8 + s0 + shift - j0 + 1) - tq * 2;
+        lim[h] = x.select(diag < lim[h], diag, lim[h]);
+      }
+    }
+    LOCKSTEP_UNROLL
+    for (int n = 0; n < kTile / 8; ++n)
+      LOCKSTEP_UNROLL
+      for (int e = 0; e < 4; ++e) s[n][e] = x.select(lim[e >> 1] > 8 * n + (e & 1), sc[n][e], -kInf);
   }
 
   // The softmax of one m-tile (softmax_tile): scores sc (masked), weights into w.
