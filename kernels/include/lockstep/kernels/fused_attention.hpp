@@ -490,10 +490,13 @@ struct FusedAttentionExact {
 // Note [softmax output]
 // ptxas serializes every product when ordinary instructions write a product's accumulator
 // registers while another product is in flight (its C7515 advisory; run 81), so the wgmma
-// kernel's softmax never writes S: softmax_tile reads the scores from one array and writes the
-// weights to another (the mma.sync kernel passes the same array twice). Until run 101 the wgmma
-// kernel copied S first (32 moves per tile at head_dim 64 and 128) and worked in place on the
-// copy. The same operations in the same order either way, so the same bits.
+// kernel's softmax never writes S: its softmax_tile reads the scores from one array and writes
+// the weights to another (the masked-tile path first writes the masked scores there). Until run
+// 101 the wgmma kernel copied S first (32 moves per tile at head_dim 64 and 128) and worked in
+// place on the copy: 4-5% slower (run 101). The mma.sync kernel keeps the in-place form, whose
+// accumulators are complete when it runs (the two-array form gave it two copies of the weights'
+// code and a spill at head_dim 128, run 101's SASS). The same operations in the same order
+// either way, so the same bits.
 //
 // Note [lazy rescale]
 // FlashAttention-4's conditional rescaling: a row's reference max m moves to the tile's max only
@@ -593,9 +596,8 @@ struct FusedAttentionTensorCore {
 
   // Online softmax of tile j (keys j0 .. j0 + keys - 1) on the accumulators (Note [register
   // fragments]), in base 2: a weight is 2^(s c - m c) with c = scale log2(e) (Note [fused
-  // tensor-core rounding points]). The scores are read from sc and the tile's weights written to
-  // s (the same array here; the wgmma kernel passes its product's accumulators as sc and never
-  // writes them: Note [softmax output]); m, l and o are updated.
+  // tensor-core rounding points]). S becomes the tile's weights (the second form reads the scores
+  // from sc and writes the weights to s: Note [softmax output]); m, l and o are updated.
   template <class X, class F, class I>
   LOCKSTEP_HD static void softmax_tile(X& x, const Params& p, F (&s)[kM][kTile / 8][4], F (&m)[kM][2],
                                        F (&l)[kM][2], F (&o)[kM][D / 8][4], const I (&row0)[kM],
