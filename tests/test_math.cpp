@@ -178,6 +178,8 @@ TEST_P(DeviceMath, Exp2TcIsWithinItsBoundOnTheWeightsDomain) {
     const float x = from_bits(static_cast<std::uint32_t>(b));
     if (x >= -126.0f && x <= 8.0f) in.push_back(x);
   }
+  in.push_back(-126.0f);  // the domain's ends, which the stride misses
+  in.push_back(8.0f);
   const float specials[] = {0.0f, -0.0f, 1.0f, -1.0f, 8.0f, -INFINITY, NAN, -200.0f};
   in.insert(in.end(), std::begin(specials), std::end(specials));
   const auto n = static_cast<std::int64_t>(in.size());

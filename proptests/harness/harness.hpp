@@ -186,7 +186,8 @@ struct MathShape {
   std::uint64_t seed = 0;
 };
 std::unique_ptr<Case> math_case(const MathShape& s);
-// The documented max ulp of each strict-math function over the ranges math_case draws.
+// The documented max ulp of each math function over the ranges math_case draws (kExp2Tc: over
+// [-126, 8], DeviceMath.Exp2TcIsWithinItsBoundOnTheWeightsDomain; math_case never draws it).
 double math_ulp_bound(int fn);
 // The float64 reference of strict-math function `fn` (glibc's double functions; round_to_half
 // computed exactly).

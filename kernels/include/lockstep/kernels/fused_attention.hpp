@@ -484,8 +484,9 @@ struct FusedAttentionExact {
 // a butterfly of max_num (one instruction per step, where math::max took six). Both give the
 // same value as before in any order: max_num is exact and skips NaN (the tree has -inf at one
 // leaf, so it is never NaN); only the sign of a zero maximum may differ between lanes or orders,
-// and m enters the results only through m c - m_old c, fma(s, c, -m c) and m scale + log(l),
-// where +0 and -0 give the same bits. So the outputs' bits are unchanged.
+// and m enters the results only through fma(tmax, c, -m_old c), m c, fma(s, c, -m c),
+// (m_old - m) c and m scale + log(l), where +0 and -0 give the same bits. So the outputs' bits
+// are unchanged.
 //
 // Note [softmax output]
 // ptxas serializes every product when ordinary instructions write a product's accumulator

@@ -1,7 +1,9 @@
 #pragma once
-// Applies one strict-math function elementwise: out[i] = f(in[i]), or f(bits(first + i)) when
-// `in` is null (exhaustive sweeps over float bit patterns without an input buffer). Used by the
-// accuracy tool (docs/numerics.md) and the cross-backend harness.
+// Applies one math function elementwise: out[i] = f(in[i]), or f(bits(first + i)) when `in` is
+// null (exhaustive sweeps over float bit patterns without an input buffer). Used by the accuracy
+// tool (docs/numerics.md) and the cross-backend harness. Every function is the strict math of
+// math.hpp except kExp2Tc, the tensor-core softmax's exp2, whose bits differ between backends by
+// design (Note [hardware exp2 on the tensor-core path]): never compared bitwise.
 
 #include "lockstep/kernels/hd.hpp"
 
