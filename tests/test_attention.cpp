@@ -127,12 +127,11 @@ TEST_P(Attention, IncrementalOfLengthZeroGivesZeros) {
 enum class DecodeSync { kKernel, kSignals, kFold, kOneGrid };
 
 // Chunk then Merge over `rows` query rows (row r's q is row r of q; every row reads slot 0's
-// cache) of length len; with counters, checks that they are zero afterwards. persist_blocks > 0:
-// the chunk kernel as that many persistent blocks (Note [persistent blocks]).
+// cache) of length len; with counters, checks that they are zero afterwards.
 template <class Chunk, class Merge>
 std::vector<float> run_decode(Stream& s, const std::shared_ptr<Device>& dev, const Buffer<float>& q,
                               const Buffer<float>& k, const Buffer<float>& v, int H, int Hkv, int L,
-                              int len, int rows, DecodeSync sync, int persist_blocks = 0) {
+                              int len, int rows, DecodeSync sync) {
   constexpr int D = Chunk::kQuads * 32;
   const int chunks = (L + kernels::kDecodeChunk - 1) / kernels::kDecodeChunk;
   const std::size_t blocks_y = std::size_t(H / Chunk::kHeads);
@@ -164,9 +163,6 @@ std::vector<float> run_decode(Stream& s, const std::shared_ptr<Device>& dev, con
       launch<One>(s, Dim3{std::uint32_t(One::chunk_blocks(p) + One::merge_blocks(p)), 1, 1}, One::kSharedBytes, p);
     else
       ADD_FAILURE() << "no DecodeOneGrid of this chunk kernel and merge in AllKernels";
-  } else if (persist_blocks > 0) {
-    p.persist = 1;
-    launch<Chunk>(s, Dim3{std::uint32_t(persist_blocks), 1, 1}, Chunk::kSharedBytes, p);
   } else {
     launch<Chunk>(s, Dim3{std::uint32_t(chunks), std::uint32_t(blocks_y), std::uint32_t(rows)},
                   Chunk::kSharedBytes, p);
@@ -263,46 +259,6 @@ TEST_P(Attention, DecodeScheduleVariantsGiveTheSameBytes) {
       }
     }
   }
-}
-
-// Note [persistent blocks]: the chunk kernel as a few blocks that take the chunk grid's blocks in
-// turn, their async rings kept full from one to the next, gives the chunk grid's bytes: rings
-// whose item length is a multiple of the ring (4 stages of 16-row tiles) and not (3 stages of
-// 32-row tiles: the next item starts mid-ring), chunks past the length (skipped, and signalled),
-// several rows, with and without counters. On the CPU device the async ring runs only in the
-// lane path (Note [row-major decode]), so the test runs there in both.
-TEST_P(Attention, DecodePersistentBlocksGiveTheChunkGridsBytes) {
-  using kernels::DecodeChunk;
-  using kernels::DecodeMerge;
-  const bool cpu = dev->id().kind == DeviceKind::kCpu;
-  if (cpu) ::setenv("LOCKSTEP_CPU_DECODE_LANES", "1", 1);
-  constexpr int L = 2000, rows = 3;
-  for (int Hkv : {1, 2}) {
-    const int H = 4 * Hkv;
-    constexpr int D = 128;
-    DecodeInputs<D> in(dev, s(), H * rows, Hkv, L, 4242u + Hkv);  // q of 3 rows
-    for (int len : {1, 700, 2000}) {
-      SCOPED_TRACE("Hkv " + std::to_string(Hkv) + ", length " + std::to_string(len));
-      auto run = [&]<class C>(int blocks, DecodeSync sync) {
-        return run_decode<C, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, rows, sync, blocks);
-      };
-      const auto grid4 = run.template operator()<DecodeChunk<D, 4, 1, 4>>(0, DecodeSync::kKernel);
-      const auto grid3 = run.template operator()<DecodeChunk<D, 1, 2, 3>>(0, DecodeSync::kKernel);
-      EXPECT_TRUE(same(grid4, grid3)) << "the chunk grids of the two variants";
-      for (int blocks : {1, 3, 7}) {
-        SCOPED_TRACE(std::to_string(blocks) + " persistent blocks");
-        EXPECT_TRUE(same(grid4, run.template operator()<DecodeChunk<D, 4, 1, 4>>(blocks, DecodeSync::kKernel)))
-            << "4 heads per block, a ring of 4";
-        EXPECT_TRUE(same(grid4, run.template operator()<DecodeChunk<D, 4, 1, 4>>(blocks, DecodeSync::kSignals)))
-            << "4 heads per block, a ring of 4, with counters";
-        EXPECT_TRUE(same(grid4, run.template operator()<DecodeChunk<D, 1, 2, 3>>(blocks, DecodeSync::kSignals)))
-            << "1 head per block, a ring of 3";
-        EXPECT_TRUE(same(grid4, run.template operator()<DecodeChunk<D, 4, 2, 3>>(blocks, DecodeSync::kKernel)))
-            << "4 heads per block, a ring of 3 32-row tiles";
-      }
-    }
-  }
-  if (cpu) ::unsetenv("LOCKSTEP_CPU_DECODE_LANES");
 }
 
 // Three rows over the same cache (row r's q is row r of in.q): `sync` gives the bytes of the two

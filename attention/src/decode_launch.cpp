@@ -81,13 +81,6 @@ int one_grid_knob() {
   static const int n = env_knob("LOCKSTEP_DECODE_ONE_GRID", 0);
   return n;
 }
-// LOCKSTEP_DECODE_PERSIST=1: the chunk kernel as a row of blocks that fits on the device at
-// once, each taking the chunk grid's blocks in turn with its async ring kept full between them
-// (Note [persistent blocks]), where the chunk grid has more blocks than that; the same bits.
-int persist_knob() {
-  static const int n = env_knob("LOCKSTEP_DECODE_PERSIST", 0);
-  return n;
-}
 int stages_knob() {
   static const int ns = env_knob("LOCKSTEP_DECODE_STAGES", -1);
   return ns;
@@ -212,20 +205,7 @@ int launch_chunk_and_merge(Stream& s, kernels::DecodeParams p, int g, Dim3 chunk
       if (!folded) {
         with_merge_variant<D>(s, p, merge_grid, [&]<class M>(Dim3) { one_grid = launch_one_grid<D, K, M>(s, p); });
       }
-      if (!one_grid) {
-        // Note [persistent blocks]: with more chunk blocks than fit on the device at once, a row
-        // of blocks that does (the blocks per SM of the default variants, from ptxas).
-        const std::int64_t items = std::int64_t{p.max_chunks} * (p.H / K::kHeads) * p.rows;
-        const std::int64_t resident = std::int64_t{kernels::decode_chunk_blocks_per_sm(D, K::kHeads)} *
-                                      s.device().caps().multiprocessors;
-        if (persist_knob() != 0 && !folded && K::kStages > 0 && resident > 0 && items > resident) {
-          kernels::DecodeParams pp = p;
-          pp.persist = 1;
-          launch_with_shared<K>(s, pp, Dim3{static_cast<std::uint32_t>(resident), 1, 1});
-        } else {
-          launch_with_shared<K>(s, p, chunk_grid);
-        }
-      }
+      if (!one_grid) launch_with_shared<K>(s, p, chunk_grid);
       ++launches;
     });
   }
@@ -266,11 +246,6 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
   const std::size_t counter_ints = pair_ints + 1;
   p.counters = diag_only_knob() == 0 && signals_knob() != 0 ? StreamAccess::counters(s, counter_ints) : nullptr;
   p.ticket = p.counters != nullptr ? p.counters + pair_ints : nullptr;
-  // Note [persistent blocks]: the chunk kernels number their blocks' items in an int. A
-  // workspace of 2^30 items would take over 146 GB (rows * heads * chunks * (head_dim + 2) floats).
-  const std::int64_t items = std::int64_t{p.rows} * (p.H / g) * p.max_chunks;
-  LOCKSTEP_CHECK_ARG(items <= (std::int64_t{1} << 30), "decode", "rows * n_heads / heads per block * chunks", items,
-                     "<= 2^30");
   const std::uint32_t rows_grid = static_cast<std::uint32_t>(std::min<std::int32_t>(p.rows, 65535));
   const Dim3 chunk_grid{static_cast<std::uint32_t>(p.max_chunks),
                         static_cast<std::uint32_t>(p.Hkv * (group / g)), rows_grid};

@@ -62,10 +62,6 @@ struct DecodeParams {
   // Note [folded merge]: 1: the last chunk block of each (row, block y) merges its heads (a chunk
   // kernel with async tiles, counters set and one row per block: rows <= 65535); no merge launch.
   std::int32_t fold;
-  // Note [persistent blocks]: 1: the chunk kernel's grid is a row of blocks that each take the
-  // chunk grid's blocks (its items) blockIdx.x, blockIdx.x + gridDim.x, ... in turn; 0: the chunk
-  // grid itself. Never with fold.
-  std::int32_t persist;
   // Note [fused append]: null, or each row's new token, [rows, Hkv, D] (flash_decoding): the
   // row's last attended token (index length - 1) is taken from here, not from the cache, and
   // written into the cache (k_append, v_append: p.k and p.v, writable). status: null, or set to
@@ -472,14 +468,12 @@ constexpr int default_row_batch(int D, int G) {
 // 128 (53 KB: 4 blocks) and head_dim 256 (70 and 78 KB: 3 and 2). Held to the bound, three rarely
 // used variants spill 8-24 bytes per thread (ptxas: head_dim 64 with 8 and 2 heads per block, 96
 // with 1; before Note [softmax per warp], 32 with 4 and 8 instead of 64 with 8); the
-// head_dim-128 ones and the rest spill nothing. Also the row of persistent blocks' length per SM
-// (Note [persistent blocks]). At head_dim 96 with 4 and 2 heads per block this said 5 and 6
-// until the persistent blocks: their registers (123 and 88) allowed 4 and 5.
+// head_dim-128 ones and the rest spill nothing.
 constexpr int decode_chunk_blocks_per_sm(int D, int G) {
   switch (D) {
     case 32: return G == 8 ? 5 : G == 4 ? 6 : 7;
     case 64: return G == 8 ? 4 : G == 4 ? 6 : G == 2 ? 7 : 8;
-    case 96: return G == 4 ? 4 : G == 2 ? 5 : 7;
+    case 96: return G == 4 ? 5 : G == 2 ? 6 : 7;
     case 128: return G == 2 ? 5 : 4;
     default: return G == 2 ? 2 : 3;
   }
@@ -488,11 +482,8 @@ constexpr int decode_chunk_blocks_per_sm(int D, int G) {
 // Note [softmax per warp]: with the softmax split across warps ptxas gave the chunk kernels of
 // 4 and 8 heads per block more registers (168 instead of 128 at head_dim 128 with 4 heads: 3
 // blocks per SM instead of 4); they are held to the blocks per SM they had before
-// (decode_chunk_blocks_per_sm) by a launch bound. Note [persistent blocks] did the same to the
-// async kernels of 2 heads per block (145 registers instead of 96 at head_dim 128 unbounded: 3
-// blocks per SM instead of 5), so every async chunk kernel with 2 or more heads per block is
-// held to decode_chunk_blocks_per_sm (ptxas: no spills); those of one head keep ptxas's choice
-// (at head_dim 64 a bound of 8 blocks spilled 12 bytes; unbounded, 64 registers allow 8).
+// (decode_chunk_blocks_per_sm) by a launch bound, except at head_dim 96, where the bound of 5
+// blocks spilled 8 bytes per thread (ptxas) and the kernel keeps its 123 registers (4 blocks).
 template <bool Bound, int N>
 struct DecodeChunkBound {};
 template <int N>
@@ -509,7 +500,7 @@ struct DecodeChunkBound<true, N> {
 // rows past the length are zero-filled, never read, as the masked loads give zeros.
 template <int D, int G, int RB = default_row_batch(D, G), int NS = 0>
 struct DecodeChunk
-    : DecodeChunkBound<(NS > 0 && G >= 2), decode_chunk_blocks_per_sm(D, G)> {
+    : DecodeChunkBound<(NS == 4 && G >= 4 && D != 96), decode_chunk_blocks_per_sm(D, G)> {
   static_assert(D % 32 == 0 && D <= 256, "head_dim: a multiple of 32, at most 256");
   static_assert(G * D <= 512, "accumulators per thread: G * D / 8 <= 64");
   static constexpr const char* kName = "decode_chunk";
@@ -529,10 +520,8 @@ struct DecodeChunk
   static constexpr int kTileRows = 16 * RB;
   static constexpr int kTiles = kDecodeChunk / kTileRows;  // K tiles, then as many V tiles
   static_assert((kTileRows * D / 4) % kThreads == 0, "a tile is whole 16-byte copies per thread");
-  // Note [persistent blocks]: q of the G heads, copied with the item's first tile.
-  static constexpr int kQFloats = NS > 0 ? G * D : 0;
   static constexpr std::size_t kSharedBytes =
-      (2 * G * kDecodeChunk + kWarps * G * D + NS * kTileRows * D + kQFloats) * sizeof(float) + 128;
+      (2 * G * kDecodeChunk + kWarps * G * D + NS * kTileRows * D) * sizeof(float) + 96;
   using Params = DecodeParams;
 
   // Starts the copy of tile j (K tiles 0 .. kTiles - 1, then V) into ring slot j % NS; rows at or
@@ -541,14 +530,13 @@ struct DecodeChunk
   // Note [fused append]: the tile that holds row nrow (>= 0) takes that row from kn (K) or vn
   // (V), the others from the cache, by two copies with disjoint lanes; its rows past nrow are
   // past the length (nrow is the row's last token) and left unwritten, never read.
-  // ring0: the ring slot of the item's tile 0 (Note [persistent blocks]).
   template <class X>
-  LOCKSTEP_HD static void issue_tile(X& x, float* ring, int ring0, const float* kb, const float* vb, int j,
+  LOCKSTEP_HD static void issue_tile(X& x, float* ring, const float* kb, const float* vb, int j,
                                      int live, int nrow, const float* kn, const float* vn) {
     if (j < 2 * kTiles) {
       const float* src = j < kTiles ? kb : vb;
       const int row0 = (j % kTiles) * kTileRows;
-      float* dst = ring + ((ring0 + j) % NS) * kTileRows * D;
+      float* dst = ring + (j % NS) * kTileRows * D;
       if (nrow >= row0 && nrow < row0 + kTileRows) {  // block-uniform
         const float* fresh = j < kTiles ? kn : vn;
         const int a = (nrow - row0) * (D / 4);  // the new row's first 16-byte piece
@@ -574,10 +562,7 @@ struct DecodeChunk
   LOCKSTEP_HD static void run(X& x, const Params& p) {
     x.wait_prior_grids();
     x.allow_dependent_grids();
-    if (p.persist != 0)  // Note [persistent blocks]
-      chunk_items(x, p, x.block_x(), x.grid_x(), p.H / G);
-    else
-      chunk_block(x, p, BlockAt{x.block_x(), x.block_y(), x.block_z(), x.grid_y(), x.grid_z()});
+    chunk_block(x, p, BlockAt{x.block_x(), x.block_y(), x.block_z(), x.grid_y(), x.grid_z()});
   }
 
   // Note [row-major decode]: the chunk's phases on the CPU device, row by row
@@ -600,85 +585,10 @@ struct DecodeChunk
     x.template decode_values<G, D, kDecodeChunk>(P, vb, nrow, vn, live, po, kb + kDecodeChunk * D);
   }
 
-  // The work of chunk block c (Note [one grid]: also a block of DecodeOneGrid): its rows c.z,
-  // c.z + c.gz, ... as items of the flattened chunk grid.
+  // The work of chunk block c (Note [one grid]: also a block of DecodeOneGrid). Out of line on
+  // the CPU, so that the chunk kernel and its one-grid kernels share one copy per SIMD variant.
   template <class X>
-  LOCKSTEP_HD static void chunk_block(X& x, const Params& p, const BlockAt c) {
-    chunk_items(x, p, (c.z * c.gy + c.y) * p.max_chunks + c.x, c.gz * c.gy * p.max_chunks, c.gy);
-  }
-
-  // Note [persistent blocks]
-  // A chunk block's work is a sequence of items, each one block of the chunk grid (x = chunk,
-  // y = block y, z = row), flattened chunk first: item f is chunk f % max_chunks of block y
-  // (f / max_chunks) % gy of row f / (max_chunks gy). The chunk grid's own blocks take items
-  // c.x + max_chunks (c.y + gy c.z), then that plus the grid's rows (rows beyond 65535); with
-  // p.persist the kernel runs a row of blocks, about as many as fit on the device at once, and
-  // block b takes items b, b + gridDim.x, ... (a static schedule: no atomics). The host keeps the
-  // items below 2^30 (int arithmetic; a workspace of 2^30 items would need over 146 GB). Between one item
-  // and the next with tiles the async ring does not drain: the last NS V steps of an item issue
-  // the next item's first NS tiles, and its q (copied into shared memory with its first tile), so
-  // the DRAM keeps reading while the block reduces and stores the item's partials and signals,
-  // where a block of the chunk grid ends with its ring empty and the next block on that slot
-  // starts with one round trip (its q) and a ring to fill. Each item's arithmetic, its order and
-  // its partials are the chunk grid's block's: the same bits (tested), only which block computes
-  // an item and when changes.
-  struct Item {
-    int r, by, chunk, h0, live, nrow;  // live: the chunk's tokens, 0 past the row's length
-    const float *kb, *vb, *kn, *vn;    // the chunk's K and V rows; the new token's (or null)
-  };
-  template <class X>
-  LOCKSTEP_HD static Item item_at(X& x, const Params& p, int f, int gy) {
-    Item it;
-    it.chunk = f % p.max_chunks;
-    const int yz = f / p.max_chunks;
-    it.by = yz % gy;
-    it.r = yz / gy;
-    const int group = p.H / p.Hkv;
-    const int subgroups = group / G;
-    const int hk = it.by / subgroups;
-    it.h0 = hk * group + (it.by % subgroups) * G;  // first query head served
-    const int len = row_length(x, p, it.r);
-    const int t0 = it.chunk * kDecodeChunk;
-    it.live = t0 < len ? static_cast<int>(imin(len - t0, kDecodeChunk)) : 0;
-    it.nrow = -1;
-    it.kb = it.vb = it.kn = it.vn = nullptr;
-    if (it.live > 0) {
-      const int slot = p.slots != nullptr ? x.load_uniform(p.slots + it.r) : it.r;
-      const std::int64_t kv_off = slot * p.slot_stride + hk * p.head_stride + std::int64_t{t0} * D;
-      it.kb = p.k + kv_off;
-      it.vb = p.v + kv_off;
-      // Note [fused append]: this chunk ends the row, so it holds the new token, row live - 1,
-      // which its tiles take from k_new / v_new.
-      if (NS > 0 && p.k_new != nullptr && t0 + it.live == len) {
-        it.nrow = it.live - 1;
-        const std::int64_t new_off = (std::int64_t{it.r} * p.Hkv + hk) * D;
-        it.kn = p.k_new + new_off;
-        it.vn = p.v_new + new_off;
-      }
-    }
-    return it;
-  }
-  // Whether item f has tokens (item_at(...).live > 0, without the rest).
-  template <class X>
-  LOCKSTEP_HD static bool item_live(X& x, const Params& p, int f, int gy) {
-    return (f % p.max_chunks) * kDecodeChunk < row_length(x, p, f / p.max_chunks / gy);
-  }
-  // Starts the copy of item c's q (G heads, contiguous) into Qs, in the group of c's first tile.
-  template <class X>
-  LOCKSTEP_HD static void issue_q(X& x, float* Qs, const Params& p, const Item& c) {
-    const float* q = p.q + (std::int64_t{c.r} * p.H + c.h0) * D;
-    LOCKSTEP_UNROLL
-    for (int v0 = 0; v0 < G * D / 4; v0 += kThreads) {
-      const auto v = x.thread() + v0;
-      x.copy4_async_some(Qs, v * 4, q, v * 4, v < G * D / 4);
-    }
-  }
-
-  // Items f, f + step, ... below the flattened chunk grid's size (Note [persistent blocks]).
-  // Out of line on the CPU, so that the chunk kernel and its one-grid kernels share one copy per
-  // SIMD variant.
-  template <class X>
-  LOCKSTEP_HD_OUTLINED_ON_CPU static void chunk_items(X& x, const Params& p, int f, int step, int gy) {
+  LOCKSTEP_HD_OUTLINED_ON_CPU static void chunk_block(X& x, const Params& p, const BlockAt c) {
     using F = typename X::template Lanes<float>;
     using I = typename X::template Lanes<lane_int>;
     using B = typename X::template Lanes<bool>;
@@ -687,48 +597,54 @@ struct DecodeChunk
     float* P = x.template shared<float>(G * kDecodeChunk);   // exp(score - chunk max)
     float* O = x.template shared<float>(kWarps * G * D);     // per-warp partial outputs
     float* ring = x.template shared<float>(NS * kTileRows * D);  // Note [async tiles]
-    float* Qs = NS > 0 ? x.template shared<float>(kQFloats) : nullptr;  // Note [persistent blocks]
+    const int by = c.y;
+    const int group = p.H / p.Hkv;
+    const int subgroups = group / G;
+    const int hk = by / subgroups;
+    const int h0 = hk * group + (by % subgroups) * G;  // first query head served
+    const int chunk = c.x;
     const I lane = x.lane();
     const I l8 = lane & 7;                 // lane within the 8 lanes that share a row
     const I row_in_iter = x.warp() * 4 + (lane >> 3);  // 16 rows per block iteration
-    const int n = p.rows * gy * p.max_chunks;  // below 2^30 (the host checks)
-    const bool row_major = row_major_decode<X>(x);
 
-    int merge_r = -1, merge_h0 = 0;  // Note [folded merge]: the row this block merges, if any
-    bool primed = false;  // the ring holds this item's first NS tiles and its q already
-    int ring0 = 0;        // the ring slot of this item's first tile
-    for (; f < n; f += step) {
-      const Item c = item_at(x, p, f, gy);
-      const int r = c.r, by = c.by, chunk = c.chunk, h0 = c.h0, live = c.live;
+    int merge_r = -1;  // Note [folded merge]: the row this block merges, if any
+    for (int r = c.z; r < p.rows; r += c.gz) {
+      const int len = row_length(x, p, r);
+      const int t0 = chunk * kDecodeChunk;
       // Note [block signals]: every chunk block signals its (row, block y) counter once.
       std::int32_t* const counter =
-          p.counters != nullptr ? p.counters + (std::int64_t{r} * gy + by) * 2 : nullptr;
+          p.counters != nullptr ? p.counters + (std::int64_t{r} * c.gy + by) * 2 : nullptr;
       // Note [device positions], with the append (Note [fused append]; a variant without async
       // tiles leaves the status to its separate scatter).
       if (NS > 0 && p.status != nullptr && chunk == 0 && by == 0) {
         const int raw = raw_length(x, p, r);
         if (raw < 0 || raw > p.max_len) x.store(p.status, x.thread() * 0, r + 1, x.thread() == 0);
       }
-      if (live == 0) {  // block-uniform: this chunk is past the sequence
-        if (counter != nullptr && finish_row(x, p, counter)) {
-          merge_r = r;
-          merge_h0 = h0;
-        }
+      if (t0 >= len) {  // block-uniform: this chunk is past the sequence
+        if (counter != nullptr && finish_row(x, p, counter)) merge_r = r;
         continue;
       }
-      const float* kb = c.kb;
-      const float* vb = c.vb;
-      [[maybe_unused]] const int nrow = c.nrow;
-      [[maybe_unused]] const float* kn = c.kn;
-      [[maybe_unused]] const float* vn = c.vn;
+      const int slot = p.slots != nullptr ? x.load_uniform(p.slots + r) : r;
+      const std::int64_t kv_off = slot * p.slot_stride + hk * p.head_stride + std::int64_t{t0} * D;
+      const float* kb = p.k + kv_off;
+      const float* vb = p.v + kv_off;
+      const int live = static_cast<int>(imin(len - t0, kDecodeChunk));
+      // Note [fused append]: this chunk ends the row, so it holds the new token, row live - 1,
+      // which its tiles take from k_new / v_new.
+      const bool appends = NS > 0 && p.k_new != nullptr && t0 + live == len;
+      [[maybe_unused]] const int nrow = appends ? live - 1 : -1;
+      const std::int64_t new_off = (std::int64_t{r} * p.Hkv + hk) * D;
+      [[maybe_unused]] const float* kn = appends ? p.k_new + new_off : nullptr;
+      [[maybe_unused]] const float* vn = appends ? p.v_new + new_off : nullptr;
+      // Note [row-major decode]: the CPU's path reads the rows where they are, without the ring.
+      const bool row_major = row_major_decode<X>(x);
       if constexpr (NS > 0) {
-        if (!row_major && !primed) {
-          issue_q(x, Qs, p, c);
+        if (!row_major) {
           LOCKSTEP_UNROLL
-          for (int j = 0; j < NS; ++j) issue_tile(x, ring, ring0, kb, vb, j, live, nrow, kn, vn);
+          for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live, nrow, kn, vn);
         }
-        if (nrow >= 0 && by % (p.H / p.Hkv / G) == 0) {  // one block per kv head writes the cache
-          const std::int64_t dst = (kb - p.k) + std::int64_t{nrow} * D;
+        if (appends && by % subgroups == 0) {  // one block per kv head writes the cache
+          const std::int64_t dst = kv_off + std::int64_t{nrow} * D;
           for (int d0 = 0; d0 < D; d0 += kThreads) {
             const I d = x.thread() + d0;
             const B ok = d < D;
@@ -741,25 +657,17 @@ struct DecodeChunk
       if constexpr (row_major_decode_v<X>) {
         if (row_major) {
           chunk_rows(x, p, S, P, r, h0, chunk, kb, vb, live, nrow, kn, vn);
-          if (counter != nullptr && finish_row(x, p, counter)) {
-            merge_r = r;
-            merge_h0 = h0;
-          }
+          if (counter != nullptr && finish_row(x, p, counter)) merge_r = r;
           continue;
         }
       }
 
       // q of the G heads, in the lane layout of the K rows: lane l8 holds floats
-      // (qd * 8 + l8) * 4 .. +3 of each row; with async tiles from Qs, where it landed with the
-      // first tile.
-      if constexpr (NS > 0) {
-        x.template async_wait<NS - 1>();
-        x.sync();
-      }
+      // (qd * 8 + l8) * 4 .. +3 of each row.
       typename X::template Lanes<float> qv[G][kQuads][4];
       LOCKSTEP_UNROLL
       for (int g = 0; g < G; ++g) {
-        const float* qrow = NS > 0 ? Qs + g * D : p.q + (std::int64_t{r} * p.H + h0 + g) * D;
+        const float* qrow = p.q + (std::int64_t{r} * p.H + h0 + g) * D;
         LOCKSTEP_UNROLL
         for (int qd = 0; qd < kQuads; ++qd) {
           auto t = x.load4(qrow, (l8 + qd * 8) * 4);
@@ -780,7 +688,7 @@ struct DecodeChunk
         if constexpr (NS > 0) {
           x.template async_wait<NS - 1>();
           x.sync();
-          kt = ring + ((ring0 + it / kTileRows) % NS) * kTileRows * D;
+          kt = ring + (it / kTileRows % NS) * kTileRows * D;
           kt_row0 = it;
         }
         Q4 kq[kRowBatch][kQuads];
@@ -816,7 +724,7 @@ struct DecodeChunk
         }
         if constexpr (NS > 0) {
           x.sync();  // every warp is done with the slot before it is refilled
-          issue_tile(x, ring, ring0, kb, vb, it / kTileRows + NS, live, nrow, kn, vn);
+          issue_tile(x, ring, kb, vb, it / kTileRows + NS, live, nrow, kn, vn);
         }
       }
       x.sync();
@@ -854,13 +762,13 @@ struct DecodeChunk
         for (int qd = 0; qd < kQuads; ++qd)
           LOCKSTEP_UNROLL
           for (int j = 0; j < 4; ++j) acc[g][qd][j] = 0.0f;
-      auto v_step = [&](int it) {
+      for (int it = 0; it < kDecodeChunk; it += 16 * kRowBatch) {
         const float* vt = vb;
         int vt_row0 = 0;
         if constexpr (NS > 0) {
           x.template async_wait<NS - 1>();
           x.sync();
-          vt = ring + ((ring0 + kTiles + it / kTileRows) % NS) * kTileRows * D;
+          vt = ring + ((kTiles + it / kTileRows) % NS) * kTileRows * D;
           vt_row0 = it;
         }
         Q4 vq[kRowBatch][kQuads];
@@ -886,35 +794,10 @@ struct DecodeChunk
               acc[g][qd][2] = x.fma(pg[b][g], vq[b][qd].z, acc[g][qd][2]);
               acc[g][qd][3] = x.fma(pg[b][g], vq[b][qd].w, acc[g][qd][3]);
             }
-      };
-      // The steps whose refill is a tile of this item, then the last NS, whose refills are the
-      // next item's first tiles (Note [persistent blocks]), or empty groups.
-      constexpr int kOwnRefills = kDecodeChunk - NS * kTileRows;
-      for (int it = 0; it < kOwnRefills; it += kTileRows) {
-        v_step(it);
         if constexpr (NS > 0) {
           x.sync();
-          issue_tile(x, ring, ring0, kb, vb, kTiles + it / kTileRows + NS, live, nrow, kn, vn);
+          issue_tile(x, ring, kb, vb, kTiles + it / kTileRows + NS, live, nrow, kn, vn);
         }
-      }
-      if constexpr (NS > 0) {
-        int next_f = f + step;  // the next item with tiles (block-uniform)
-        while (next_f < n && !item_live(x, p, next_f, gy)) next_f += step;
-        primed = next_f < n;
-        Item nx{};
-        if (primed) nx = item_at(x, p, next_f, gy);
-        LOCKSTEP_NO_UNROLL  // unrolled, its loads were hoisted: 161 registers instead of 96 (1 head per block)
-        for (int u = 0; u < NS; ++u) {
-          v_step(kOwnRefills + u * kTileRows);
-          x.sync();
-          if (primed) {
-            if (u == 0) issue_q(x, Qs, p, nx);  // in the group of its first tile
-            issue_tile(x, ring, ring0 + 2 * kTiles, nx.kb, nx.vb, u, nx.live, nx.nrow, nx.kn, nx.vn);
-          } else {
-            x.async_commit();  // an empty group: async_wait<NS - 1> keeps its meaning
-          }
-        }
-        if constexpr ((2 * kTiles) % NS != 0) ring0 = (ring0 + 2 * kTiles) % NS;
       }
       // The 4 row groups of a warp (lanes l8, l8 + 8, l8 + 16, l8 + 24), then the 4 warps.
       LOCKSTEP_UNROLL
@@ -941,22 +824,18 @@ struct DecodeChunk
           x.store(po, d, o, ok);
         }
       }
-      x.sync();  // S, P and O are reused by the next item
-      if (counter != nullptr && finish_row(x, p, counter)) {
-        merge_r = r;
-        merge_h0 = h0;
-      }
+      x.sync();  // S, P and O are reused by the next row
+      if (counter != nullptr && finish_row(x, p, counter)) merge_r = r;
     }
     // Note [folded merge]: after the loop, whose invariants (addresses, lane indices) then no
     // longer hold registers: inside it, the merge raised the kernel from 128 to 168 registers at
     // head_dim 128 with 4 heads per block (3 blocks per SM instead of 4), or spilled under a
     // bound of 128; here ptxas keeps 128 with no spills. The host folds only when every block
-    // has one row (rows <= 65535) and never with persistent blocks, so at most one row is left
-    // to merge.
+    // has one row (rows <= 65535), so at most one row is left to merge.
     if constexpr (NS > 0) {
       if (merge_r >= 0) {  // block-uniform
         const auto sm = FoldMerge::carve(ring);
-        FoldMerge::template merge_heads<G>(x, p, merge_r, merge_h0, 0, sm);
+        FoldMerge::template merge_heads<G>(x, p, merge_r, h0, 0, sm);
       }
     }
   }
