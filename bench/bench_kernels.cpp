@@ -6,6 +6,8 @@
 
 #include "bench_common.hpp"
 #include "lockstep/attention/ops.hpp"
+#include "lockstep/kernels/ceilings.hpp"
+#include "lockstep/kernels/decode.hpp"
 #include "lockstep/kernels/launch.hpp"
 
 namespace lockstep::bench {
@@ -91,6 +93,66 @@ const std::vector<Bench>& registry() {
            r.note = "bytes = read once + write once (the kernel reads each row 3 times)";
            rs.push_back(r);
          }
+         return rs;
+       }},
+      {"decode_read_pattern",
+       [](Context& ctx) {
+         // What the DRAM gives for the decode chunk kernel's reads at B=1 H32 Hkv8 D128 L32768
+         // (docs/performance.md): read_tiles is that kernel's access pattern without its
+         // arithmetic (kernels/ceilings.hpp), with the chunk kernel's shared memory (so its 4
+         // blocks per SM) and with its ring's alone; read_sum, the read ceiling's kernel, over
+         // a buffer of the same size.
+         std::vector<Result> rs;
+         using RT = kernels::ReadTiles;
+         using RS = kernels::ReadSum;
+         const std::int64_t heads = 8, rows = ctx.pick<std::int64_t>(1024, 8192, 32768), D = RT::kD;
+         const std::size_t n = std::size_t(heads * rows * D);
+         auto k = random_buffer(ctx.dev, n, 21, -1.0f, 1.0f);
+         auto v = random_buffer(ctx.dev, n, 22, -1.0f, 1.0f);
+         auto& s = ctx.stream();
+         const auto gx = static_cast<std::uint32_t>(rows / RT::kRows);
+         Buffer<float> out(ctx.dev, std::size_t(gx) * heads * (RT::kThreads / 32));
+         using Chunk = kernels::DecodeChunk<128, 4, 1, 4>;
+         for (std::size_t smem : {Chunk::kSharedBytes, RT::kSharedBytes}) {
+           Result r;
+           r.name = "read_tiles";
+           r.shape = shape_str({{"heads", heads}, {"rows", rows}, {"dim", D}, {"shared_bytes", std::int64_t(smem)}});
+           const RT::Params p{k.data().get(), v.data().get(), out.data().get(), rows * D};
+           r.median_ms = busy_ms(*ctx.dev, s, [&] { launch<RT>(s, Dim3{gx, std::uint32_t(heads), 1}, smem, p); },
+                                 ctx.warmup + 3, ctx.reps);
+           r.bytes = 2.0 * double(n) * 4;
+           r.note = smem == RT::kSharedBytes ? "the decode chunk kernel's reads, the ring's shared memory only"
+                                             : "the decode chunk kernel's reads, with its shared memory (its blocks per SM)";
+           rs.push_back(r);
+         }
+         if (ctx.cuda && ctx.dev->caps().compute_capability >= 90) {  // bulk copies: sm_90
+           using RB = kernels::ReadTilesBulk;
+           Result r;
+           r.name = "read_tiles_bulk";
+           const std::size_t smem = Chunk::kSharedBytes + (RB::kSharedBytes - RT::kSharedBytes);
+           r.shape = shape_str({{"heads", heads}, {"rows", rows}, {"dim", D}, {"shared_bytes", std::int64_t(smem)}});
+           const RB::Params p{k.data().get(), v.data().get(), out.data().get(), rows * D};
+           r.median_ms = busy_ms(*ctx.dev, s, [&] { launch<RB>(s, Dim3{gx, std::uint32_t(heads), 1}, smem, p); },
+                                 ctx.warmup + 3, ctx.reps);
+           r.bytes = 2.0 * double(n) * 4;
+           r.note = "the decode chunk kernel's reads by bulk copies and transaction barriers, with its shared memory";
+           rs.push_back(r);
+         }
+         Buffer<float> both(ctx.dev, 2 * n), partial(ctx.dev, 2 * n / RS::kPerBlock);
+         both.fill(s, 1.0f);
+         Result r;
+         r.name = "read_sum";
+         r.shape = shape_str({{"floats", std::int64_t(2 * n)}});
+         r.median_ms = busy_ms(
+             *ctx.dev, s,
+             [&] {
+               launch<RS>(s, Dim3{std::uint32_t(2 * n / RS::kPerBlock), 1, 1}, 64,
+                          RS::Params{both.data().get(), partial.data().get()});
+             },
+             ctx.warmup + 3, ctx.reps);
+         r.bytes = 2.0 * double(n) * 4;
+         r.note = "the read ceiling's kernel over the decode cache's bytes";
+         rs.push_back(r);
          return rs;
        }},
       {"scale",
