@@ -125,19 +125,6 @@ const std::vector<Bench>& registry() {
                                              : "the decode chunk kernel's reads, with its shared memory (its blocks per SM)";
            rs.push_back(r);
          }
-         if (ctx.cuda && ctx.dev->caps().compute_capability >= 90) {  // bulk copies: sm_90
-           using RB = kernels::ReadTilesBulk;
-           Result r;
-           r.name = "read_tiles_bulk";
-           const std::size_t smem = Chunk::kSharedBytes + (RB::kSharedBytes - RT::kSharedBytes);
-           r.shape = shape_str({{"heads", heads}, {"rows", rows}, {"dim", D}, {"shared_bytes", std::int64_t(smem)}});
-           const RB::Params p{k.data().get(), v.data().get(), out.data().get(), rows * D};
-           r.median_ms = busy_ms(*ctx.dev, s, [&] { launch<RB>(s, Dim3{gx, std::uint32_t(heads), 1}, smem, p); },
-                                 ctx.warmup + 3, ctx.reps);
-           r.bytes = 2.0 * double(n) * 4;
-           r.note = "the decode chunk kernel's reads by bulk copies and transaction barriers, with its shared memory";
-           rs.push_back(r);
-         }
          Buffer<float> both(ctx.dev, 2 * n), partial(ctx.dev, 2 * n / RS::kPerBlock);
          both.fill(s, 1.0f);
          Result r;

@@ -106,69 +106,6 @@ struct ReadTiles {
   }
 };
 
-// ReadTiles with the ring filled by one thread's bulk copies (cp.async.bulk on the GPU) that
-// complete on a transaction barrier per slot, and each warp releasing a slot on a second barrier
-// (as FusedAttentionWgmma's ring, Note [wgmma products]), instead of every thread's cp.async and
-// two block-wide barriers per tile. Built for sm_90 only (the barriers trap elsewhere).
-struct ReadTilesBulk {
-  static constexpr const char* kName = "read_tiles_bulk";
-  static constexpr int kThreads = ReadTiles::kThreads;
-  static constexpr int kRows = ReadTiles::kRows;
-  static constexpr int kTileRows = ReadTiles::kTileRows;
-  static constexpr int kD = ReadTiles::kD;
-  static constexpr int kStages = ReadTiles::kStages;
-  static constexpr int kTiles = ReadTiles::kTiles;
-  static constexpr int kWarps = kThreads / kWarpSize;
-  static constexpr std::size_t kSharedBytes = ReadTiles::kSharedBytes + 2 * kStages * 8 + 32;
-  using Params = ReadTilesParams;
-
-  template <class X>
-  LOCKSTEP_HD static void run(X& x, const Params& p) {
-    using F = typename X::template Lanes<float>;
-    using H = typename X::half_t;
-    float* ring = x.template shared<float>(kStages * kTileRows * kD);
-    std::uint64_t* full = x.template shared<std::uint64_t>(kStages);
-    std::uint64_t* empty = x.template shared<std::uint64_t>(kStages);
-    LOCKSTEP_UNROLL
-    for (int i = 0; i < kStages; ++i) {
-      x.mbar_init(full + i, 1);
-      x.mbar_init(empty + i, kWarps);
-    }
-    x.sync();
-    const std::int64_t off = x.block_y() * p.head_stride + std::int64_t{x.block_x()} * kRows * kD;
-    const float* kb = p.k + off;
-    const float* vb = p.v + off;
-    constexpr int kHalf = kTileRows * kD / 2;  // floats: a tile as two copies
-    auto issue = [&](int j) {
-      if (j < 2 * kTiles) {
-        const float* src = (j < kTiles ? kb : vb) + (j % kTiles) * kTileRows * kD;
-        float* dst = ring + (j % kStages) * kTileRows * kD;
-        const int b = j % kStages;
-        x.bulk_tiles(full + b, empty + b, (j / kStages + 1) & 1, j >= kStages, reinterpret_cast<H*>(dst),
-                     reinterpret_cast<const H*>(src), reinterpret_cast<H*>(dst + kHalf),
-                     reinterpret_cast<const H*>(src + kHalf), kHalf * 4);
-      }
-    };
-    LOCKSTEP_UNROLL
-    for (int j = 0; j < kStages; ++j) issue(j);
-    F s = 0.0f;
-    for (int j = 0; j < 2 * kTiles; ++j) {
-      x.mbar_wait(full + j % kStages, (j / kStages) & 1);
-      const float* t = ring + (j % kStages) * kTileRows * kD;
-      LOCKSTEP_UNROLL
-      for (int v0 = 0; v0 < kTileRows * kD / 4; v0 += kThreads) {
-        const auto q = x.load4(t, (x.thread() + v0) * 4);
-        s = s + ((q.x + q.y) + (q.z + q.w));
-      }
-      x.mbar_arrive_warp(empty + j % kStages);  // this warp is done with the slot
-      issue(j + kStages);                         // thread 0, once every warp is
-    }
-    s = x.warp_sum(s);
-    const std::int64_t block = std::int64_t{x.block_y()} * x.grid_x() + x.block_x();
-    x.store(p.out + block * kWarps, x.warp(), s, x.lane() == 0);
-  }
-};
-
 // Each thread runs 8 independent fma chains of `iters` steps and stores their sum.
 struct FmaPeakParams {
   float* out;
