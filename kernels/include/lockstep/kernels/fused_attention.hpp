@@ -966,14 +966,6 @@ struct FusedHalfPackTiled {
 // at head_dim 128 with a double-buffered stage and 1.7-11% with a single one (runs 91, 92): the
 // loop is at 255 registers and issue-bound, and each piece adds to it.
 //
-// Note [longest first]
-// With a causal mask, the ticket of a packing kernel's block gives it its kv head's query tiles
-// in reverse order: the tiles that see the most keys start first and the grid ends with short
-// blocks, as FusedBlock's reverse_causal does for Exact (at 16x16x1024x64 causal a block's keys
-// run from one tile to 16, and in increasing order the last tickets were the longest blocks).
-// Which block computes a tile changes, not how: the same bits (tested against the packing
-// launch). The packing work goes by the ticket's index u, not by the tile.
-//
 // Note [early query loads]
 // With the softmax on the SFU (Note [hardware exp2 on the tensor-core path]), Nsight Compute at
 // 16x16x1024x64 causal (run 98) put 38% of the packing kernel's warp samples before the first
@@ -1066,9 +1058,7 @@ struct FusedAttentionWgmma {
       const int next = kvi + 1;
       // Note [early query loads]: at head_dim 64, Q's loads are in flight during the packing
       // loads, so the block waits for memory once where it waited twice.
-      // Note [longest first]: causal tiles that see the most keys take the first tickets.
-      const int tq = u % tiles_q;
-      const FusedBlock fb(p, b, hk * group + u / tiles_q, p.causal ? tiles_q - 1 - tq : tq, kRows);
+      const FusedBlock fb(p, b, hk * group + u / tiles_q, u % tiles_q, kRows);
       constexpr bool kEarlyQ = D == 64;
       F qv[D / 16][4][2];
       if constexpr (kEarlyQ) load_q(x, fb, qv);
