@@ -230,6 +230,9 @@ TEST_P(Attention, DecodeScheduleVariantsGiveTheSameBytes) {
         EXPECT_TRUE(same(a, e4)) << "registers vs a ring of 4 async 16-row tiles";
         EXPECT_TRUE(same(a, f3)) << "registers vs a ring of 3 async tiles, one head per block";
         EXPECT_TRUE(same(a, g4)) << "registers vs a ring of 4 async tiles, two heads per block";
+        // Note [decode timeline]: the diagnostic variant computes what the default does.
+        const auto tl = run_decode_variant<DecodeChunk<D, 4, 1, 4, true>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        EXPECT_TRUE(same(a, tl)) << "registers vs the timeline variant";
         // Note [merge schedule]: 4 blocks per head, all chunks in one round trip.
         const auto m16 = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D, 16>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
         const auto sl = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D, 32, 4, 1>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);

@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
+#include <optional>
 #include <string>
 #include <type_traits>
 
 #include "checks.hpp"
+#include "lockstep/buffer.hpp"
 #include "lockstep/kernels/launch.hpp"
 
 namespace lockstep::detail {
@@ -81,6 +84,33 @@ int one_grid_knob() {
   static const int n = env_knob("LOCKSTEP_DECODE_ONE_GRID", 0);
   return n;
 }
+// LOCKSTEP_DECODE_TIMELINE=<file>: a diagnostic (Note [decode timeline] in kernels/decode.hpp).
+// At head_dim 128 with 4 query heads per block, each call runs the chunk kernel's timeline
+// variant, waits for it and appends its blocks' marks to the file.
+const std::string& timeline_path() {
+  static const std::string path = [] {
+    const char* v = std::getenv("LOCKSTEP_DECODE_TIMELINE");
+    return std::string(v != nullptr ? v : "");
+  }();
+  return path;
+}
+// Appends one call's timeline: a header, then per block "x y sm" and its marks 0-5 in ns from
+// the call's first mark 0.
+void dump_timeline(Stream& s, const Buffer<float>& tl, Dim3 grid, const kernels::DecodeParams& p) {
+  const auto words = tl.to_vector(s);
+  const auto* t = reinterpret_cast<const std::uint64_t*>(words.data());
+  const std::size_t blocks = std::size_t(grid.x) * grid.y * grid.z;
+  std::uint64_t t0 = ~std::uint64_t{0};
+  for (std::size_t b = 0; b < blocks; ++b) t0 = std::min(t0, t[b * 8]);
+  std::ofstream f(timeline_path(), std::ios::app);
+  f << "# rows " << p.rows << " H " << p.H << " Hkv " << p.Hkv << " chunks " << p.max_chunks << " grid " << grid.x
+    << " " << grid.y << " " << grid.z << "\n";
+  for (std::size_t b = 0; b < blocks; ++b) {
+    f << b % grid.x << ' ' << (b / grid.x) % grid.y << ' ' << t[b * 8 + 6];
+    for (int k = 0; k < 6; ++k) f << ' ' << (t[b * 8 + k] >= t0 ? t[b * 8 + k] - t0 : 0);
+    f << '\n';
+  }
+}
 int stages_knob() {
   static const int ns = env_knob("LOCKSTEP_DECODE_STAGES", -1);
   return ns;
@@ -104,6 +134,9 @@ void with_chunk_variant(int g, F&& f) {
   }
   if constexpr (D <= 64) {
     if (g == 8) return f.template operator()<DecodeChunk<D, 8, 1, 4>>();
+  }
+  if constexpr (D == 128) {
+    if (g == 4 && !timeline_path().empty()) return f.template operator()<DecodeChunk<128, 4, 1, 4, true>>();
   }
   if constexpr (D <= 128) {
     if (g == 4) return f.template operator()<DecodeChunk<D, 4, 1, 4>>();
@@ -191,6 +224,17 @@ int launch_chunk_and_merge(Stream& s, kernels::DecodeParams p, int g, Dim3 chunk
                            Dim3 merge_grid) {
   int launches = 0;
   bool folded = false, one_grid = false;
+  // Note [decode timeline]: the marks' buffer, 8 words per chunk block.
+  std::optional<Buffer<float>> tl;
+  if (D == 128 && g == 4 && !timeline_path().empty()) {
+    tl.emplace(s.device().shared_from_this(), std::size_t(chunk_grid.x) * chunk_grid.y * chunk_grid.z * 16);
+    p.timeline = reinterpret_cast<std::uint64_t*>(tl->data().get());
+    StreamAccess::fill32(s, p.timeline, 0, tl->size());  // marks a path never reaches stay 0
+  }
+  const auto done = [&](int n) {
+    if (tl) dump_timeline(s, *tl, chunk_grid, p);
+    return n;
+  };
   if (diag_only_knob() != 2) {
     with_chunk_variant<D>(g, [&]<class K>() {
       folded = fold_merge<K>(p);
@@ -209,10 +253,10 @@ int launch_chunk_and_merge(Stream& s, kernels::DecodeParams p, int g, Dim3 chunk
       ++launches;
     });
   }
-  if (diag_only_knob() == 1 || folded || one_grid) return launches;
+  if (diag_only_knob() == 1 || folded || one_grid) return done(launches);
   ++launches;
   with_merge_variant<D>(s, p, merge_grid, [&]<class M>(Dim3 mg) { launch_with_shared<M>(s, p, mg); });
-  return launches;
+  return done(launches);
 }
 }  // namespace
 

@@ -49,6 +49,18 @@ struct CudaExec {
     return p;
   }
   __device__ __forceinline__ void sync() const { __syncthreads(); }
+  // Diagnostics (Note [decode timeline] in kernels/decode.hpp): the global nanosecond timer and
+  // the multiprocessor that runs the block.
+  __device__ __forceinline__ std::uint64_t timestamp_ns() const {
+    std::uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+  }
+  __device__ __forceinline__ int sm_id() const {
+    unsigned s;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+    return static_cast<int>(s);
+  }
 
   template <class T>
   __device__ __forceinline__ T load_uniform(const T* p) const {

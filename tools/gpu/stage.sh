@@ -9,7 +9,7 @@ cp "$root/$build"/tests/lockstep_tests "$root/$build"/proptests/lockstep_proptes
    "$root/$build"/apps/lockstep "$root/$build"/bench/lockstep-bench "$root/.gpu/"
 cp -L "$root/$build"/liblockstep.so.0 /lib/x86_64-linux-gnu/libtbb.so.12 \
    /lib/x86_64-linux-gnu/libhwy.so.1 "$root/.gpu/"
-cp "$root"/tools/gpu/run.sh "$root/.gpu/"
+cp "$root"/tools/gpu/run.sh "$root"/tools/gpu/decode_timeline.py "$root/.gpu/"
 [ -d "$root/bench/peers" ] && cp "$root"/bench/peers/*.py "$root/.gpu/" 2>/dev/null || true
 (cd "$root" && git rev-parse HEAD) > "$root/.gpu/COMMIT"
 du -sh "$root/.gpu"

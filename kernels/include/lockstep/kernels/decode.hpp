@@ -72,6 +72,8 @@ struct DecodeParams {
   float* v_append;
   std::int32_t* status;
   InlineInts inline_lengths;  // when lengths is null and count > 0 (Note [inline positions])
+  // Note [decode timeline]: [chunk grid blocks][8] timestamps, read by the TL variant only.
+  std::uint64_t* timeline;
 };
 
 // Note [row-major decode]
@@ -498,7 +500,14 @@ struct DecodeChunkBound<true, N> {
 // is computed, and no registers hold loads in flight. The arithmetic reads the same values in the
 // same order as with NS = 0 (loads straight into registers), so the bits are the same (tested);
 // rows past the length are zero-filled, never read, as the masked loads give zeros.
-template <int D, int G, int RB = default_row_batch(D, G), int NS = 0>
+// Note [decode timeline]
+// A diagnostic: DecodeChunk<..., TL = true> (registered at head_dim 128 with 4 heads per block,
+// chosen by LOCKSTEP_DECODE_TIMELINE=<file>, which launch_decode then appends to) has thread 0
+// of each block write p.timeline[block * 8 + k]: the global timer at the block's start (k = 0),
+// when its first K tile has landed (1), at the end of the scores (2), of the softmax (3), of
+// P x V (4) and once its partials are stored (5), and its multiprocessor (6). The arithmetic is
+// the default kernel's; the variant only measures where a block's time goes.
+template <int D, int G, int RB = default_row_batch(D, G), int NS = 0, bool TL = false>
 struct DecodeChunk
     : DecodeChunkBound<(NS == 4 && G >= 4 && D != 96), decode_chunk_blocks_per_sm(D, G)> {
   static_assert(D % 32 == 0 && D <= 256, "head_dim: a multiple of 32, at most 256");
@@ -565,6 +574,22 @@ struct DecodeChunk
     chunk_block(x, p, BlockAt{x.block_x(), x.block_y(), x.block_z(), x.grid_y(), x.grid_z()});
   }
 
+  // Note [decode timeline]: mark k of the block at c (thread 0).
+  template <class X>
+  LOCKSTEP_HD static void mark(X& x, const Params& p, const BlockAt& c, int k) {
+    if constexpr (TL) {
+      if (p.timeline != nullptr) {
+        const std::int64_t b = (std::int64_t{c.z} * c.gy + c.y) * p.max_chunks + c.x;
+        const std::uint64_t v = k == 6 ? static_cast<std::uint64_t>(x.sm_id()) : x.timestamp_ns();
+        if constexpr (X::kIsCpu) {
+          p.timeline[b * 8 + k] = v;  // the block is one thread of the host
+        } else {
+          if (x.thread() == 0) p.timeline[b * 8 + k] = v;
+        }
+      }
+    }
+  }
+
   // Note [row-major decode]: the chunk's phases on the CPU device, row by row
   // (backends/cpu/lanes.hpp).
   template <class X>
@@ -608,6 +633,8 @@ struct DecodeChunk
     const I row_in_iter = x.warp() * 4 + (lane >> 3);  // 16 rows per block iteration
 
     int merge_r = -1;  // Note [folded merge]: the row this block merges, if any
+    mark(x, p, c, 0);
+    mark(x, p, c, 6);
     for (int r = c.z; r < p.rows; r += c.gz) {
       const int len = row_length(x, p, r);
       const int t0 = chunk * kDecodeChunk;
@@ -690,6 +717,9 @@ struct DecodeChunk
           x.sync();
           kt = ring + (it / kTileRows % NS) * kTileRows * D;
           kt_row0 = it;
+          if constexpr (TL) {
+            if (it == 0) mark(x, p, c, 1);
+          }
         }
         Q4 kq[kRowBatch][kQuads];
         LOCKSTEP_UNROLL
@@ -728,6 +758,7 @@ struct DecodeChunk
         }
       }
       x.sync();
+      mark(x, p, c, 2);
 
       // Phase 2: chunk max and sum per head. Note [softmax per warp]: with at least as many heads
       // as warps, warp w computes heads w, w + kWarps, ...; with fewer, every warp computes every
@@ -753,6 +784,7 @@ struct DecodeChunk
         x.store(ml, g * (p.max_chunks * 2) + lane, x.select(lane == 0, m, l), writes & (lane < 2));
       }
       x.sync();
+      mark(x, p, c, 3);
 
       // Phase 3: P x V. Lane layout as in phase 1; each lane accumulates its 16 rows.
       F acc[G][kQuads][4];
@@ -799,6 +831,7 @@ struct DecodeChunk
           issue_tile(x, ring, kb, vb, kTiles + it / kTileRows + NS, live, nrow, kn, vn);
         }
       }
+      mark(x, p, c, 4);
       // The 4 row groups of a warp (lanes l8, l8 + 8, l8 + 16, l8 + 24), then the 4 warps.
       LOCKSTEP_UNROLL
       for (int g = 0; g < G; ++g)
@@ -825,6 +858,7 @@ struct DecodeChunk
         }
       }
       x.sync();  // S, P and O are reused by the next row
+      mark(x, p, c, 5);
       if (counter != nullptr && finish_row(x, p, counter)) merge_r = r;
     }
     // Note [folded merge]: after the loop, whose invariants (addresses, lane indices) then no
