@@ -833,17 +833,38 @@ struct DecodeChunk
       }
       mark(x, p, c, 4);
       // The 4 row groups of a warp (lanes l8, l8 + 8, l8 + 16, l8 + 24), then the 4 warps.
-      LOCKSTEP_UNROLL
-      for (int g = 0; g < G; ++g)
+      // Note [epilogue reduce-scatter]: element (g, qd, j) of the warp's sum is
+      // (a0 + a8) + (a16 + a24), the accumulators of lanes l8, l8 + 8, l8 + 16 and l8 + 24, as
+      // the butterflies a + shfl_xor(a, 8), then a + shfl_xor(a, 16) give it on lane l8. Those
+      // butterflies took two shuffles per accumulator (128 per lane at head_dim 128 with 4
+      // heads), and a block's four warps shuffled for about 1 us at the end of every chunk
+      // (run 107's timeline; the shuffle pipe does one warp per clock). Here the four row groups
+      // split the work by j: over lane bit 3, row groups 0 and 2 keep j = 0, 1 and send j = 2, 3
+      // (1 and 3 the reverse), adding what they receive; over lane bit 4, they keep one j of
+      // their two. Row group r ends with j = 2 (r & 1) + (r >> 1) of every (g, qd): each element
+      // is the same two additions of the same pairs (IEEE addition is commutative, so which
+      // operand comes first does not change the bits: NaN payloads aside, as everywhere,
+      // docs/numerics.md), for a quarter of the shuffles' results and 48 shuffles per lane
+      // instead of 128. Every lane stores its quarter: G * kQuads stores instead of 4 G kQuads on
+      // a quarter of the lanes.
+      {
+        const B hi1 = ((lane >> 3) & 1) == 1;  // keeps j = 2, 3 (else 0, 1)
+        const B hi2 = ((lane >> 4) & 1) == 1;  // keeps the second of its two
+        const I jj = x.select(hi1, lane * 0 + 2, lane * 0) + x.select(hi2, lane * 0 + 1, lane * 0);
         LOCKSTEP_UNROLL
-        for (int qd = 0; qd < kQuads; ++qd)
+        for (int g = 0; g < G; ++g)
           LOCKSTEP_UNROLL
-          for (int j = 0; j < 4; ++j) {
-            F a = acc[g][qd][j];
-            a = a + x.shfl_xor(a, 8);
-            a = a + x.shfl_xor(a, 16);
-            x.store(O, (x.warp() * G + g) * D + (l8 + qd * 8) * 4 + j, a, lane < 8);
+          for (int qd = 0; qd < kQuads; ++qd) {
+            F s1[2];
+            LOCKSTEP_UNROLL
+            for (int jl = 0; jl < 2; ++jl) {
+              const F lo = acc[g][qd][jl], hi = acc[g][qd][jl + 2];
+              s1[jl] = x.select(hi1, hi, lo) + x.shfl_xor(x.select(hi1, lo, hi), 8);
+            }
+            const F s2 = x.select(hi2, s1[1], s1[0]) + x.shfl_xor(x.select(hi2, s1[0], s1[1]), 16);
+            x.store(O, (x.warp() * G + g) * D + (l8 + qd * 8) * 4 + jj, s2);
           }
+      }
       x.sync();
       LOCKSTEP_UNROLL
       for (int g = 0; g < G; ++g) {
