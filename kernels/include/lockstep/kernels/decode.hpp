@@ -486,16 +486,6 @@ constexpr int decode_chunk_blocks_per_sm(int D, int G) {
 // blocks per SM instead of 4); they are held to the blocks per SM they had before
 // (decode_chunk_blocks_per_sm) by a launch bound, except at head_dim 96, where the bound of 5
 // blocks spilled 8 bytes per thread (ptxas) and the kernel keeps its 123 registers (4 blocks).
-// Note [epilogue reduce-scatter] gave the one-head kernels at head_dim 32 and 64 and the
-// two-head one at 64 more registers unbounded (95 instead of 72, 70 instead of 64, 72 instead of
-// 64: 5, 7 and 7 blocks per SM instead of 7, 8 and 8); they are held to 7, 8 and 8 (ptxas: 72,
-// 56 and 56 registers, no spills).
-constexpr int decode_chunk_min_blocks(int D, int G, int RB, int NS) {
-  if (NS == 4 && G >= 4 && D != 96) return decode_chunk_blocks_per_sm(D, G);
-  if (NS == 4 && RB == 1 && D == 32 && G == 1) return 7;
-  if (NS == 4 && RB == 1 && D == 64 && G <= 2) return 8;
-  return 0;
-}
 template <bool Bound, int N>
 struct DecodeChunkBound {};
 template <int N>
@@ -519,7 +509,7 @@ struct DecodeChunkBound<true, N> {
 // the default kernel's; the variant only measures where a block's time goes.
 template <int D, int G, int RB = default_row_batch(D, G), int NS = 0, bool TL = false>
 struct DecodeChunk
-    : DecodeChunkBound<(decode_chunk_min_blocks(D, G, RB, NS) > 0), decode_chunk_min_blocks(D, G, RB, NS)> {
+    : DecodeChunkBound<(NS == 4 && G >= 4 && D != 96), decode_chunk_blocks_per_sm(D, G)> {
   static_assert(D % 32 == 0 && D <= 256, "head_dim: a multiple of 32, at most 256");
   static_assert(G * D <= 512, "accumulators per thread: G * D / 8 <= 64");
   static constexpr const char* kName = "decode_chunk";
