@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <vector>
@@ -127,11 +128,12 @@ TEST_P(Attention, IncrementalOfLengthZeroGivesZeros) {
 enum class DecodeSync { kKernel, kSignals, kFold, kOneGrid };
 
 // Chunk then Merge over `rows` query rows (row r's q is row r of q; every row reads slot 0's
-// cache) of length len; with counters, checks that they are zero afterwards.
+// cache) of length len; with counters, checks that they are zero afterwards. timeline: the
+// timeline variant's marks (Note [decode timeline]), or null.
 template <class Chunk, class Merge>
 std::vector<float> run_decode(Stream& s, const std::shared_ptr<Device>& dev, const Buffer<float>& q,
                               const Buffer<float>& k, const Buffer<float>& v, int H, int Hkv, int L,
-                              int len, int rows, DecodeSync sync) {
+                              int len, int rows, DecodeSync sync, std::uint64_t* timeline = nullptr) {
   constexpr int D = Chunk::kQuads * 32;
   const int chunks = (L + kernels::kDecodeChunk - 1) / kernels::kDecodeChunk;
   const std::size_t blocks_y = std::size_t(H / Chunk::kHeads);
@@ -153,6 +155,7 @@ std::vector<float> run_decode(Stream& s, const std::shared_ptr<Device>& dev, con
   p.max_len = L;
   p.scale = 1.0f / std::sqrt(float(D));
   p.heads_per_block = Chunk::kHeads;
+  p.timeline = timeline;
   const std::size_t counter_ints = rows * blocks_y * 2 + 1;  // the pairs, then the ticket
   if (sync != DecodeSync::kKernel) p.counters = detail::StreamAccess::counters(s, counter_ints);
   if (sync != DecodeSync::kKernel) p.ticket = p.counters + (counter_ints - 1);
@@ -262,6 +265,44 @@ TEST_P(Attention, DecodeScheduleVariantsGiveTheSameBytes) {
       }
     }
   }
+}
+
+// Note [decode timeline]: with its buffer set, the timeline variant computes the default
+// kernel's bytes, and each block's marks are in order: start <= first K tile <= scores <= softmax
+// <= P x V <= partials stored; a block past the length marks its start only. On the CPU device
+// the test takes the lane path (the row-major path marks the start only).
+TEST_P(Attention, DecodeTimelineMarksEachPhaseInOrder) {
+  using kernels::DecodeChunk;
+  using kernels::DecodeMerge;
+  const bool cpu = dev->id().kind == DeviceKind::kCpu;
+  if (cpu) ::setenv("LOCKSTEP_CPU_DECODE_LANES", "1", 1);
+  constexpr int D = 128, L = 1500, H = 8, Hkv = 2;
+  DecodeInputs<D> in(dev, s(), H, Hkv, L, 99u);
+  const int chunks = (L + kernels::kDecodeChunk - 1) / kernels::kDecodeChunk;
+  const int blocks = chunks * (H / 4);
+  Buffer<float> tl(dev, std::size_t(blocks) * 16);
+  for (int len : {1500, 700}) {
+    SCOPED_TRACE("length " + std::to_string(len));
+    const auto ref = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+    tl.fill(s(), 0.0f);
+    const auto got = run_decode<DecodeChunk<D, 4, 1, 4, true>, DecodeMerge<D>>(
+        s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kKernel,
+        reinterpret_cast<std::uint64_t*>(tl.data().get()));
+    EXPECT_TRUE(same(ref, got)) << "the timeline variant vs the default";
+    const auto words = tl.to_vector(s());
+    std::vector<std::uint64_t> t(words.size() / 2);
+    std::memcpy(t.data(), words.data(), t.size() * sizeof(std::uint64_t));
+    for (int b = 0; b < blocks; ++b) {
+      const std::uint64_t* m = &t[std::size_t(b) * 8];
+      EXPECT_GT(m[0], 0u) << "block " << b << ": its start";
+      if ((b % chunks) * kernels::kDecodeChunk >= len) {
+        for (int k = 1; k < 6; ++k) EXPECT_EQ(m[k], 0u) << "block " << b << " past the length, mark " << k;
+      } else {
+        for (int k = 1; k < 6; ++k) EXPECT_LE(m[k - 1], m[k]) << "block " << b << ", mark " << k;
+      }
+    }
+  }
+  if (cpu) ::unsetenv("LOCKSTEP_CPU_DECODE_LANES");
 }
 
 // Three rows over the same cache (row r's q is row r of in.q): `sync` gives the bytes of the two

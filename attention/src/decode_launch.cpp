@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "checks.hpp"
 #include "lockstep/buffer.hpp"
@@ -98,7 +100,8 @@ const std::string& timeline_path() {
 // the call's first mark 0.
 void dump_timeline(Stream& s, const Buffer<float>& tl, Dim3 grid, const kernels::DecodeParams& p) {
   const auto words = tl.to_vector(s);
-  const auto* t = reinterpret_cast<const std::uint64_t*>(words.data());
+  std::vector<std::uint64_t> t(words.size() / 2);
+  std::memcpy(t.data(), words.data(), t.size() * sizeof(std::uint64_t));
   const std::size_t blocks = std::size_t(grid.x) * grid.y * grid.z;
   std::uint64_t t0 = ~std::uint64_t{0};
   for (std::size_t b = 0; b < blocks; ++b) t0 = std::min(t0, t[b * 8]);

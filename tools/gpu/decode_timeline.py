@@ -6,7 +6,8 @@ for line in open(sys.argv[1]):
     if line.startswith('#'):
         cur = {'hdr': line.strip(), 'b': []}; calls.append(cur); continue
     v = list(map(int, line.split()))
-    cur['b'].append(v)
+    if all(x > 0 for x in v[4:9]):  # a block with every mark (not past the length, not row-major)
+        cur['b'].append(v)
 want = int(sys.argv[2]) if len(sys.argv) > 2 else None
 sel = [c for c in calls if want is None or len(c['b']) == want]
 c = sel[-1] if sel else calls[-1]

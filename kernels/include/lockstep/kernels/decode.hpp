@@ -87,7 +87,9 @@ struct DecodeParams {
 // x.decode_softmax, x.decode_values in backends/cpu/lanes.hpp), reading K and V where they are
 // (no ring), with every stored value computed by the same operations in the same order as the
 // lane that stores it on the GPU: the lane's fma chain, the butterflies with each lane's own
-// value first, the project's exp, the fixed reductions. So the bits are the lane path's (tested
+// value first, the project's exp, the fixed reductions (the lane path's reduce-scatter after
+// P x V adds some pairs with the other operand first, Note [epilogue reduce-scatter]: the same
+// bits, IEEE addition being commutative, NaN payloads aside). So the bits are the lane path's (tested
 // against it on the CPU with LOCKSTEP_CPU_DECODE_LANES=1, and CUDA == CPU on the GPU). This is
 // the one place where a kernel's arithmetic is written a second time, in a backend: the price of
 // a CPU decode that reads its cache at a useful fraction of the DRAM's bandwidth.
