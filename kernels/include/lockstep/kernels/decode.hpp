@@ -719,9 +719,7 @@ struct DecodeChunk
           x.sync();
           kt = ring + (it / kTileRows % NS) * kTileRows * D;
           kt_row0 = it;
-          if constexpr (TL) {
-            if (it == 0) mark(x, p, c, 1);
-          }
+          if (it == 0) mark(x, p, c, 1);
         }
         Q4 kq[kRowBatch][kQuads];
         LOCKSTEP_UNROLL
