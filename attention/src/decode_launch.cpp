@@ -97,22 +97,43 @@ const std::string& timeline_path() {
   return path;
 }
 // Appends one call's timeline: a header, then per block "x y sm" and its marks 0-5 in ns from
-// the call's first mark 0.
-void dump_timeline(Stream& s, const Buffer<float>& tl, Dim3 grid, const kernels::DecodeParams& p) {
-  const auto words = tl.to_vector(s);
-  std::vector<std::uint64_t> t(words.size() / 2);
-  std::memcpy(t.data(), words.data(), t.size() * sizeof(std::uint64_t));
+// the call's first mark 0; then (Note [merge timeline]) a "## merge" header and per merge block
+// "x y sm" and its marks 0-3 from the same origin.
+void dump_timeline(Stream& s, const Buffer<float>& tl, Dim3 grid, const Buffer<float>& mtl, Dim3 merge_grid,
+                   const kernels::DecodeParams& p) {
+  const auto words_of = [&](const Buffer<float>& b) {
+    const auto words = b.to_vector(s);
+    std::vector<std::uint64_t> t(words.size() / 2);
+    std::memcpy(t.data(), words.data(), t.size() * sizeof(std::uint64_t));
+    return t;
+  };
+  const auto t = words_of(tl), m = words_of(mtl);
   const std::size_t blocks = std::size_t(grid.x) * grid.y * grid.z;
   std::uint64_t t0 = ~std::uint64_t{0};
   for (std::size_t b = 0; b < blocks; ++b) t0 = std::min(t0, t[b * 8]);
+  const auto rel = [&](std::uint64_t v) { return v >= t0 ? v - t0 : 0; };
   std::ofstream f(timeline_path(), std::ios::app);
   f << "# rows " << p.rows << " H " << p.H << " Hkv " << p.Hkv << " chunks " << p.max_chunks << " grid " << grid.x
     << " " << grid.y << " " << grid.z << "\n";
   for (std::size_t b = 0; b < blocks; ++b) {
     f << b % grid.x << ' ' << (b / grid.x) % grid.y << ' ' << t[b * 8 + 6];
-    for (int k = 0; k < 6; ++k) f << ' ' << (t[b * 8 + k] >= t0 ? t[b * 8 + k] - t0 : 0);
+    for (int k = 0; k < 6; ++k) f << ' ' << rel(t[b * 8 + k]);
     f << '\n';
   }
+  const std::size_t mblocks = std::size_t(merge_grid.x) * merge_grid.y;
+  if (mblocks == 0) return;  // the merge was folded or not launched
+  f << "## merge grid " << merge_grid.x << " " << merge_grid.y << "\n";
+  for (std::size_t b = 0; b < mblocks && (b + 1) * 8 <= m.size(); ++b) {
+    f << b % merge_grid.x << ' ' << b / merge_grid.x << ' ' << m[b * 8 + 6];
+    for (int k = 0; k < 4; ++k) f << ' ' << rel(m[b * 8 + k]);
+    f << '\n';
+  }
+}
+// LOCKSTEP_DECODE_MERGE_FINAL_WAIT=0: measurement only, the merge does not wait for the chunk
+// kernel to complete at its end (Note [merge timeline]); the same bits.
+int merge_final_wait_knob() {
+  static const int w = env_knob("LOCKSTEP_DECODE_MERGE_FINAL_WAIT", 1);
+  return w;
 }
 int stages_knob() {
   static const int ns = env_knob("LOCKSTEP_DECODE_STAGES", -1);
@@ -227,15 +248,21 @@ int launch_chunk_and_merge(Stream& s, kernels::DecodeParams p, int g, Dim3 chunk
                            Dim3 merge_grid) {
   int launches = 0;
   bool folded = false, one_grid = false;
-  // Note [decode timeline]: the marks' buffer, 8 words per chunk block.
-  std::optional<Buffer<float>> tl;
+  // Note [decode timeline]: the marks' buffer, 8 words per chunk block; Note [merge timeline]:
+  // 8 per merge block, for up to 4 slices per head.
+  std::optional<Buffer<float>> tl, mtl;
+  Dim3 merge_used{0, 0, 1};
+  p.merge_skip_final_wait = merge_final_wait_knob() == 0 ? 1 : 0;
   if (D == 128 && g == 4 && !timeline_path().empty()) {
     tl.emplace(s.device().shared_from_this(), std::size_t(chunk_grid.x) * chunk_grid.y * chunk_grid.z * 16);
     p.timeline = reinterpret_cast<std::uint64_t*>(tl->data().get());
     StreamAccess::fill32(s, p.timeline, 0, tl->size());  // marks a path never reaches stay 0
+    mtl.emplace(s.device().shared_from_this(), std::size_t(merge_grid.x) * 4 * merge_grid.y * 16);
+    p.merge_timeline = reinterpret_cast<std::uint64_t*>(mtl->data().get());
+    StreamAccess::fill32(s, p.merge_timeline, 0, mtl->size());
   }
   const auto done = [&](int n) {
-    if (tl) dump_timeline(s, *tl, chunk_grid, p);
+    if (tl) dump_timeline(s, *tl, chunk_grid, *mtl, merge_used, p);
     return n;
   };
   if (diag_only_knob() != 2) {
@@ -258,7 +285,10 @@ int launch_chunk_and_merge(Stream& s, kernels::DecodeParams p, int g, Dim3 chunk
   }
   if (diag_only_knob() == 1 || folded || one_grid) return done(launches);
   ++launches;
-  with_merge_variant<D>(s, p, merge_grid, [&]<class M>(Dim3 mg) { launch_with_shared<M>(s, p, mg); });
+  with_merge_variant<D>(s, p, merge_grid, [&]<class M>(Dim3 mg) {
+    launch_with_shared<M>(s, p, mg);
+    merge_used = mg;
+  });
   return done(launches);
 }
 }  // namespace

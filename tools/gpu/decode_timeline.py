@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 # Reads a LOCKSTEP_DECODE_TIMELINE file (Note [decode timeline]) and summarizes its last call.
 import sys, collections, statistics as st
-calls = []; cur = None
+calls = []; cur = None; in_merge = False
 for line in open(sys.argv[1]):
+    if line.startswith('## merge'):
+        in_merge = True; cur['mhdr'] = line.split()[3:5]; continue
     if line.startswith('#'):
-        cur = {'hdr': line.strip(), 'b': []}; calls.append(cur); continue
+        cur = {'hdr': line.strip(), 'b': [], 'm': []}; calls.append(cur); in_merge = False; continue
     v = list(map(int, line.split()))
-    if all(x > 0 for x in v[4:9]):  # a block with every mark (not past the length, not row-major)
+    if in_merge:
+        if all(x > 0 for x in v[3:7]): cur['m'].append(v)  # x y sm start counter merged final
+    elif all(x > 0 for x in v[4:9]):  # a block with every mark (not past the length, not row-major)
         cur['b'].append(v)
 want = int(sys.argv[2]) if len(sys.argv) > 2 else None
 sel = [c for c in calls if want is None or len(c['b']) == want]
@@ -38,3 +42,17 @@ for t in range(T):
     print('%3d %6.1f %6.1f %6.1f %6.1f %6.1f' % (t, res[t], pre[t], reading[t], soft[t], epi[t]))
 sms = collections.Counter(b[2] for b in B)
 print('SMs used', len(sms), 'blocks per SM min/max', min(sms.values()), max(sms.values()))
+# Note [merge timeline]: per merge block, from the last partials stored of its chunk-grid row y
+# (its kv head group: head = x / slices, y = head / 4 with 4 heads per chunk block).
+M = c['m']
+if M:
+    gx = int(c['mhdr'][0]); H = int(c['hdr'].split()[4]); S = gx // H
+    last = collections.defaultdict(int)
+    for b in B: last[b[1]] = max(last[b[1]], b[8])
+    def q(d): d = sorted(d); return 'min %.2f median %.2f max %.2f' % (d[0], st.median(d), d[-1])
+    print('merge blocks', len(M), 'slices', S)
+    print('  start (from first chunk start)      ', q([m[3] / 1e3 for m in M]))
+    print('  last partials of group -> counter   ', q([(m[4] - last[(m[0] // S) // 4]) / 1e3 for m in M]))
+    print('  counter -> merged                   ', q([(m[5] - m[4]) / 1e3 for m in M]))
+    print('  merged -> after final wait          ', q([(m[6] - m[5]) / 1e3 for m in M]))
+    print('  last chunk partials %.2f us; last merged %.2f; last final %.2f' % (end / 1e3, max(m[5] for m in M) / 1e3, max(m[6] for m in M) / 1e3))

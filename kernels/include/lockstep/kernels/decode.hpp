@@ -74,6 +74,11 @@ struct DecodeParams {
   InlineInts inline_lengths;  // when lengths is null and count > 0 (Note [inline positions])
   // Note [decode timeline]: [chunk grid blocks][8] timestamps, read by the TL variant only.
   std::uint64_t* timeline;
+  // Note [merge timeline]: null, or [merge grid blocks][8] timestamps that the merge writes;
+  // merge_skip_final_wait = 1 (measurement only) drops the merge's final wait for the chunk
+  // kernel.
+  std::uint64_t* merge_timeline;
+  std::int32_t merge_skip_final_wait;
 };
 
 // Note [row-major decode]
@@ -422,12 +427,35 @@ struct DecodeMerge {
 
   template <class X>
   LOCKSTEP_HD static void run(X& x, const Params& p) {
+    mark(x, p, x.block_x(), x.block_y(), 0);
+    mark(x, p, x.block_x(), x.block_y(), 6);
     if (p.counters == nullptr) x.wait_prior_grids();  // else Note [block signals]
     x.allow_dependent_grids();
     merge_block(x, p, x.block_x(), x.block_y(), x.grid_y(), false);
     // With signals the chunk kernel may still be retiring; waiting for it here keeps the rule
     // that a kernel completes after the one before it (Note [overlapped launches]).
-    if (p.counters != nullptr) x.wait_prior_grids();
+    if (p.counters != nullptr && p.merge_skip_final_wait == 0) x.wait_prior_grids();
+    mark(x, p, x.block_x(), x.block_y(), 3);
+  }
+
+  // Note [merge timeline]
+  // A diagnostic beside Note [decode timeline]: with p.merge_timeline set (launch_decode sets it
+  // under LOCKSTEP_DECODE_TIMELINE), thread 0 of merge block (bx, by) writes
+  // p.merge_timeline[(by * H * kSlices + bx) * 8 + k]: the global timer at the block's start
+  // (k = 0), when its counter has reached max_chunks (1), when its row is merged (2), after its
+  // final wait for the chunk kernel (3), and its multiprocessor (6); a block of several rows
+  // keeps its last row's marks. A runtime check, not a template variant: the merge is one round
+  // trip of loads and its registers do not set the chunk kernel's occupancy.
+  template <class X>
+  LOCKSTEP_HD static void mark(X& x, const Params& p, int bx, int by, int k) {
+    if (p.merge_timeline == nullptr) return;
+    const std::int64_t b = std::int64_t{by} * p.H * kSlices + bx;
+    const std::uint64_t v = k == 6 ? static_cast<std::uint64_t>(x.sm_id()) : x.timestamp_ns();
+    if constexpr (X::kIsCpu) {
+      p.merge_timeline[b * 8 + k] = v;  // the block is one thread of the host
+    } else {
+      if (x.thread() == 0) p.merge_timeline[b * 8 + k] = v;
+    }
   }
 
   // The work of merge block (bx, by) of a merge grid of gy rows of blocks; same_grid: the chunk
@@ -447,7 +475,9 @@ struct DecodeMerge {
         counter = p.counters + (std::int64_t{r} * (p.H / p.heads_per_block) + h / p.heads_per_block) * 2;
         ticket = x.wait_signals(counter, p.max_chunks, same_grid);
       }
+      mark(x, p, bx, by, 1);
       merge_heads<1>(x, p, r, h, d0, sm);
+      mark(x, p, bx, by, 2);
       if (counter != nullptr) x.release_signals(counter, ticket, p.heads_per_block * kSlices);
     }
   }
