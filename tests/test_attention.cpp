@@ -129,13 +129,13 @@ enum class DecodeSync { kKernel, kSignals, kFold, kOneGrid };
 
 // Chunk then Merge over `rows` query rows (row r's q is row r of q; every row reads slot 0's
 // cache) of length len; with counters, checks that they are zero afterwards. timeline: the
-// timeline variant's marks (Note [decode timeline]), or null; merge_timeline and
-// skip_final_wait: Note [merge timeline].
+// timeline variant's marks (Note [decode timeline]), or null; merge_timeline: Note [merge
+// timeline].
 template <class Chunk, class Merge>
 std::vector<float> run_decode(Stream& s, const std::shared_ptr<Device>& dev, const Buffer<float>& q,
                               const Buffer<float>& k, const Buffer<float>& v, int H, int Hkv, int L,
                               int len, int rows, DecodeSync sync, std::uint64_t* timeline = nullptr,
-                              std::uint64_t* merge_timeline = nullptr, int skip_final_wait = 0) {
+                              std::uint64_t* merge_timeline = nullptr) {
   constexpr int D = Chunk::kQuads * 32;
   const int chunks = (L + kernels::kDecodeChunk - 1) / kernels::kDecodeChunk;
   const std::size_t blocks_y = std::size_t(H / Chunk::kHeads);
@@ -159,7 +159,6 @@ std::vector<float> run_decode(Stream& s, const std::shared_ptr<Device>& dev, con
   p.heads_per_block = Chunk::kHeads;
   p.timeline = timeline;
   p.merge_timeline = merge_timeline;
-  p.merge_skip_final_wait = skip_final_wait;
   const std::size_t counter_ints = rows * blocks_y * 2 + 1;  // the pairs, then the ticket
   if (sync != DecodeSync::kKernel) p.counters = detail::StreamAccess::counters(s, counter_ints);
   if (sync != DecodeSync::kKernel) p.ticket = p.counters + (counter_ints - 1);
@@ -309,25 +308,25 @@ TEST_P(Attention, DecodeTimelineMarksEachPhaseInOrder) {
   if (cpu) ::unsetenv("LOCKSTEP_CPU_DECODE_LANES");
 }
 
-// Note [merge timeline]: with its buffer set, and without its final wait, the merge gives the
-// default's bytes and leaves the counters zero (run_decode checks), and each merge block marks
-// start <= counter reached <= merged <= after the final wait, and its multiprocessor.
+// Note [merge timeline]: with its buffer set, the timeline merge gives the default's bytes and
+// leaves the counters zero (run_decode checks), and each merge block marks start <= counter
+// reached <= merged <= after the final wait, and its multiprocessor.
 TEST_P(Attention, DecodeMergeTimelineMarksInOrder) {
   using kernels::DecodeChunk;
-  using Sliced = kernels::DecodeMerge<128, 32, 4, 1>;
+  using Sliced = kernels::DecodeMerge<128, 32, 4, 1, true>;
   constexpr int D = 128, L = 1500, H = 8, Hkv = 2;
   DecodeInputs<D> in(dev, s(), H, Hkv, L, 98u);
   const int blocks = H * Sliced::kSlices;
   Buffer<float> mtl(dev, std::size_t(blocks) * 16);
   for (int len : {1500, 700}) {
-    for (int skip : {0, 1}) {
-      SCOPED_TRACE("length " + std::to_string(len) + (skip ? ", no final wait" : ""));
+    {
+      SCOPED_TRACE("length " + std::to_string(len));
       const auto ref = run_decode<DecodeChunk<D, 4, 1, 4>, kernels::DecodeMerge<D>>(
           s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kSignals);
       mtl.fill(s(), 0.0f);
       const auto got = run_decode<DecodeChunk<D, 4, 1, 4>, Sliced>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1,
                                                                     DecodeSync::kSignals, nullptr,
-                                                                    reinterpret_cast<std::uint64_t*>(mtl.data().get()), skip);
+                                                                    reinterpret_cast<std::uint64_t*>(mtl.data().get()));
       EXPECT_TRUE(same(ref, got)) << "the merge with its marks vs the default";
       const auto words = mtl.to_vector(s());
       std::vector<std::uint64_t> t(words.size() / 2);

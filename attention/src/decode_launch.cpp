@@ -129,12 +129,6 @@ void dump_timeline(Stream& s, const Buffer<float>& tl, Dim3 grid, const Buffer<f
     f << '\n';
   }
 }
-// LOCKSTEP_DECODE_MERGE_FINAL_WAIT=0: measurement only, the merge does not wait for the chunk
-// kernel to complete at its end (Note [merge timeline]); the same bits.
-int merge_final_wait_knob() {
-  static const int w = env_knob("LOCKSTEP_DECODE_MERGE_FINAL_WAIT", 1);
-  return w;
-}
 int stages_knob() {
   static const int ns = env_knob("LOCKSTEP_DECODE_STAGES", -1);
   return ns;
@@ -215,8 +209,12 @@ void with_merge_variant(const Stream& s, const kernels::DecodeParams& p, Dim3 me
     // one round trip. Otherwise a batch just large enough for the cache's rows, so that few
     // loads are masked off. The bits do not depend on these choices (Note [merge schedule]).
     using Sliced = kernels::DecodeMerge<128, 32, 4, 1>;
-    if (mb == 0 && std::int64_t{merge_grid.x} * merge_grid.y < s.device().caps().multiprocessors)
-      return f.template operator()<Sliced>(Dim3{merge_grid.x * Sliced::kSlices, merge_grid.y, 1});
+    if (mb == 0 && std::int64_t{merge_grid.x} * merge_grid.y < s.device().caps().multiprocessors) {
+      const Dim3 sliced{merge_grid.x * Sliced::kSlices, merge_grid.y, 1};
+      if (!timeline_path().empty())  // Note [merge timeline]
+        return f.template operator()<kernels::DecodeMerge<128, 32, 4, 1, true>>(sliced);
+      return f.template operator()<Sliced>(sliced);
+    }
     if (mb == 0 && p.max_chunks <= 8) return f.template operator()<kernels::DecodeMerge<128, 2>>(merge_grid);
     if (mb == 0 && p.max_chunks <= 16) return f.template operator()<kernels::DecodeMerge<128, 4>>(merge_grid);
   }
@@ -252,7 +250,6 @@ int launch_chunk_and_merge(Stream& s, kernels::DecodeParams p, int g, Dim3 chunk
   // 8 per merge block, for up to 4 slices per head.
   std::optional<Buffer<float>> tl, mtl;
   Dim3 merge_used{0, 0, 1};
-  p.merge_skip_final_wait = merge_final_wait_knob() == 0 ? 1 : 0;
   if (D == 128 && g == 4 && !timeline_path().empty()) {
     tl.emplace(s.device().shared_from_this(), std::size_t(chunk_grid.x) * chunk_grid.y * chunk_grid.z * 16);
     p.timeline = reinterpret_cast<std::uint64_t*>(tl->data().get());

@@ -753,6 +753,11 @@ class CpuExec {
         for (int k = 0; k < 4; ++k) dst[doffs[i] + k] = act[i] ? src[soffs[i] + k] : T{};
     }
   }
+  // As copy4_async: the GPU's L2 evict-first hint has no meaning here (backends/cuda/cuda_exec.cuh).
+  template <class T, LaneExpr DO, LaneExpr SO, class M>
+  void copy4_async_stream(T* dst, DO&& doff, const T* src, SO&& soff, M&& mask) const {
+    copy4_async(dst, std::forward<DO>(doff), src, std::forward<SO>(soff), std::forward<M>(mask));
+  }
   // As copy4_async, but lanes whose mask is false write nothing (backends/cuda/cuda_exec.cuh).
   template <class T, LaneExpr DO, LaneExpr SO, class M>
   void copy4_async_some(T* dst, DO&& doff, const T* src, SO&& soff, M&& mask) const {

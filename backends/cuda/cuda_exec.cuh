@@ -107,6 +107,24 @@ struct CudaExec {
     store4(dst, doff, load4(src, soff, m));
 #endif
   }
+  // As copy4_async, for data that a kernel reads once (the decode's K and V tiles): the copy
+  // carries an L2 evict-first policy, so the stream does not push out of the L2 the lines that
+  // are read again soon (the chunk partials that the merge reads: Note [streamed tiles] in
+  // kernels/decode.hpp). A cache hint: the bytes copied are the same.
+  __device__ __forceinline__ void copy4_async_stream(float* dst, int doff, const float* src, int soff,
+                                                     bool m) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst + doff));
+    const float* s = m ? src + soff : src;
+    std::uint64_t policy;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(d), "l"(s),
+                 "r"(m ? 16 : 0), "l"(policy)
+                 : "memory");
+#else
+    copy4_async(dst, doff, src, soff, m);
+#endif
+  }
   // As copy4_async, but a lane whose mask is false issues nothing (no zero fill): two such
   // copies with disjoint masks may fill one tile from two sources.
   __device__ __forceinline__ void copy4_async_some(float* dst, int doff, const float* src, int soff,

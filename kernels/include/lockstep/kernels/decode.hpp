@@ -74,11 +74,8 @@ struct DecodeParams {
   InlineInts inline_lengths;  // when lengths is null and count > 0 (Note [inline positions])
   // Note [decode timeline]: [chunk grid blocks][8] timestamps, read by the TL variant only.
   std::uint64_t* timeline;
-  // Note [merge timeline]: null, or [merge grid blocks][8] timestamps that the merge writes;
-  // merge_skip_final_wait = 1 (measurement only) drops the merge's final wait for the chunk
-  // kernel.
+  // Note [merge timeline]: null, or [merge grid blocks][8] timestamps that the TL merge writes.
   std::uint64_t* merge_timeline;
-  std::int32_t merge_skip_final_wait;
 };
 
 // Note [row-major decode]
@@ -221,7 +218,7 @@ struct BlockAt {
 // needed; for a row of one batch (the common case) they are in flight together with the chunk
 // maxima and sums, so the whole merge waits for one round trip. MB, S and VW move loads and
 // threads, never arithmetic: the same bits for every choice (tested).
-template <int D, int MB = D / 16, int S = 1, int VW = 4>
+template <int D, int MB = D / 16, int S = 1, int VW = 4, bool TL = false>
 struct DecodeMerge {
   static constexpr const char* kName = "decode_merge";
   static constexpr int kGroups = 512 / D;  // part of the fold order (Note [merge order]): fixed
@@ -434,27 +431,30 @@ struct DecodeMerge {
     merge_block(x, p, x.block_x(), x.block_y(), x.grid_y(), false);
     // With signals the chunk kernel may still be retiring; waiting for it here keeps the rule
     // that a kernel completes after the one before it (Note [overlapped launches]).
-    if (p.counters != nullptr && p.merge_skip_final_wait == 0) x.wait_prior_grids();
+    if (p.counters != nullptr) x.wait_prior_grids();
     mark(x, p, x.block_x(), x.block_y(), 3);
   }
 
   // Note [merge timeline]
-  // A diagnostic beside Note [decode timeline]: with p.merge_timeline set (launch_decode sets it
-  // under LOCKSTEP_DECODE_TIMELINE), thread 0 of merge block (bx, by) writes
-  // p.merge_timeline[(by * H * kSlices + bx) * 8 + k]: the global timer at the block's start
-  // (k = 0), when its counter has reached max_chunks (1), when its row is merged (2), after its
-  // final wait for the chunk kernel (3), and its multiprocessor (6); a block of several rows
-  // keeps its last row's marks. A runtime check, not a template variant: the merge is one round
-  // trip of loads and its registers do not set the chunk kernel's occupancy.
+  // A diagnostic beside Note [decode timeline]: DecodeMerge<..., TL = true> (registered for the
+  // sliced merge at head_dim 128, which launch_decode picks under LOCKSTEP_DECODE_TIMELINE) has
+  // thread 0 of merge block (bx, by) write p.merge_timeline[(by * H * kSlices + bx) * 8 + k] when
+  // it is set: the global timer at the block's start (k = 0), when its counter has reached
+  // max_chunks (1), when its row is merged (2), after its final wait for the chunk kernel (3),
+  // and its multiprocessor (6); a block of several rows keeps its last row's marks. A template
+  // variant, not a runtime check: run 111 had the check in the default merge, which ptxas then
+  // gave 64 registers instead of 104, and B=1 L=32768 took 0.5-1 us longer.
   template <class X>
   LOCKSTEP_HD static void mark(X& x, const Params& p, int bx, int by, int k) {
-    if (p.merge_timeline == nullptr) return;
-    const std::int64_t b = std::int64_t{by} * p.H * kSlices + bx;
-    const std::uint64_t v = k == 6 ? static_cast<std::uint64_t>(x.sm_id()) : x.timestamp_ns();
-    if constexpr (X::kIsCpu) {
-      p.merge_timeline[b * 8 + k] = v;  // the block is one thread of the host
-    } else {
-      if (x.thread() == 0) p.merge_timeline[b * 8 + k] = v;
+    if constexpr (TL) {
+      if (p.merge_timeline == nullptr) return;
+      const std::int64_t b = std::int64_t{by} * p.H * kSlices + bx;
+      const std::uint64_t v = k == 6 ? static_cast<std::uint64_t>(x.sm_id()) : x.timestamp_ns();
+      if constexpr (X::kIsCpu) {
+        p.merge_timeline[b * 8 + k] = v;  // the block is one thread of the host
+      } else {
+        if (x.thread() == 0) p.merge_timeline[b * 8 + k] = v;
+      }
     }
   }
 
@@ -592,7 +592,7 @@ struct DecodeChunk
         LOCKSTEP_UNROLL
         for (int v0 = 0; v0 < kTileRows * D / 4; v0 += kThreads) {
           const auto v = x.thread() + v0;
-          x.copy4_async(dst, v * 4, src, v * 4 + row0 * D, v < lim);
+          x.copy4_async_stream(dst, v * 4, src, v * 4 + row0 * D, v < lim);  // Note [streamed tiles]
         }
       }
     }

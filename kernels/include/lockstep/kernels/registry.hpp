@@ -41,6 +41,7 @@ using AllKernels = KernelList<
     DecodeChunk<128, 4, 1, 4, true>,  // Note [decode timeline]
     DecodeMerge<32>, DecodeMerge<64>, DecodeMerge<96>, DecodeMerge<128>, DecodeMerge<256>,
     DecodeMerge<128, 32, 4, 1>,  // short rows (few merge blocks): Note [merge schedule]
+    DecodeMerge<128, 32, 4, 1, true>,  // Note [merge timeline]
     DecodeMerge<128, 2>, DecodeMerge<128, 4>, DecodeMerge<128, 16>,  // schedule variants
     DecodeMerge<96, 2, 3, 1>,
     // Note [one grid]: the default chunk kernels with the merges launch_decode picks for them
