@@ -290,6 +290,24 @@ int launch_chunk_and_merge(Stream& s, kernels::DecodeParams p, int g, Dim3 chunk
 }
 }  // namespace
 
+// Note [streamed tiles]: whether the K and V that the call may read (each row's length, or the
+// cache's capacity where the lengths are on the device) are more than the L2 holds, so that no
+// call after it could find them there: then the chunk kernel copies them evict-first.
+static bool streams_past_l2(const Stream& s, const kernels::DecodeParams& p, int D) {
+  const std::uint64_t l2 = s.device().caps().l2_bytes;
+  if (l2 == 0) return false;
+  std::uint64_t tokens = 0;
+  if (p.lengths == nullptr && p.inline_lengths.count == 0) {
+    tokens = std::uint64_t(p.rows) * std::uint64_t(std::max(0, p.length));
+  } else if (p.lengths == nullptr) {  // at most kInlineRows rows
+    for (std::int32_t r = 0; r < p.rows; ++r)
+      tokens += std::uint64_t(std::clamp<std::int64_t>(std::int64_t{p.inline_lengths.v[r]} + p.length_bias, 0, p.max_len));
+  } else {
+    tokens = std::uint64_t(p.rows) * std::uint64_t(p.max_len);
+  }
+  return tokens * std::uint64_t(p.Hkv) * std::uint64_t(D) * 2 * sizeof(float) > l2;
+}
+
 int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int64_t head_dim,
                   std::int64_t max_len) {
   if (p.rows == 0) return 0;
@@ -310,6 +328,7 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
     }
   }
   p.max_chunks = static_cast<std::int32_t>(std::max<std::int64_t>(1, kernels::ceil_div(max_len, kDecodeChunk)));
+  p.kv_evict_first = streams_past_l2(s, p, D) ? 1 : 0;
   p.part_o = workspace;
   p.part_ml = workspace + std::size_t(p.rows) * p.H * p.max_chunks * D;
   // Note [block signals]: a counter pair per (row, block y of the chunk grid). Off for the

@@ -118,6 +118,7 @@ class CudaDevice final : public Device {
     caps_.tensor_cores = p.major >= 7;
     caps_.bit_faithful = true;
     caps_.compute_capability = p.major * 10 + p.minor;
+    caps_.l2_bytes = static_cast<std::uint64_t>(p.l2CacheSize);
     name_ = std::string(p.name) + " (sm_" + std::to_string(p.major) + std::to_string(p.minor) +
             ", " + std::to_string(p.multiProcessorCount) + " SMs)";
     cudaStream_t s;

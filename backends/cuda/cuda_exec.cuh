@@ -107,21 +107,27 @@ struct CudaExec {
     store4(dst, doff, load4(src, soff, m));
 #endif
   }
-  // As copy4_async, for data that a kernel reads once (the decode's K and V tiles): the copy
-  // carries an L2 evict-first policy, so the stream does not push out of the L2 the lines that
-  // are read again soon (the chunk partials that the merge reads: Note [streamed tiles] in
-  // kernels/decode.hpp). A cache hint: the bytes copied are the same.
+  // L2 eviction policies (Note [streamed tiles] in kernels/decode.hpp): evict-first for data
+  // read once, of which there is more than the L2 holds, else evict-normal (the default).
+  __device__ __forceinline__ std::uint64_t l2_policy(bool evict_first) const {
+    std::uint64_t first = 0, normal = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(first));
+    asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(normal));
+#endif
+    return evict_first ? first : normal;
+  }
+  // As copy4_async, under an L2 policy from l2_policy: a cache hint, the same bytes copied.
   __device__ __forceinline__ void copy4_async_stream(float* dst, int doff, const float* src, int soff,
-                                                     bool m) const {
+                                                     bool m, std::uint64_t policy) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst + doff));
     const float* s = m ? src + soff : src;
-    std::uint64_t policy;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
     asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(d), "l"(s),
                  "r"(m ? 16 : 0), "l"(policy)
                  : "memory");
 #else
+    (void)policy;
     copy4_async(dst, doff, src, soff, m);
 #endif
   }

@@ -39,6 +39,7 @@ struct DeviceCaps {
   bool bit_faithful = false;        // CPU device: SIMT kernels return the CUDA bits
   std::string simd_target;          // CPU device: the Highway target running kernels
   int compute_capability = 0;       // CUDA: major*10 + minor
+  std::uint64_t l2_bytes = 0;       // CUDA: the L2 cache; 0 on the CPU device (no L2 hints there)
 };
 
 struct Dim3 {

@@ -53,6 +53,7 @@ struct ReadTilesParams {
   const float* v;
   float* out;
   std::int64_t head_stride;  // floats between heads
+  std::int32_t evict_first;  // 1: the copies carry the decode's L2 evict-first policy (Note [streamed tiles])
 };
 
 struct ReadTiles {
@@ -73,6 +74,7 @@ struct ReadTiles {
     const std::int64_t off = x.block_y() * p.head_stride + std::int64_t{x.block_x()} * kRows * kD;
     const float* kb = p.k + off;
     const float* vb = p.v + off;
+    const std::uint64_t policy = x.l2_policy(p.evict_first != 0);
     auto issue = [&](int j) {
       if (j < 2 * kTiles) {
         const float* src = (j < kTiles ? kb : vb) + (j % kTiles) * kTileRows * kD;
@@ -80,7 +82,7 @@ struct ReadTiles {
         LOCKSTEP_UNROLL
         for (int v0 = 0; v0 < kTileRows * kD / 4; v0 += kThreads) {
           const auto v = x.thread() + v0;
-          x.copy4_async(dst, v * 4, src, v * 4, v < kTileRows * kD / 4);
+          x.copy4_async_stream(dst, v * 4, src, v * 4, v < kTileRows * kD / 4, policy);
         }
       }
       x.async_commit();
@@ -88,17 +90,25 @@ struct ReadTiles {
     LOCKSTEP_UNROLL
     for (int j = 0; j < kStages; ++j) issue(j);
     F s = 0.0f;
-    for (int j = 0; j < 2 * kTiles; ++j) {
-      x.template async_wait<kStages - 1>();
-      x.sync();
-      const float* t = ring + (j % kStages) * kTileRows * kD;
+    // Unrolled by the ring's size, so that each tile's slot is a constant: with a slot computed at
+    // run time, ptxas 13.0 addressed the shared memory through a uniform register and gave the
+    // hinted copies a descriptor register that nothing set (Note [streamed tiles]).
+    static_assert(2 * kTiles % kStages == 0, "whole turns of the ring");
+    for (int j0 = 0; j0 < 2 * kTiles; j0 += kStages) {
       LOCKSTEP_UNROLL
-      for (int v0 = 0; v0 < kTileRows * kD / 4; v0 += kThreads) {
-        const auto q = x.load4(t, (x.thread() + v0) * 4);
-        s = s + ((q.x + q.y) + (q.z + q.w));
+      for (int jj = 0; jj < kStages; ++jj) {
+        const int j = j0 + jj;
+        x.template async_wait<kStages - 1>();
+        x.sync();
+        const float* t = ring + jj * kTileRows * kD;
+        LOCKSTEP_UNROLL
+        for (int v0 = 0; v0 < kTileRows * kD / 4; v0 += kThreads) {
+          const auto q = x.load4(t, (x.thread() + v0) * 4);
+          s = s + ((q.x + q.y) + (q.z + q.w));
+        }
+        x.sync();  // every warp is done with the slot before it is refilled
+        issue(j + kStages);
       }
-      x.sync();  // every warp is done with the slot before it is refilled
-      issue(j + kStages);
     }
     s = x.warp_sum(s);
     const std::int64_t block = std::int64_t{x.block_y()} * x.grid_x() + x.block_x();

@@ -76,6 +76,8 @@ struct DecodeParams {
   std::uint64_t* timeline;
   // Note [merge timeline]: null, or [merge grid blocks][8] timestamps that the TL merge writes.
   std::uint64_t* merge_timeline;
+  // Note [streamed tiles]: 1: the chunk kernel copies K and V with an L2 evict-first policy.
+  std::int32_t kv_evict_first;
 };
 
 // Note [row-major decode]
@@ -532,6 +534,21 @@ struct DecodeChunkBound<true, N> {
 // is computed, and no registers hold loads in flight. The arithmetic reads the same values in the
 // same order as with NS = 0 (loads straight into registers), so the bits are the same (tested);
 // rows past the length are zero-filled, never read, as the masked loads give zeros.
+//
+// Note [streamed tiles]
+// The ring's copies of the cache carry an L2 eviction policy (x.l2_policy, x.copy4_async_stream):
+// evict-first when p.kv_evict_first is set, else evict-normal, the default. launch_decode sets it
+// when the K and V that the call may read are more than the device's L2 holds
+// (streams_past_l2): read once, they can be in the L2 for no later call, and with the hint they
+// do not push out of it what is read again soon (the partials, q, the counters). Below the L2's
+// size (whisper-tiny's 1.4 MB) the cache stays in the L2 from one call to the next, and an
+// evict-first hint cost 18% there (run 112). At B=1 L=32768 the hint made the chunk kernel's
+// blocks stream faster (run 112's timeline: block median 27.1 us instead of 28.7): the call took
+// 0.0669-0.0675 ms instead of 0.0693-0.0694, B=32 L=4096 0.2461-0.2469 instead of 0.2509-0.2519,
+// B=128 L=2048 0.5037-0.5042 instead of 0.4984-0.4992 (1% slower). A hint changes where lines
+// live in the L2, never the bytes read. DecodeOneGrid's chunk blocks copy without it: ptxas 13.0
+// gave their hinted copies a descriptor register that nothing set (an illegal instruction in run
+// 112; tools/gpu/check_descriptors.py finds such copies in a build's SASS).
 // Note [decode timeline]
 // A diagnostic: DecodeChunk<..., TL = true> (registered at head_dim 128 with 4 heads per block,
 // chosen by LOCKSTEP_DECODE_TIMELINE=<file>, which launch_decode then appends to) has thread 0
@@ -571,9 +588,9 @@ struct DecodeChunk
   // Note [fused append]: the tile that holds row nrow (>= 0) takes that row from kn (K) or vn
   // (V), the others from the cache, by two copies with disjoint lanes; its rows past nrow are
   // past the length (nrow is the row's last token) and left unwritten, never read.
-  template <class X>
+  template <bool Hint, class X>
   LOCKSTEP_HD static void issue_tile(X& x, float* ring, const float* kb, const float* vb, int j,
-                                     int live, int nrow, const float* kn, const float* vn) {
+                                     int live, int nrow, const float* kn, const float* vn, std::uint64_t policy) {
     if (j < 2 * kTiles) {
       const float* src = j < kTiles ? kb : vb;
       const int row0 = (j % kTiles) * kTileRows;
@@ -592,7 +609,10 @@ struct DecodeChunk
         LOCKSTEP_UNROLL
         for (int v0 = 0; v0 < kTileRows * D / 4; v0 += kThreads) {
           const auto v = x.thread() + v0;
-          x.copy4_async_stream(dst, v * 4, src, v * 4 + row0 * D, v < lim);  // Note [streamed tiles]
+          if constexpr (Hint)
+            x.copy4_async_stream(dst, v * 4, src, v * 4 + row0 * D, v < lim, policy);  // Note [streamed tiles]
+          else
+            x.copy4_async(dst, v * 4, src, v * 4 + row0 * D, v < lim);
         }
       }
     }
@@ -644,7 +664,9 @@ struct DecodeChunk
 
   // The work of chunk block c (Note [one grid]: also a block of DecodeOneGrid). Out of line on
   // the CPU, so that the chunk kernel and its one-grid kernels share one copy per SIMD variant.
-  template <class X>
+  // Hint: the K and V copies take p's L2 policy (Note [streamed tiles]; false in DecodeOneGrid
+  // on the GPU, true on the CPU, where it means nothing).
+  template <bool Hint = true, class X>
   LOCKSTEP_HD_OUTLINED_ON_CPU static void chunk_block(X& x, const Params& p, const BlockAt c) {
     using F = typename X::template Lanes<float>;
     using I = typename X::template Lanes<lane_int>;
@@ -654,6 +676,7 @@ struct DecodeChunk
     float* P = x.template shared<float>(G * kDecodeChunk);   // exp(score - chunk max)
     float* O = x.template shared<float>(kWarps * G * D);     // per-warp partial outputs
     float* ring = x.template shared<float>(NS * kTileRows * D);  // Note [async tiles]
+    const std::uint64_t policy = Hint ? x.l2_policy(p.kv_evict_first != 0) : 0;  // Note [streamed tiles]
     const int by = c.y;
     const int group = p.H / p.Hkv;
     const int subgroups = group / G;
@@ -700,7 +723,7 @@ struct DecodeChunk
       if constexpr (NS > 0) {
         if (!row_major) {
           LOCKSTEP_UNROLL
-          for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live, nrow, kn, vn);
+          for (int j = 0; j < NS; ++j) issue_tile<Hint>(x, ring, kb, vb, j, live, nrow, kn, vn, policy);
         }
         if (appends && by % subgroups == 0) {  // one block per kv head writes the cache
           const std::int64_t dst = kv_off + std::int64_t{nrow} * D;
@@ -784,7 +807,7 @@ struct DecodeChunk
         }
         if constexpr (NS > 0) {
           x.sync();  // every warp is done with the slot before it is refilled
-          issue_tile(x, ring, kb, vb, it / kTileRows + NS, live, nrow, kn, vn);
+          issue_tile<Hint>(x, ring, kb, vb, it / kTileRows + NS, live, nrow, kn, vn, policy);
         }
       }
       x.sync();
@@ -858,7 +881,7 @@ struct DecodeChunk
             }
         if constexpr (NS > 0) {
           x.sync();
-          issue_tile(x, ring, kb, vb, kTiles + it / kTileRows + NS, live, nrow, kn, vn);
+          issue_tile<Hint>(x, ring, kb, vb, kTiles + it / kTileRows + NS, live, nrow, kn, vn, policy);
         }
       }
       mark(x, p, c, 4);
@@ -999,7 +1022,9 @@ struct DecodeOneGrid {
       const int gy = p.H / C::kHeads;
       const int cx = t % p.max_chunks;
       const int cyz = t / p.max_chunks;
-      C::chunk_block(x, p, BlockAt{cx, cyz % gy, cyz / gy, gy, gz});
+      // Note [streamed tiles]: without the L2 policy on the GPU (ptxas 13.0 gave these kernels'
+      // hinted copies a descriptor register it never set: an illegal instruction in run 112).
+      C::template chunk_block<X::kIsCpu>(x, p, BlockAt{cx, cyz % gy, cyz / gy, gy, gz});
     } else {
       const int m = static_cast<int>(t - nc);
       const int mx = p.H * M::kSlices;
