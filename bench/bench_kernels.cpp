@@ -113,13 +113,17 @@ const std::vector<Bench>& registry() {
          const auto gx = static_cast<std::uint32_t>(rows / RT::kRows);
          Buffer<float> out(ctx.dev, std::size_t(gx) * heads * (RT::kThreads / 32));
          using Chunk = kernels::DecodeChunk<128, 4, 1, 4>;
-         // The third: with the chunk kernel's L2 evict-first policy (Note [streamed tiles]).
-         const std::pair<std::size_t, int> configs[] = {{Chunk::kSharedBytes, 0}, {RT::kSharedBytes, 0}, {Chunk::kSharedBytes, 1}};
-         for (const auto& [smem, ef] : configs) {
+         // Then with the chunk kernel's shared memory and an L2 policy on the copies (Note
+         // [streamed tiles]): evict-first (the decode's past the L2's size), evict-normal (below
+         // it) and evict-unchanged.
+         const std::pair<std::size_t, int> configs[] = {
+             {Chunk::kSharedBytes, 0}, {RT::kSharedBytes, 0}, {Chunk::kSharedBytes, 1}, {Chunk::kSharedBytes, 2}, {Chunk::kSharedBytes, 3}};
+         const char* names[] = {"read_tiles", "read_tiles_evict_first", "read_tiles_evict_normal", "read_tiles_evict_unchanged"};
+         for (const auto& [smem, mode] : configs) {
            Result r;
-           r.name = ef ? "read_tiles_evict_first" : "read_tiles";
+           r.name = names[mode];
            r.shape = shape_str({{"heads", heads}, {"rows", rows}, {"dim", D}, {"shared_bytes", std::int64_t(smem)}});
-           const RT::Params p{k.data().get(), v.data().get(), out.data().get(), rows * D, ef};
+           const RT::Params p{k.data().get(), v.data().get(), out.data().get(), rows * D, mode};
            r.median_ms = busy_ms(*ctx.dev, s, [&] { launch<RT>(s, Dim3{gx, std::uint32_t(heads), 1}, smem, p); },
                                  ctx.warmup + 3, ctx.reps);
            r.bytes = 2.0 * double(n) * 4;

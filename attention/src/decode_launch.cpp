@@ -294,6 +294,9 @@ int launch_chunk_and_merge(Stream& s, kernels::DecodeParams p, int g, Dim3 chunk
 // cache's capacity where the lengths are on the device) are more than the L2 holds, so that no
 // call after it could find them there: then the chunk kernel copies them evict-first.
 static bool streams_past_l2(const Stream& s, const kernels::DecodeParams& p, int D) {
+  // LOCKSTEP_DECODE_L2_HINT=0|1: never or always evict-first (measurement; the same bits).
+  static const int knob = env_knob("LOCKSTEP_DECODE_L2_HINT", -1);
+  if (knob >= 0) return knob != 0;
   const std::uint64_t l2 = s.device().caps().l2_bytes;
   if (l2 == 0) return false;
   std::uint64_t tokens = 0;

@@ -117,6 +117,16 @@ struct CudaExec {
 #endif
     return evict_first ? first : normal;
   }
+  // Measurement only (ReadTiles' modes): 0 evict-normal, 1 evict-first, 2 evict-unchanged.
+  __device__ __forceinline__ std::uint64_t l2_policy_of(int which) const {
+    std::uint64_t normal = 0, first = 0, unchanged = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(normal));
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(first));
+    asm("createpolicy.fractional.L2::evict_unchanged.b64 %0, 1.0;\n" : "=l"(unchanged));
+#endif
+    return which == 1 ? first : which == 2 ? unchanged : normal;
+  }
   // As copy4_async, under an L2 policy from l2_policy: a cache hint, the same bytes copied.
   __device__ __forceinline__ void copy4_async_stream(float* dst, int doff, const float* src, int soff,
                                                      bool m, std::uint64_t policy) const {

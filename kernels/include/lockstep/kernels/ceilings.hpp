@@ -53,7 +53,9 @@ struct ReadTilesParams {
   const float* v;
   float* out;
   std::int64_t head_stride;  // floats between heads
-  std::int32_t evict_first;  // 1: the copies carry the decode's L2 evict-first policy (Note [streamed tiles])
+  // The copies' L2 policy (Note [streamed tiles]): 0 none, 1 evict-first (the decode's past the
+  // L2's size), 2 evict-normal (the decode's below it), 3 evict-unchanged.
+  std::int32_t l2_mode;
 };
 
 struct ReadTiles {
@@ -74,7 +76,7 @@ struct ReadTiles {
     const std::int64_t off = x.block_y() * p.head_stride + std::int64_t{x.block_x()} * kRows * kD;
     const float* kb = p.k + off;
     const float* vb = p.v + off;
-    const std::uint64_t policy = x.l2_policy(p.evict_first != 0);
+    const std::uint64_t policy = x.l2_policy_of(p.l2_mode == 1 ? 1 : p.l2_mode == 3 ? 2 : 0);
     auto issue = [&](int j) {
       if (j < 2 * kTiles) {
         const float* src = (j < kTiles ? kb : vb) + (j % kTiles) * kTileRows * kD;
@@ -82,7 +84,10 @@ struct ReadTiles {
         LOCKSTEP_UNROLL
         for (int v0 = 0; v0 < kTileRows * kD / 4; v0 += kThreads) {
           const auto v = x.thread() + v0;
-          x.copy4_async_stream(dst, v * 4, src, v * 4, v < kTileRows * kD / 4, policy);
+          if (p.l2_mode == 0)
+            x.copy4_async(dst, v * 4, src, v * 4, v < kTileRows * kD / 4);
+          else
+            x.copy4_async_stream(dst, v * 4, src, v * 4, v < kTileRows * kD / 4, policy);
         }
       }
       x.async_commit();
