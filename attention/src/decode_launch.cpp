@@ -290,15 +290,17 @@ int launch_chunk_and_merge(Stream& s, kernels::DecodeParams p, int g, Dim3 chunk
 }
 }  // namespace
 
-// Note [streamed tiles]: whether the K and V that the call may read (each row's length, or the
-// cache's capacity where the lengths are on the device) are more than the L2 holds, so that no
-// call after it could find them there: then the chunk kernel copies them evict-first.
-static bool streams_past_l2(const Stream& s, const kernels::DecodeParams& p, int D) {
-  // LOCKSTEP_DECODE_L2_HINT=0|1: never or always evict-first (measurement; the same bits).
+// Note [streamed tiles]: the chunk kernel's L2 policy for K and V: evict-first when the K and V
+// that the call may read (each row's length, or the cache's capacity where the lengths are on the
+// device) are more than the L2 holds, so that no call after it could find them there; else
+// unchanged, as without a policy.
+static int kv_l2_policy(const Stream& s, const kernels::DecodeParams& p, int D) {
+  // LOCKSTEP_DECODE_L2_HINT=0|1|2: always unchanged, evict-first or evict-normal (measurement;
+  // the same bits).
   static const int knob = env_knob("LOCKSTEP_DECODE_L2_HINT", -1);
-  if (knob >= 0) return knob != 0;
+  if (knob >= kernels::kL2Unchanged && knob <= kernels::kL2EvictNormal) return knob;
   const std::uint64_t l2 = s.device().caps().l2_bytes;
-  if (l2 == 0) return false;
+  if (l2 == 0) return kernels::kL2Unchanged;
   std::uint64_t tokens = 0;
   if (p.lengths == nullptr && p.inline_lengths.count == 0) {
     tokens = std::uint64_t(p.rows) * std::uint64_t(std::max(0, p.length));
@@ -308,7 +310,8 @@ static bool streams_past_l2(const Stream& s, const kernels::DecodeParams& p, int
   } else {
     tokens = std::uint64_t(p.rows) * std::uint64_t(p.max_len);
   }
-  return tokens * std::uint64_t(p.Hkv) * std::uint64_t(D) * 2 * sizeof(float) > l2;
+  return tokens * std::uint64_t(p.Hkv) * std::uint64_t(D) * 2 * sizeof(float) > l2 ? kernels::kL2EvictFirst
+                                                                                      : kernels::kL2Unchanged;
 }
 
 int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int64_t head_dim,
@@ -331,7 +334,7 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
     }
   }
   p.max_chunks = static_cast<std::int32_t>(std::max<std::int64_t>(1, kernels::ceil_div(max_len, kDecodeChunk)));
-  p.kv_evict_first = streams_past_l2(s, p, D) ? 1 : 0;
+  p.kv_l2_policy = kv_l2_policy(s, p, D);
   p.part_o = workspace;
   p.part_ml = workspace + std::size_t(p.rows) * p.H * p.max_chunks * D;
   // Note [block signals]: a counter pair per (row, block y of the chunk grid). Off for the

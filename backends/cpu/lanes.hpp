@@ -754,8 +754,7 @@ class CpuExec {
     }
   }
   // As copy4_async: the GPU's L2 evict-first hint has no meaning here (backends/cuda/cuda_exec.cuh).
-  std::uint64_t l2_policy(bool /*evict_first*/) const { return 0; }
-  std::uint64_t l2_policy_of(int /*which*/) const { return 0; }
+  std::uint64_t l2_policy(int /*which*/) const { return 0; }
   template <class T, LaneExpr DO, LaneExpr SO, class M>
   void copy4_async_stream(T* dst, DO&& doff, const T* src, SO&& soff, M&& mask, std::uint64_t /*policy*/) const {
     copy4_async(dst, std::forward<DO>(doff), src, std::forward<SO>(soff), std::forward<M>(mask));

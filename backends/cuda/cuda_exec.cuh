@@ -107,25 +107,18 @@ struct CudaExec {
     store4(dst, doff, load4(src, soff, m));
 #endif
   }
-  // L2 eviction policies (Note [streamed tiles] in kernels/decode.hpp): evict-first for data
-  // read once, of which there is more than the L2 holds, else evict-normal (the default).
-  __device__ __forceinline__ std::uint64_t l2_policy(bool evict_first) const {
-    std::uint64_t first = 0, normal = 0;
+  // L2 eviction policies for copy4_async_stream (Note [streamed tiles] in kernels/decode.hpp):
+  // kL2Unchanged (what a copy without a policy does to the L2, as run 114 measured), kL2EvictFirst
+  // (data read once, more of it than the L2 holds), kL2EvictNormal (measurement only: 12-15%
+  // slower streaming from DRAM than without a policy in run 114).
+  __device__ __forceinline__ std::uint64_t l2_policy(int which) const {
+    std::uint64_t unchanged = 0, first = 0, normal = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(first));
-    asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(normal));
-#endif
-    return evict_first ? first : normal;
-  }
-  // Measurement only (ReadTiles' modes): 0 evict-normal, 1 evict-first, 2 evict-unchanged.
-  __device__ __forceinline__ std::uint64_t l2_policy_of(int which) const {
-    std::uint64_t normal = 0, first = 0, unchanged = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(normal));
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(first));
     asm("createpolicy.fractional.L2::evict_unchanged.b64 %0, 1.0;\n" : "=l"(unchanged));
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(first));
+    asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(normal));
 #endif
-    return which == 1 ? first : which == 2 ? unchanged : normal;
+    return which == kernels::kL2EvictFirst ? first : which == kernels::kL2EvictNormal ? normal : unchanged;
   }
   // As copy4_async, under an L2 policy from l2_policy: a cache hint, the same bytes copied.
   __device__ __forceinline__ void copy4_async_stream(float* dst, int doff, const float* src, int soff,

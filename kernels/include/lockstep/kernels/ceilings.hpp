@@ -76,7 +76,7 @@ struct ReadTiles {
     const std::int64_t off = x.block_y() * p.head_stride + std::int64_t{x.block_x()} * kRows * kD;
     const float* kb = p.k + off;
     const float* vb = p.v + off;
-    const std::uint64_t policy = x.l2_policy_of(p.l2_mode == 1 ? 1 : p.l2_mode == 3 ? 2 : 0);
+    const std::uint64_t policy = x.l2_policy(p.l2_mode == 1 ? kL2EvictFirst : p.l2_mode == 2 ? kL2EvictNormal : kL2Unchanged);
     auto issue = [&](int j) {
       if (j < 2 * kTiles) {
         const float* src = (j < kTiles ? kb : vb) + (j % kTiles) * kTileRows * kD;

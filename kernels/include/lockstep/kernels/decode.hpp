@@ -76,8 +76,9 @@ struct DecodeParams {
   std::uint64_t* timeline;
   // Note [merge timeline]: null, or [merge grid blocks][8] timestamps that the TL merge writes.
   std::uint64_t* merge_timeline;
-  // Note [streamed tiles]: 1: the chunk kernel copies K and V with an L2 evict-first policy.
-  std::int32_t kv_evict_first;
+  // Note [streamed tiles]: the L2 policy of the chunk kernel's K and V copies (kL2Unchanged,
+  // kL2EvictFirst; kL2EvictNormal for measurements).
+  std::int32_t kv_l2_policy;
 };
 
 // Note [row-major decode]
@@ -536,19 +537,24 @@ struct DecodeChunkBound<true, N> {
 // rows past the length are zero-filled, never read, as the masked loads give zeros.
 //
 // Note [streamed tiles]
-// The ring's copies of the cache carry an L2 eviction policy (x.l2_policy, x.copy4_async_stream):
-// evict-first when p.kv_evict_first is set, else evict-normal, the default. launch_decode sets it
-// when the K and V that the call may read are more than the device's L2 holds
-// (streams_past_l2): read once, they can be in the L2 for no later call, and with the hint they
-// do not push out of it what is read again soon (the partials, q, the counters). Below the L2's
-// size (whisper-tiny's 1.4 MB) the cache stays in the L2 from one call to the next, and an
-// evict-first hint cost 18% there (run 112). At B=1 L=32768 the hint made the chunk kernel's
-// blocks stream faster (run 112's timeline: block median 27.1 us instead of 28.7): the call took
-// 0.0669-0.0675 ms instead of 0.0693-0.0694, B=32 L=4096 0.2461-0.2469 instead of 0.2509-0.2519,
-// B=128 L=2048 0.5037-0.5042 instead of 0.4984-0.4992 (1% slower). A hint changes where lines
-// live in the L2, never the bytes read. DecodeOneGrid's chunk blocks copy without it: ptxas 13.0
-// gave their hinted copies a descriptor register that nothing set (an illegal instruction in run
-// 112; tools/gpu/check_descriptors.py finds such copies in a build's SASS).
+// The ring's copies of the cache carry an L2 eviction policy (x.l2_policy, x.copy4_async_stream),
+// p.kv_l2_policy: evict-first when the K and V that the call may read are more than the device's
+// L2 holds (launch_decode's kv_l2_policy), else evict-unchanged. Read once and larger than the
+// L2, they can be there for no later call; marked evict-first they leave the rest of the L2 alone.
+// Measured (runs 112-114, three rounds each against f974dd9's library, which had no policy):
+// incremental B=1 L=32768 0.0669-0.0683 ms instead of 0.0691-0.0700 (86.0-86.5% of the read
+// ceiling in run 113), flash B=1 -2%, B=32 L=4096 -2%, B=128 L=2048 +1%, MHA B=32 unchanged;
+// the chunk kernel's blocks stream faster (run 113's timeline: block median 26.8 us, 28.7
+// before), not the merge. The read pattern alone (ReadTiles) is as fast under evict-first,
+// evict-unchanged or no policy as the read ceiling's kernel, so the policy does not raise the
+// ceiling; under evict-normal it is 12-15% slower, and so was the decode (run 114). Below the
+// L2's size the cache can stay in the L2 between calls: evict-first cost whisper-tiny (1.4 MB)
+// 16-18% (runs 112, 114), hence evict-unchanged there. A hint changes where lines live in the L2,
+// never the bytes read (the properties and unit tests compare bytes with the policy on).
+// DecodeOneGrid's chunk blocks copy without a policy: ptxas 13.0 gave their hinted copies a
+// descriptor register that nothing set (an illegal instruction in run 112), and ReadTiles' too
+// until its ring slots were made constants; tools/gpu/check_descriptors.py finds such copies in
+// a build's SASS.
 // Note [decode timeline]
 // A diagnostic: DecodeChunk<..., TL = true> (registered at head_dim 128 with 4 heads per block,
 // chosen by LOCKSTEP_DECODE_TIMELINE=<file>, which launch_decode then appends to) has thread 0
@@ -676,7 +682,7 @@ struct DecodeChunk
     float* P = x.template shared<float>(G * kDecodeChunk);   // exp(score - chunk max)
     float* O = x.template shared<float>(kWarps * G * D);     // per-warp partial outputs
     float* ring = x.template shared<float>(NS * kTileRows * D);  // Note [async tiles]
-    const std::uint64_t policy = Hint ? x.l2_policy(p.kv_evict_first != 0) : 0;  // Note [streamed tiles]
+    const std::uint64_t policy = Hint ? x.l2_policy(p.kv_l2_policy) : 0;  // Note [streamed tiles]
     const int by = c.y;
     const int group = p.H / p.Hkv;
     const int subgroups = group / G;

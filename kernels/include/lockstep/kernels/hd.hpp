@@ -44,6 +44,8 @@ LOCKSTEP_HD const auto& quad_part(const Q& q, int i) {
 namespace lockstep::kernels {
 
 inline constexpr int kWarpSize = 32;
+// L2 eviction policies of x.copy4_async_stream (x.l2_policy; Note [streamed tiles] in decode.hpp).
+inline constexpr int kL2Unchanged = 0, kL2EvictFirst = 1, kL2EvictNormal = 2;
 inline constexpr float kInf = __builtin_huge_valf();
 
 // The per-thread size/offset type. Per-lane offsets are 32-bit relative to a block-uniform 64-bit
