@@ -114,8 +114,8 @@ const std::vector<Bench>& registry() {
          Buffer<float> out(ctx.dev, std::size_t(gx) * heads * (RT::kThreads / 32));
          using Chunk = kernels::DecodeChunk<128, 4, 1, 4>;
          // Then with the chunk kernel's shared memory and an L2 policy on the copies (Note
-         // [streamed tiles]): evict-first (the decode's past the L2's size), evict-normal (below
-         // it) and evict-unchanged.
+         // [streamed tiles]): evict-first (the decode's past the L2's size), evict-normal (a
+         // measurement) and evict-unchanged (the decode's below the L2's size).
          const std::pair<std::size_t, int> configs[] = {
              {Chunk::kSharedBytes, 0}, {RT::kSharedBytes, 0}, {Chunk::kSharedBytes, 1}, {Chunk::kSharedBytes, 2}, {Chunk::kSharedBytes, 3}};
          const char* names[] = {"read_tiles", "read_tiles_evict_first", "read_tiles_evict_normal", "read_tiles_evict_unchanged"};

@@ -130,12 +130,12 @@ enum class DecodeSync { kKernel, kSignals, kFold, kOneGrid };
 // Chunk then Merge over `rows` query rows (row r's q is row r of q; every row reads slot 0's
 // cache) of length len; with counters, checks that they are zero afterwards. timeline: the
 // timeline variant's marks (Note [decode timeline]), or null; merge_timeline: Note [merge
-// timeline].
+// timeline]; l2_policy: the K/V copies' L2 policy (Note [streamed tiles]).
 template <class Chunk, class Merge>
 std::vector<float> run_decode(Stream& s, const std::shared_ptr<Device>& dev, const Buffer<float>& q,
                               const Buffer<float>& k, const Buffer<float>& v, int H, int Hkv, int L,
                               int len, int rows, DecodeSync sync, std::uint64_t* timeline = nullptr,
-                              std::uint64_t* merge_timeline = nullptr) {
+                              std::uint64_t* merge_timeline = nullptr, int l2_policy = kernels::kL2Unchanged) {
   constexpr int D = Chunk::kQuads * 32;
   const int chunks = (L + kernels::kDecodeChunk - 1) / kernels::kDecodeChunk;
   const std::size_t blocks_y = std::size_t(H / Chunk::kHeads);
@@ -159,6 +159,7 @@ std::vector<float> run_decode(Stream& s, const std::shared_ptr<Device>& dev, con
   p.heads_per_block = Chunk::kHeads;
   p.timeline = timeline;
   p.merge_timeline = merge_timeline;
+  p.kv_l2_policy = l2_policy;
   const std::size_t counter_ints = rows * blocks_y * 2 + 1;  // the pairs, then the ticket
   if (sync != DecodeSync::kKernel) p.counters = detail::StreamAccess::counters(s, counter_ints);
   if (sync != DecodeSync::kKernel) p.ticket = p.counters + (counter_ints - 1);
@@ -306,6 +307,39 @@ TEST_P(Attention, DecodeTimelineMarksEachPhaseInOrder) {
     }
   }
   if (cpu) ::unsetenv("LOCKSTEP_CPU_DECODE_LANES");
+}
+
+// Note [streamed tiles]: the K/V copies' L2 policy is a cache hint: every policy gives the bytes
+// of copies without one (DecodeOneGrid's chunk blocks), for rows past and within the length, at
+// head_dim 128 (4 heads per block) and 64 (1 head per block, whisper-tiny's kernel).
+TEST_P(Attention, DecodeL2PoliciesGiveTheSameBytes) {
+  using kernels::DecodeChunk;
+  using kernels::DecodeMerge;
+  for (int len : {1500, 700}) {
+    SCOPED_TRACE("length " + std::to_string(len));
+    {
+      constexpr int D = 128, L = 1500, H = 8, Hkv = 2;
+      DecodeInputs<D> in(dev, s(), H, Hkv, L, 97u);
+      const auto ref = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1,
+                                                                         DecodeSync::kOneGrid);
+      for (int policy : {kernels::kL2Unchanged, kernels::kL2EvictFirst, kernels::kL2EvictNormal}) {
+        const auto got = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(
+            s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kSignals, nullptr, nullptr, policy);
+        EXPECT_TRUE(same(ref, got)) << "head_dim 128, policy " << policy << " vs none";
+      }
+    }
+    {
+      constexpr int D = 64, L = 1500, H = 6, Hkv = 6;
+      DecodeInputs<D> in(dev, s(), H, Hkv, L, 96u);
+      const auto ref = run_decode<DecodeChunk<D, 1, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1,
+                                                                         DecodeSync::kOneGrid);
+      for (int policy : {kernels::kL2Unchanged, kernels::kL2EvictFirst, kernels::kL2EvictNormal}) {
+        const auto got = run_decode<DecodeChunk<D, 1, 1, 4>, DecodeMerge<D>>(
+            s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kSignals, nullptr, nullptr, policy);
+        EXPECT_TRUE(same(ref, got)) << "head_dim 64, policy " << policy << " vs none";
+      }
+    }
+  }
 }
 
 // Note [merge timeline]: with its buffer set, the timeline merge gives the default's bytes and

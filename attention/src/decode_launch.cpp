@@ -96,6 +96,9 @@ const std::string& timeline_path() {
   }();
   return path;
 }
+// Note [merge timeline]: the sliced merge's variant that marks (launch_decode picks it with the
+// timeline, and only its marks are dumped).
+using TimelineMerge = kernels::DecodeMerge<128, 32, 4, 1, true>;
 // Appends one call's timeline: a header, then per block "x y sm" and its marks 0-5 in ns from
 // the call's first mark 0; then (Note [merge timeline]) a "## merge" header and per merge block
 // "x y sm" and its marks 0-3 from the same origin.
@@ -212,7 +215,7 @@ void with_merge_variant(const Stream& s, const kernels::DecodeParams& p, Dim3 me
     if (mb == 0 && std::int64_t{merge_grid.x} * merge_grid.y < s.device().caps().multiprocessors) {
       const Dim3 sliced{merge_grid.x * Sliced::kSlices, merge_grid.y, 1};
       if (!timeline_path().empty())  // Note [merge timeline]
-        return f.template operator()<kernels::DecodeMerge<128, 32, 4, 1, true>>(sliced);
+        return f.template operator()<TimelineMerge>(sliced);
       return f.template operator()<Sliced>(sliced);
     }
     if (mb == 0 && p.max_chunks <= 8) return f.template operator()<kernels::DecodeMerge<128, 2>>(merge_grid);
@@ -254,7 +257,7 @@ int launch_chunk_and_merge(Stream& s, kernels::DecodeParams p, int g, Dim3 chunk
     tl.emplace(s.device().shared_from_this(), std::size_t(chunk_grid.x) * chunk_grid.y * chunk_grid.z * 16);
     p.timeline = reinterpret_cast<std::uint64_t*>(tl->data().get());
     StreamAccess::fill32(s, p.timeline, 0, tl->size());  // marks a path never reaches stay 0
-    mtl.emplace(s.device().shared_from_this(), std::size_t(merge_grid.x) * 4 * merge_grid.y * 16);
+    mtl.emplace(s.device().shared_from_this(), std::size_t(merge_grid.x) * TimelineMerge::kSlices * merge_grid.y * 16);
     p.merge_timeline = reinterpret_cast<std::uint64_t*>(mtl->data().get());
     StreamAccess::fill32(s, p.merge_timeline, 0, mtl->size());
   }
@@ -284,17 +287,18 @@ int launch_chunk_and_merge(Stream& s, kernels::DecodeParams p, int g, Dim3 chunk
   ++launches;
   with_merge_variant<D>(s, p, merge_grid, [&]<class M>(Dim3 mg) {
     launch_with_shared<M>(s, p, mg);
-    merge_used = mg;
+    if constexpr (std::is_same_v<M, TimelineMerge>) merge_used = mg;  // the merge that marks
   });
   return done(launches);
 }
 }  // namespace
 
 // Note [streamed tiles]: the chunk kernel's L2 policy for K and V: evict-first when the K and V
-// that the call may read (each row's length, or the cache's capacity where the lengths are on the
-// device) are more than the L2 holds, so that no call after it could find them there; else
+// that the call may read (each row's length; where the lengths are in device memory, `longest`,
+// the call's bound on them: the longest host position, or the cache's capacity for device
+// positions) are more than the L2 holds, so that no call after it could find them there; else
 // unchanged, as without a policy.
-static int kv_l2_policy(const Stream& s, const kernels::DecodeParams& p, int D) {
+static int kv_l2_policy(const Stream& s, const kernels::DecodeParams& p, int D, std::int64_t longest) {
   // LOCKSTEP_DECODE_L2_HINT=0|1|2: always unchanged, evict-first or evict-normal (measurement;
   // the same bits).
   static const int knob = env_knob("LOCKSTEP_DECODE_L2_HINT", -1);
@@ -308,7 +312,7 @@ static int kv_l2_policy(const Stream& s, const kernels::DecodeParams& p, int D) 
     for (std::int32_t r = 0; r < p.rows; ++r)
       tokens += std::uint64_t(std::clamp<std::int64_t>(std::int64_t{p.inline_lengths.v[r]} + p.length_bias, 0, p.max_len));
   } else {
-    tokens = std::uint64_t(p.rows) * std::uint64_t(p.max_len);
+    tokens = std::uint64_t(p.rows) * std::uint64_t(std::max<std::int64_t>(0, longest));
   }
   return tokens * std::uint64_t(p.Hkv) * std::uint64_t(D) * 2 * sizeof(float) > l2 ? kernels::kL2EvictFirst
                                                                                       : kernels::kL2Unchanged;
@@ -334,7 +338,7 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
     }
   }
   p.max_chunks = static_cast<std::int32_t>(std::max<std::int64_t>(1, kernels::ceil_div(max_len, kDecodeChunk)));
-  p.kv_l2_policy = kv_l2_policy(s, p, D);
+  p.kv_l2_policy = kv_l2_policy(s, p, D, max_len);
   p.part_o = workspace;
   p.part_ml = workspace + std::size_t(p.rows) * p.H * p.max_chunks * D;
   // Note [block signals]: a counter pair per (row, block y of the chunk grid). Off for the

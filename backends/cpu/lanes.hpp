@@ -753,7 +753,7 @@ class CpuExec {
         for (int k = 0; k < 4; ++k) dst[doffs[i] + k] = act[i] ? src[soffs[i] + k] : T{};
     }
   }
-  // As copy4_async: the GPU's L2 evict-first hint has no meaning here (backends/cuda/cuda_exec.cuh).
+  // As copy4_async: the GPU's L2 policies have no meaning here (backends/cuda/cuda_exec.cuh).
   std::uint64_t l2_policy(int /*which*/) const { return 0; }
   template <class T, LaneExpr DO, LaneExpr SO, class M>
   void copy4_async_stream(T* dst, DO&& doff, const T* src, SO&& soff, M&& mask, std::uint64_t /*policy*/) const {

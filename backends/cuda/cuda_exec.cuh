@@ -109,7 +109,7 @@ struct CudaExec {
   }
   // L2 eviction policies for copy4_async_stream (Note [streamed tiles] in kernels/decode.hpp):
   // kL2Unchanged (what a copy without a policy does to the L2, as run 114 measured), kL2EvictFirst
-  // (data read once, more of it than the L2 holds), kL2EvictNormal (measurement only: 12-15%
+  // (data read once, more of it than the L2 holds), kL2EvictNormal (measurement only: 12-14%
   // slower streaming from DRAM than without a policy in run 114).
   __device__ __forceinline__ std::uint64_t l2_policy(int which) const {
     std::uint64_t unchanged = 0, first = 0, normal = 0;

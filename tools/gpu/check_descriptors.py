@@ -17,16 +17,17 @@ for line in (open(sys.argv[1]) if len(sys.argv) > 1 else sys.stdin):
     if not m or fn is None:
         continue
     op, args = m.group(2), m.group(3)
-    if op.startswith('LDGSTS'):
-        uses[fn].update(re.findall(r'desc\[(UR\d+)\]', args))
+    if op.startswith('LDGSTS'):  # a descriptor is the pair URn, URn+1
+        for u in re.findall(r'desc\[UR(\d+)\]', args):
+            uses[fn].update({'UR%s' % u, 'UR%d' % (int(u) + 1)})
     first = re.match(r'(UR\d+)', args.split(',')[0].strip())
     if first and not op.startswith(('LDGSTS', 'STG', 'STS', 'RED', 'ATOM')):
         n = int(first.group(1)[2:])
         defs[fn].add('UR%d' % n)
-        if '.64' in op:
+        if '.64' in op or '.WIDE' in op:
             defs[fn].add('UR%d' % (n + 1))
 bad = sorted((f, u) for f, us in uses.items() for u in us if u not in defs[f])
 for f, u in bad:
     print('%s: copies through desc[%s], which nothing sets' % (f, u))
-print('%d kernels with cp.async copies, %d with an unset descriptor' % (len(uses), len(bad)))
+print('%d kernels with cp.async copies, %d with an unset descriptor' % (len(uses), len({f for f, _ in bad})))
 sys.exit(1 if bad else 0)

@@ -45,10 +45,14 @@ print('SMs used', len(sms), 'blocks per SM min/max', min(sms.values()), max(sms.
 # Note [merge timeline]: per merge block, from the last partials stored of its chunk-grid row y
 # (its kv head group: head = x / slices, y = head / 4 with 4 heads per chunk block).
 M = c['m']
-if M:
+rows = int(c['hdr'].split()[2])
+if M and rows > 1:
+    print('merge blocks', len(M), '(not summarized: the chunk lines carry no row, and this call has', rows, 'rows)')
+elif M:
     gx = int(c['mhdr'][0]); H = int(c['hdr'].split()[4]); S = gx // H
     last = collections.defaultdict(int)
     for b in B: last[b[1]] = max(last[b[1]], b[8])
+    M = [m for m in M if (m[0] // S) // 4 in last]  # groups with a complete chunk block
     def q(d): d = sorted(d); return 'min %.2f median %.2f max %.2f' % (d[0], st.median(d), d[-1])
     print('merge blocks', len(M), 'slices', S)
     print('  start (from first chunk start)      ', q([m[3] / 1e3 for m in M]))

@@ -54,7 +54,7 @@ struct ReadTilesParams {
   float* out;
   std::int64_t head_stride;  // floats between heads
   // The copies' L2 policy (Note [streamed tiles]): 0 none, 1 evict-first (the decode's past the
-  // L2's size), 2 evict-normal (the decode's below it), 3 evict-unchanged.
+  // L2's size), 2 evict-normal (measurement only), 3 evict-unchanged (the decode's below it).
   std::int32_t l2_mode;
 };
 

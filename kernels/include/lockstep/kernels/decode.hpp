@@ -444,7 +444,9 @@ struct DecodeMerge {
   // thread 0 of merge block (bx, by) write p.merge_timeline[(by * H * kSlices + bx) * 8 + k] when
   // it is set: the global timer at the block's start (k = 0), when its counter has reached
   // max_chunks (1), when its row is merged (2), after its final wait for the chunk kernel (3),
-  // and its multiprocessor (6); a block of several rows keeps its last row's marks. A template
+  // and its multiprocessor (6); a block of several rows keeps its last row's marks. Marks 0 and 6
+  // come before the wait for the prior kernel: the buffer's fill is complete by then, as the chunk
+  // kernel, which lets this one start, waited for it. A template
   // variant, not a runtime check: run 111 had the check in the default merge, which ptxas then
   // gave 64 registers instead of 104, and B=1 L=32768 took 0.5-1 us longer.
   template <class X>
@@ -547,10 +549,10 @@ struct DecodeChunkBound<true, N> {
 // the chunk kernel's blocks stream faster (run 113's timeline: block median 26.8 us, 28.7
 // before), not the merge. The read pattern alone (ReadTiles) is as fast under evict-first,
 // evict-unchanged or no policy as the read ceiling's kernel, so the policy does not raise the
-// ceiling; under evict-normal it is 12-15% slower, and so was the decode (run 114). Below the
+// ceiling; under evict-normal it is 12-14% slower, and the decode 5-8% (run 114). Below the
 // L2's size the cache can stay in the L2 between calls: evict-first cost whisper-tiny (1.4 MB)
 // 16-18% (runs 112, 114), hence evict-unchanged there. A hint changes where lines live in the L2,
-// never the bytes read (the properties and unit tests compare bytes with the policy on).
+// never the bytes read (Attention.DecodeL2PoliciesGiveTheSameBytes, on cuda:0).
 // DecodeOneGrid's chunk blocks copy without a policy: ptxas 13.0 gave their hinted copies a
 // descriptor register that nothing set (an illegal instruction in run 112), and ReadTiles' too
 // until its ring slots were made constants; tools/gpu/check_descriptors.py finds such copies in
