@@ -551,7 +551,7 @@ struct DecodeChunkBound<true, N> {
 // evict-unchanged or no policy as the read ceiling's kernel, so the policy does not raise the
 // ceiling; under evict-normal it is 12-14% slower, and the decode 5-8% (run 114). Below the
 // L2's size the cache can stay in the L2 between calls: evict-first cost whisper-tiny (1.4 MB)
-// 16-18% (runs 112, 114), hence evict-unchanged there. A hint changes where lines live in the L2,
+// 16-19% (runs 112, 114), hence evict-unchanged there. A hint changes where lines live in the L2,
 // never the bytes read (Attention.DecodeL2PoliciesGiveTheSameBytes, on cuda:0).
 // DecodeOneGrid's chunk blocks copy without a policy: ptxas 13.0 gave their hinted copies a
 // descriptor register that nothing set (an illegal instruction in run 112), and ReadTiles' too
