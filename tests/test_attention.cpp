@@ -271,6 +271,15 @@ TEST_P(Attention, DecodeScheduleVariantsGiveTheSameBytes) {
   }
 }
 
+// A timeline buffer's marks (Note [decode timeline], Note [merge timeline]): 64-bit words held in
+// a float buffer.
+std::vector<std::uint64_t> timeline_words(Stream& s, const Buffer<float>& tl) {
+  const auto words = tl.to_vector(s);
+  std::vector<std::uint64_t> t(words.size() / 2);
+  std::memcpy(t.data(), words.data(), t.size() * sizeof(std::uint64_t));
+  return t;
+}
+
 // Note [decode timeline]: with its buffer set, the timeline variant computes the default
 // kernel's bytes, and each block's marks are in order: start <= first K tile <= scores <= softmax
 // <= P x V <= partials stored; a block past the length marks its start only. On the CPU device
@@ -293,9 +302,7 @@ TEST_P(Attention, DecodeTimelineMarksEachPhaseInOrder) {
         s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kKernel,
         reinterpret_cast<std::uint64_t*>(tl.data().get()));
     EXPECT_TRUE(same(ref, got)) << "the timeline variant vs the default";
-    const auto words = tl.to_vector(s());
-    std::vector<std::uint64_t> t(words.size() / 2);
-    std::memcpy(t.data(), words.data(), t.size() * sizeof(std::uint64_t));
+    const auto t = timeline_words(s(), tl);
     for (int b = 0; b < blocks; ++b) {
       const std::uint64_t* m = &t[std::size_t(b) * 8];
       EXPECT_GT(m[0], 0u) << "block " << b << ": its start";
@@ -313,33 +320,23 @@ TEST_P(Attention, DecodeTimelineMarksEachPhaseInOrder) {
 // of copies without one (DecodeOneGrid's chunk blocks), for rows past and within the length, at
 // head_dim 128 (4 heads per block) and 64 (1 head per block, whisper-tiny's kernel).
 TEST_P(Attention, DecodeL2PoliciesGiveTheSameBytes) {
-  using kernels::DecodeChunk;
-  using kernels::DecodeMerge;
-  for (int len : {1500, 700}) {
-    SCOPED_TRACE("length " + std::to_string(len));
-    {
-      constexpr int D = 128, L = 1500, H = 8, Hkv = 2;
-      DecodeInputs<D> in(dev, s(), H, Hkv, L, 97u);
-      const auto ref = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1,
-                                                                         DecodeSync::kOneGrid);
+  const auto check = [&]<int D, int G>(int H, int Hkv, std::uint32_t seed) {
+    using Chunk = kernels::DecodeChunk<D, G, 1, 4>;
+    using Merge = kernels::DecodeMerge<D>;
+    constexpr int L = 1500;
+    DecodeInputs<D> in(dev, s(), H, Hkv, L, seed);
+    for (int len : {1500, 700}) {
+      SCOPED_TRACE("head_dim " + std::to_string(D) + ", length " + std::to_string(len));
+      const auto ref = run_decode<Chunk, Merge>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kOneGrid);
       for (int policy : {kernels::kL2Unchanged, kernels::kL2EvictFirst, kernels::kL2EvictNormal}) {
-        const auto got = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(
-            s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kSignals, nullptr, nullptr, policy);
-        EXPECT_TRUE(same(ref, got)) << "head_dim 128, policy " << policy << " vs none";
+        const auto got = run_decode<Chunk, Merge>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kSignals,
+                                                  nullptr, nullptr, policy);
+        EXPECT_TRUE(same(ref, got)) << "policy " << policy << " vs none";
       }
     }
-    {
-      constexpr int D = 64, L = 1500, H = 6, Hkv = 6;
-      DecodeInputs<D> in(dev, s(), H, Hkv, L, 96u);
-      const auto ref = run_decode<DecodeChunk<D, 1, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1,
-                                                                         DecodeSync::kOneGrid);
-      for (int policy : {kernels::kL2Unchanged, kernels::kL2EvictFirst, kernels::kL2EvictNormal}) {
-        const auto got = run_decode<DecodeChunk<D, 1, 1, 4>, DecodeMerge<D>>(
-            s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kSignals, nullptr, nullptr, policy);
-        EXPECT_TRUE(same(ref, got)) << "head_dim 64, policy " << policy << " vs none";
-      }
-    }
-  }
+  };
+  check.template operator()<128, 4>(8, 2, 97u);
+  check.template operator()<64, 1>(6, 6, 96u);
 }
 
 // Note [merge timeline]: with its buffer set, the timeline merge gives the default's bytes and
@@ -353,24 +350,20 @@ TEST_P(Attention, DecodeMergeTimelineMarksInOrder) {
   const int blocks = H * Sliced::kSlices;
   Buffer<float> mtl(dev, std::size_t(blocks) * 16);
   for (int len : {1500, 700}) {
-    {
-      SCOPED_TRACE("length " + std::to_string(len));
-      const auto ref = run_decode<DecodeChunk<D, 4, 1, 4>, kernels::DecodeMerge<D>>(
-          s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kSignals);
-      mtl.fill(s(), 0.0f);
-      const auto got = run_decode<DecodeChunk<D, 4, 1, 4>, Sliced>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1,
-                                                                    DecodeSync::kSignals, nullptr,
-                                                                    reinterpret_cast<std::uint64_t*>(mtl.data().get()));
-      EXPECT_TRUE(same(ref, got)) << "the merge with its marks vs the default";
-      const auto words = mtl.to_vector(s());
-      std::vector<std::uint64_t> t(words.size() / 2);
-      std::memcpy(t.data(), words.data(), t.size() * sizeof(std::uint64_t));
-      for (int b = 0; b < blocks; ++b) {
-        const std::uint64_t* m = &t[std::size_t(b) * 8];
-        EXPECT_GT(m[0], 0u) << "merge block " << b << ": its start";
-        for (int k = 1; k < 4; ++k) EXPECT_LE(m[k - 1], m[k]) << "merge block " << b << ", mark " << k;
-        for (int k = 4; k < 6; ++k) EXPECT_EQ(m[k], 0u) << "merge block " << b << ", unused word " << k;
-      }
+    SCOPED_TRACE("length " + std::to_string(len));
+    const auto ref = run_decode<DecodeChunk<D, 4, 1, 4>, kernels::DecodeMerge<D>>(
+        s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kSignals);
+    mtl.fill(s(), 0.0f);
+    const auto got = run_decode<DecodeChunk<D, 4, 1, 4>, Sliced>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1,
+                                                                  DecodeSync::kSignals, nullptr,
+                                                                  reinterpret_cast<std::uint64_t*>(mtl.data().get()));
+    EXPECT_TRUE(same(ref, got)) << "the merge with its marks vs the default";
+    const auto t = timeline_words(s(), mtl);
+    for (int b = 0; b < blocks; ++b) {
+      const std::uint64_t* m = &t[std::size_t(b) * 8];
+      EXPECT_GT(m[0], 0u) << "merge block " << b << ": its start";
+      for (int k = 1; k < 4; ++k) EXPECT_LE(m[k - 1], m[k]) << "merge block " << b << ", mark " << k;
+      for (int k = 4; k < 6; ++k) EXPECT_EQ(m[k], 0u) << "merge block " << b << ", unused word " << k;
     }
   }
 }
