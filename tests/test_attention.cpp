@@ -24,6 +24,13 @@
 namespace lockstep::testing {
 namespace {
 
+// Note [one grid]: whether a decode whose merge does not fold is one launch on `d`: the default
+// on CUDA devices; LOCKSTEP_DECODE_ONE_GRID=0|1 forces either.
+bool one_grid_by_default(const Device& d) {
+  const char* env = std::getenv("LOCKSTEP_DECODE_ONE_GRID");
+  return env != nullptr ? std::atoi(env) != 0 : d.id().kind == DeviceKind::kCuda;
+}
+
 class Attention : public BackendTest {
  protected:
   Stream& s() { return dev->default_stream(); }
@@ -160,9 +167,12 @@ std::vector<float> run_decode(Stream& s, const std::shared_ptr<Device>& dev, con
   p.timeline = timeline;
   p.merge_timeline = merge_timeline;
   p.kv_l2_policy = l2_policy;
-  const std::size_t counter_ints = rows * blocks_y * 2 + 1;  // the pairs, then the ticket
-  if (sync != DecodeSync::kKernel) p.counters = detail::StreamAccess::counters(s, counter_ints);
-  if (sync != DecodeSync::kKernel) p.ticket = p.counters + (counter_ints - 1);
+  // The ticket, then the pairs (as launch_decode lays them out: Note [one grid]).
+  const std::size_t counter_ints = 1 + rows * blocks_y * 2;
+  std::int32_t* const counter_base =
+      sync != DecodeSync::kKernel ? detail::StreamAccess::counters(s, counter_ints) : nullptr;
+  p.ticket = counter_base;
+  p.counters = counter_base != nullptr ? counter_base + 1 : nullptr;
   p.fold = sync == DecodeSync::kFold ? 1 : 0;
   if (sync == DecodeSync::kOneGrid) {
     using One = kernels::DecodeOneGrid<Chunk, Merge>;
@@ -176,9 +186,9 @@ std::vector<float> run_decode(Stream& s, const std::shared_ptr<Device>& dev, con
   }
   if (sync == DecodeSync::kKernel || sync == DecodeSync::kSignals)
     launch<Merge>(s, Dim3{std::uint32_t(H * Merge::kSlices), std::uint32_t(rows), 1}, Merge::kSharedBytes, p);
-  if (p.counters != nullptr) {
+  if (counter_base != nullptr) {
     std::vector<std::int32_t> counters(counter_ints, -1);
-    detail::StreamAccess::copy_d2h(s, counters.data(), p.counters, counters.size() * sizeof(std::int32_t));
+    detail::StreamAccess::copy_d2h(s, counters.data(), counter_base, counters.size() * sizeof(std::int32_t));
     s.synchronize();
     for (std::size_t i = 0; i < counters.size(); ++i) EXPECT_EQ(counters[i], 0) << "counter " << i;
   }
@@ -396,10 +406,9 @@ TEST_P(Attention, DecodeSignalsGiveTheSameBytesAndLeaveCountersZero) {
   // Note [folded merge]: incremental_attention's chunks are those of its length; with 4 heads per
   // block, up to 2 chunks (G * chunks <= 8) the chunk kernel merges, one launch; more take the
   // separate merge, which waits on the counters: two launches.
-  // With LOCKSTEP_DECODE_ONE_GRID=1 the merges that do not fold run in the chunk kernel's launch
-  // (Note [one grid]): one launch always.
-  const char* one_grid_env = std::getenv("LOCKSTEP_DECODE_ONE_GRID");
-  const bool one_grid = one_grid_env != nullptr && std::string(one_grid_env) == "1";
+  // On CUDA devices (or with LOCKSTEP_DECODE_ONE_GRID=1) the merges that do not fold run in the
+  // chunk kernel's launch (Note [one grid]): one launch always.
+  const bool one_grid = one_grid_by_default(*dev);
   const bool default_schedule =
       std::getenv("LOCKSTEP_DECODE_FOLD") == nullptr && std::getenv("LOCKSTEP_DECODE_SIGNALS") == nullptr &&
       std::getenv("LOCKSTEP_DECODE_STAGES") == nullptr && std::getenv("LOCKSTEP_DECODE_DIAG_ONLY") == nullptr &&
@@ -445,7 +454,7 @@ TEST_P(Attention, DecodeSignalsGiveTheSameBytesAndLeaveCountersZero) {
     const auto launches_before = s().launches();
     flash_decoding(s(), cache, 0, fq, fk, fv, std::vector<std::int64_t>{1000 + step, -1, 300 + step}, fo);
     // 5 chunks x 4 heads per block: too large a merge to fold by default (Note [folded merge]);
-    // one grid with LOCKSTEP_DECODE_ONE_GRID=1 (Note [one grid]).
+    // one grid on CUDA devices or with LOCKSTEP_DECODE_ONE_GRID=1 (Note [one grid]).
     if (default_schedule) EXPECT_EQ(s().launches() - launches_before, one_grid ? 1u : 2u) << "the chunk kernel and the merge";
     std::vector<std::int32_t> counters(64, -1);
     auto* c = detail::StreamAccess::counters(s(), counters.size());

@@ -78,13 +78,13 @@ int fold_knob() {
   static const int f = env_knob("LOCKSTEP_DECODE_FOLD", -1);
   return f;
 }
-// LOCKSTEP_DECODE_ONE_GRID=1: the chunk kernel and the merge as one DecodeOneGrid launch instead
-// of two where the merge is not folded (Note [one grid]): about 5 us less host time per eager
-// call, for 1% more device time at long contexts and 13% on single-wave calls (run 64); the same
-// bits. Off by default.
-int one_grid_knob() {
-  static const int n = env_knob("LOCKSTEP_DECODE_ONE_GRID", 0);
-  return n;
+// Note [one grid]: the chunk kernel and the merge as one DecodeOneGrid launch instead of two
+// where the merge is not folded: half the host time of an eager call; the same bits. The default
+// on CUDA devices; the CPU device keeps the two launches (no launch costs there to save).
+// LOCKSTEP_DECODE_ONE_GRID=0|1 forces either on every device (measurements).
+bool one_grid_for(const Stream& s) {
+  static const int n = env_knob("LOCKSTEP_DECODE_ONE_GRID", -1);
+  return n >= 0 ? n != 0 : s.device().id().kind == DeviceKind::kCuda;
 }
 // LOCKSTEP_DECODE_TIMELINE=<file>: a diagnostic (Note [decode timeline] in kernels/decode.hpp).
 // At head_dim 128 with 4 query heads per block, each call runs the chunk kernel's timeline
@@ -233,7 +233,7 @@ bool launch_one_grid(Stream& s, kernels::DecodeParams p) {
   using Plain = kernels::DecodeOneGrid<K, kernels::DecodeMerge<D>>;
   using One = std::conditional_t<kernels::registered_v<Pair>, Pair, Plain>;
   if constexpr (kernels::registered_v<One>) {
-    if (one_grid_knob() == 0 || p.counters == nullptr || p.ticket == nullptr || diag_only_knob() != 0) return false;
+    if (!one_grid_for(s) || p.counters == nullptr || p.ticket == nullptr || diag_only_knob() != 0) return false;
     const std::int64_t blocks = One::chunk_blocks(p) + One::merge_blocks(p);
     if (blocks > 0x7fffffff) return false;
     launch_with_shared<One>(s, p, Dim3{static_cast<std::uint32_t>(blocks), 1, 1});
@@ -344,11 +344,14 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
   // Note [block signals]: a counter pair per (row, block y of the chunk grid). Off for the
   // measurement-only knob, which launches one kernel without the other.
   p.heads_per_block = g;
-  // Note [one grid]: one more int, DecodeOneGrid's ticket, after the pairs.
+  // Note [one grid]: DecodeOneGrid's ticket first, at the same place for every call on the
+  // stream (a call's blocks take it before the previous call's grid is done), then the pairs.
   const std::size_t pair_ints = std::size_t(p.rows) * (p.H / g) * 2;
-  const std::size_t counter_ints = pair_ints + 1;
-  p.counters = diag_only_knob() == 0 && signals_knob() != 0 ? StreamAccess::counters(s, counter_ints) : nullptr;
-  p.ticket = p.counters != nullptr ? p.counters + pair_ints : nullptr;
+  const std::size_t counter_ints = 1 + pair_ints;
+  std::int32_t* const counters =
+      diag_only_knob() == 0 && signals_knob() != 0 ? StreamAccess::counters(s, counter_ints) : nullptr;
+  p.ticket = counters;
+  p.counters = counters != nullptr ? counters + 1 : nullptr;
   const std::uint32_t rows_grid = static_cast<std::uint32_t>(std::min<std::int32_t>(p.rows, 65535));
   const Dim3 chunk_grid{static_cast<std::uint32_t>(p.max_chunks),
                         static_cast<std::uint32_t>(p.Hkv * (group / g)), rows_grid};
@@ -366,7 +369,7 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
   } catch (...) {
     // A chunk kernel enqueued without its merge would leave counts behind that a later merge
     // would pass too early or wait on forever: zero them after it (Note [block signals]).
-    if (p.counters != nullptr) StreamAccess::fill32(s, p.counters, 0, counter_ints);
+    if (counters != nullptr) StreamAccess::fill32(s, counters, 0, counter_ints);
     throw;
   }
   return launches;

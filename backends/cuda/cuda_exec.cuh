@@ -242,7 +242,11 @@ struct CudaExec {
     __shared__ int ticket;
     if (threadIdx.x == 0) {
       const int t = atomicAdd(c, 1);
-      if (t == total - 1) atomicExch(c, 0);
+      if (t == total - 1) {
+        atomicExch(c, 0);
+        // Note [one grid]: the reset is performed before this block lets the next grid start.
+        __threadfence();
+      }
       ticket = t;
     }
     __syncthreads();

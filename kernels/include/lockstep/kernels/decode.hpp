@@ -553,10 +553,13 @@ struct DecodeChunkBound<true, N> {
 // L2's size the cache can stay in the L2 between calls: evict-first cost whisper-tiny (1.4 MB)
 // 16-19% (runs 112, 114), hence evict-unchanged there. A hint changes where lines live in the L2,
 // never the bytes read (Attention.DecodeL2PoliciesGiveTheSameBytes, on cuda:0).
-// DecodeOneGrid's chunk blocks copy without a policy: ptxas 13.0 gave their hinted copies a
-// descriptor register that nothing set (an illegal instruction in run 112), and ReadTiles' too
-// until its ring slots were made constants; tools/gpu/check_descriptors.py finds such copies in
-// a build's SASS.
+// ptxas 13.0 broke hinted copies in DecodeOneGrid's chunk blocks: the unrolled loop that issues
+// the ring's first NS tiles came out as LDGSTS through a descriptor register that nothing set
+// (an illegal instruction in run 112; ReadTiles' copies likewise until its ring slots were made
+// constants). Those blocks issue the first tiles by a loop that is not unrolled
+// (chunk_block<Hint, RolledFirstTiles = true>), and every copy then names a descriptor that the
+// kernel computes. tools/gpu/check_descriptors.py checks a build's SASS for such copies
+// (docs/kernels.md rule 7b).
 // Note [decode timeline]
 // A diagnostic: DecodeChunk<..., TL = true> (registered at head_dim 128 with 4 heads per block,
 // chosen by LOCKSTEP_DECODE_TIMELINE=<file>, which launch_decode then appends to) has thread 0
@@ -672,9 +675,10 @@ struct DecodeChunk
 
   // The work of chunk block c (Note [one grid]: also a block of DecodeOneGrid). Out of line on
   // the CPU, so that the chunk kernel and its one-grid kernels share one copy per SIMD variant.
-  // Hint: the K and V copies take p's L2 policy (Note [streamed tiles]; false in DecodeOneGrid
-  // on the GPU, true on the CPU, where it means nothing).
-  template <bool Hint = true, class X>
+  // Hint: the K and V copies take p's L2 policy (Note [streamed tiles]); RolledFirstTiles: the
+  // ring's first tiles are issued by a loop that is not unrolled (DecodeOneGrid on the GPU, Note
+  // [streamed tiles]: the unrolled hinted copies there got broken encodings from ptxas 13.0).
+  template <bool Hint = true, bool RolledFirstTiles = false, class X>
   LOCKSTEP_HD_OUTLINED_ON_CPU static void chunk_block(X& x, const Params& p, const BlockAt c) {
     using F = typename X::template Lanes<float>;
     using I = typename X::template Lanes<lane_int>;
@@ -730,8 +734,13 @@ struct DecodeChunk
       const bool row_major = row_major_decode<X>(x);
       if constexpr (NS > 0) {
         if (!row_major) {
-          LOCKSTEP_UNROLL
-          for (int j = 0; j < NS; ++j) issue_tile<Hint>(x, ring, kb, vb, j, live, nrow, kn, vn, policy);
+          if constexpr (RolledFirstTiles) {  // Note [streamed tiles]: DecodeOneGrid's blocks
+            LOCKSTEP_NO_UNROLL
+            for (int j = 0; j < NS; ++j) issue_tile<Hint>(x, ring, kb, vb, j, live, nrow, kn, vn, policy);
+          } else {
+            LOCKSTEP_UNROLL
+            for (int j = 0; j < NS; ++j) issue_tile<Hint>(x, ring, kb, vb, j, live, nrow, kn, vn, policy);
+          }
         }
         if (appends && by % subgroups == 0) {  // one block per kv head writes the cache
           const std::int64_t dst = kv_off + std::int64_t{nrow} * D;
@@ -981,24 +990,28 @@ struct DecodeChunk
 // Note [one grid]
 // DecodeOneGrid<C, M> is the chunk kernel C and the merge M in one launch: its grid is C's
 // blocks followed by M's, as one row of blocks. A block's work is not given by its block index
-// but by a ticket, an atomic add on p.ticket after the wait for the prior kernel: tickets below
-// C's block count run that chunk block (BlockAt from the ticket, x fastest, as C's own grid),
-// the rest that merge block, which waits on its (row, block y) counter as with programmatic
-// launch (Note [block signals]). This cannot deadlock whatever order the blocks are scheduled
-// in: a merge block that waits holds a ticket above every chunk block's, and every ticket below
-// it was taken by a block that had started and so runs on; chunk blocks never wait. The CPU
-// device takes the same tickets (each thread runs one block at a time; a merge block that finds
-// its counter short yields until the chunk blocks on the other threads have signalled). The
-// block that takes the last ticket resets p.ticket to zero for the next call (every ticket is
-// taken by then; the next kernel on the stream waits for this one). The arithmetic is C's and
-// M's: the bits are those of the two launches (tested); what changes is one launch instead of
-// two, about 5 us less host time per eager call (3.7-4.6 us instead of the two launches'
-// 8.8-9.3 at B=1 L=32768, run 64), for one atomic round trip at the start of each block, which
-// no block can start its work without: 1% more device time at B=1 L=32768 and B=128 L=2048,
-// none at B=32 L=4096, 13% (2.2 us) on a single-wave call (B=1 L=4096, 32 layers replayed in a
-// graph). A ticket counter per (row, block y), 8x less contention there, cost more (run 66):
-// the cost is the round trip. So launch_decode uses it only with LOCKSTEP_DECODE_ONE_GRID=1
-// (host-bound eager loops).
+// but by a ticket, an atomic add on p.ticket: tickets below C's block count run that chunk block
+// (BlockAt from the ticket, x fastest, as C's own grid), the rest that merge block, which waits
+// on its (row, block y) counter as with programmatic launch (Note [block signals]). This cannot
+// deadlock whatever order the blocks are scheduled in: a merge block that waits holds a ticket
+// above every chunk block's, and every ticket below it was taken by a block that had started and
+// so runs on; chunk blocks never wait. The CPU device takes the same tickets (each thread runs
+// one block at a time; a merge block that finds its counter short yields until the chunk blocks
+// on the other threads have signalled). The arithmetic is C's and M's: the bits are those of the
+// two launches (tested); what changes is one launch instead of two, half the host time of an
+// eager call.
+// The ticket costs each block an atomic round trip before its work. Taken after the wait for
+// the prior grid (runs 64-66) it cost 1% device time at B=1 L=32768 and B=128 L=2048 and 13%
+// (2.2 us) on a single-wave call (B=1 L=4096, 32 layers replayed in a graph), so the one grid
+// was a knob. Blocks now take it before that wait, where its round trip overlaps the previous
+// kernel's tail. This is safe because p.ticket is the first of the stream's counters (launch_decode
+// puts the pairs after it), which no other kernel that overlaps its predecessor uses, and the
+// block that takes the last ticket resets it to zero and fences before it lets the next grid
+// start (x.allow_dependent_grids comes after the ticket in every block): the next call's blocks
+// start only once every block of this call has passed that point, so they find it zero. A
+// ticket counter per (row, block y), 8x less contention, cost more (run 66): the cost is the
+// round trip. launch_decode uses the one grid by default on CUDA devices;
+// LOCKSTEP_DECODE_ONE_GRID=0 gives the two launches, =1 the one grid on the CPU device too.
 template <class C, class M>
 struct DecodeOneGrid {
   static constexpr const char* kName = "decode_one_grid";
@@ -1021,18 +1034,19 @@ struct DecodeOneGrid {
 
   template <class X>
   LOCKSTEP_HD static void run(X& x, const Params& p) {
-    x.wait_prior_grids();  // p.ticket is free once the previous call's grid is done
-    x.allow_dependent_grids();
     const std::int64_t nc = chunk_blocks(p);
     const int gz = static_cast<int>(grid_rows(p));
+    // The ticket before the wait for the prior grid, so that its round trip overlaps that wait
+    // (Note [one grid]: why p.ticket is free here).
     const int t = x.block_ticket(p.ticket, static_cast<int>(nc + merge_blocks(p)));
+    x.wait_prior_grids();
+    x.allow_dependent_grids();
     if (t < nc) {
       const int gy = p.H / C::kHeads;
       const int cx = t % p.max_chunks;
       const int cyz = t / p.max_chunks;
-      // Note [streamed tiles]: without the L2 policy on the GPU (ptxas 13.0 gave these kernels'
-      // hinted copies a descriptor register it never set: an illegal instruction in run 112).
-      C::template chunk_block<X::kIsCpu>(x, p, BlockAt{cx, cyz % gy, cyz / gy, gy, gz});
+      // Note [streamed tiles]: the first tiles by a loop that is not unrolled on the GPU.
+      C::template chunk_block<true, !X::kIsCpu>(x, p, BlockAt{cx, cyz % gy, cyz / gy, gy, gz});
     } else {
       const int m = static_cast<int>(t - nc);
       const int mx = p.H * M::kSlices;

@@ -30,8 +30,10 @@ LOCKSTEP_HD const auto& quad_part(const Q& q, int i) {
 #if defined(__CUDACC__)
 #define LOCKSTEP_UNROLL _Pragma("unroll")
 #define LOCKSTEP_UNROLL_4 _Pragma("unroll 4")
+#define LOCKSTEP_NO_UNROLL _Pragma("unroll 1")
 #else
 #define LOCKSTEP_UNROLL_4
+#define LOCKSTEP_NO_UNROLL
 #define LOCKSTEP_UNROLL  // the CPU's lanes live in memory: unrolling only costs compile time
 #endif
 
