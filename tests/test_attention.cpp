@@ -24,11 +24,13 @@
 namespace lockstep::testing {
 namespace {
 
-// Note [one grid]: whether a decode whose merge does not fold is one launch on `d`: the default
-// on CUDA devices; LOCKSTEP_DECODE_ONE_GRID=0|1 forces either.
+// Note [one grid]: whether a decode whose merge does not fold is one launch on `d`:
+// LOCKSTEP_DECODE_ONE_GRID=0|1 forces either; unset, the two launches on every device for now
+// (kOneGridOnCuda in attention/src/decode_launch.cpp; this follows it).
+constexpr bool kOneGridOnCuda = false;
 bool one_grid_by_default(const Device& d) {
   const char* env = std::getenv("LOCKSTEP_DECODE_ONE_GRID");
-  return env != nullptr ? std::atoi(env) != 0 : d.id().kind == DeviceKind::kCuda;
+  return env != nullptr ? std::atoi(env) != 0 : kOneGridOnCuda && d.id().kind == DeviceKind::kCuda;
 }
 
 class Attention : public BackendTest {
@@ -406,8 +408,8 @@ TEST_P(Attention, DecodeSignalsGiveTheSameBytesAndLeaveCountersZero) {
   // Note [folded merge]: incremental_attention's chunks are those of its length; with 4 heads per
   // block, up to 2 chunks (G * chunks <= 8) the chunk kernel merges, one launch; more take the
   // separate merge, which waits on the counters: two launches.
-  // On CUDA devices (or with LOCKSTEP_DECODE_ONE_GRID=1) the merges that do not fold run in the
-  // chunk kernel's launch (Note [one grid]): one launch always.
+  // With the one grid (Note [one grid]; LOCKSTEP_DECODE_ONE_GRID=1) the merges that do not fold
+  // run in the chunk kernel's launch: one launch always.
   const bool one_grid = one_grid_by_default(*dev);
   const bool default_schedule =
       std::getenv("LOCKSTEP_DECODE_FOLD") == nullptr && std::getenv("LOCKSTEP_DECODE_SIGNALS") == nullptr &&
@@ -454,7 +456,7 @@ TEST_P(Attention, DecodeSignalsGiveTheSameBytesAndLeaveCountersZero) {
     const auto launches_before = s().launches();
     flash_decoding(s(), cache, 0, fq, fk, fv, std::vector<std::int64_t>{1000 + step, -1, 300 + step}, fo);
     // 5 chunks x 4 heads per block: too large a merge to fold by default (Note [folded merge]);
-    // one grid on CUDA devices or with LOCKSTEP_DECODE_ONE_GRID=1 (Note [one grid]).
+    // one with the one grid (Note [one grid]; LOCKSTEP_DECODE_ONE_GRID=1).
     if (default_schedule) EXPECT_EQ(s().launches() - launches_before, one_grid ? 1u : 2u) << "the chunk kernel and the merge";
     std::vector<std::int32_t> counters(64, -1);
     auto* c = detail::StreamAccess::counters(s(), counters.size());

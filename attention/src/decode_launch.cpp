@@ -79,12 +79,16 @@ int fold_knob() {
   return f;
 }
 // Note [one grid]: the chunk kernel and the merge as one DecodeOneGrid launch instead of two
-// where the merge is not folded: half the host time of an eager call; the same bits. The default
-// on CUDA devices; the CPU device keeps the two launches (no launch costs there to save).
-// LOCKSTEP_DECODE_ONE_GRID=0|1 forces either on every device (measurements).
+// where the merge is not folded: half the host time of an eager call; the same bits.
+// LOCKSTEP_DECODE_ONE_GRID=0|1 forces either on every device. Unset: the one grid on CUDA devices
+// when kOneGridOnCuda, the two launches otherwise (the CPU device has no launch cost to save).
+// kOneGridOnCuda is false until a GPU run has verified and measured the one grid of 0c0a485 (its
+// ticket before the prior-grid wait, the L2 policy in its chunk blocks): no device was lent in
+// the session that wrote it; tools/gpu/run117.sh is that run.
+constexpr bool kOneGridOnCuda = false;
 bool one_grid_for(const Stream& s) {
   static const int n = env_knob("LOCKSTEP_DECODE_ONE_GRID", -1);
-  return n >= 0 ? n != 0 : s.device().id().kind == DeviceKind::kCuda;
+  return n >= 0 ? n != 0 : kOneGridOnCuda && s.device().id().kind == DeviceKind::kCuda;
 }
 // LOCKSTEP_DECODE_TIMELINE=<file>: a diagnostic (Note [decode timeline] in kernels/decode.hpp).
 // At head_dim 128 with 4 query heads per block, each call runs the chunk kernel's timeline

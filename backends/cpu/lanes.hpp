@@ -817,6 +817,8 @@ class CpuExec {
     if (t == total - 1) a.store(0, std::memory_order_relaxed);
     return t;
   }
+  // The CPU device runs kernels one after another: no grid overlaps the next.
+  int block_ticket_before_wait(std::int32_t* c, int total) const { return block_ticket(c, total); }
   void release_signals(std::int32_t* c, int ticket, int readers) const {
     if (ticket != readers - 1) return;
     std::atomic_ref<std::int32_t>(c[1]).store(0, std::memory_order_release);

@@ -242,9 +242,20 @@ struct CudaExec {
     __shared__ int ticket;
     if (threadIdx.x == 0) {
       const int t = atomicAdd(c, 1);
+      if (t == total - 1) atomicExch(c, 0);
+      ticket = t;
+    }
+    __syncthreads();
+    return ticket;
+  }
+  // As block_ticket, for a ticket taken before the wait for the prior grid (DecodeOneGrid): the
+  // last taker's reset is performed (a fence) before its block can let the next grid start.
+  __device__ __forceinline__ int block_ticket_before_wait(std::int32_t* c, int total) const {
+    __shared__ int ticket;
+    if (threadIdx.x == 0) {
+      const int t = atomicAdd(c, 1);
       if (t == total - 1) {
         atomicExch(c, 0);
-        // Note [one grid]: the reset is performed before this block lets the next grid start.
         __threadfence();
       }
       ticket = t;

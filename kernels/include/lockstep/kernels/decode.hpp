@@ -1010,8 +1010,9 @@ struct DecodeChunk
 // start (x.allow_dependent_grids comes after the ticket in every block): the next call's blocks
 // start only once every block of this call has passed that point, so they find it zero. A
 // ticket counter per (row, block y), 8x less contention, cost more (run 66): the cost is the
-// round trip. launch_decode uses the one grid by default on CUDA devices;
-// LOCKSTEP_DECODE_ONE_GRID=0 gives the two launches, =1 the one grid on the CPU device too.
+// round trip. With LOCKSTEP_DECODE_ONE_GRID=1 launch_decode uses the one grid (kOneGridOnCuda
+// there makes it the default on CUDA devices once a GPU run has measured this version: the
+// ticket before the wait and the L2 policy in the chunk blocks are not yet measured).
 template <class C, class M>
 struct DecodeOneGrid {
   static constexpr const char* kName = "decode_one_grid";
@@ -1037,8 +1038,9 @@ struct DecodeOneGrid {
     const std::int64_t nc = chunk_blocks(p);
     const int gz = static_cast<int>(grid_rows(p));
     // The ticket before the wait for the prior grid, so that its round trip overlaps that wait
-    // (Note [one grid]: why p.ticket is free here).
-    const int t = x.block_ticket(p.ticket, static_cast<int>(nc + merge_blocks(p)));
+    // (Note [one grid]: why p.ticket is free here; CudaExec's block_ticket_before_wait fences the
+    // last taker's reset).
+    const int t = x.block_ticket_before_wait(p.ticket, static_cast<int>(nc + merge_blocks(p)));
     x.wait_prior_grids();
     x.allow_dependent_grids();
     if (t < nc) {
