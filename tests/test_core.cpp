@@ -204,6 +204,31 @@ TEST_P(Core, MemoryStatisticsTrackBuffers) {
   EXPECT_EQ(dev->memory_stats().in_use, before.in_use);
 }
 
+// Note [stream counters]: a stream's counters are zeros; a request that fits the current block
+// returns it (not fresh), a larger one a new zeroed block (fresh: the fill just enqueued is the
+// work before the next launch, which Note [one grid] must know).
+TEST_P(Core, StreamCountersAreZerosAndSayWhenFresh) {
+  auto s = dev->create_stream();
+  bool fresh = false;
+  std::int32_t* a = detail::StreamAccess::counters(*s, 10, &fresh);
+  EXPECT_TRUE(fresh) << "the stream's first counters";
+  std::vector<std::int32_t> host(1024, -1);
+  detail::StreamAccess::copy_d2h(*s, host.data(), a, host.size() * sizeof(std::int32_t));
+  s->synchronize();
+  EXPECT_TRUE(std::all_of(host.begin(), host.end(), [](std::int32_t v) { return v == 0; }));
+  fresh = true;
+  EXPECT_EQ(detail::StreamAccess::counters(*s, 1000, &fresh), a);
+  EXPECT_FALSE(fresh) << "a request within the block";
+  std::int32_t* b = detail::StreamAccess::counters(*s, 5000, &fresh);
+  EXPECT_TRUE(fresh) << "a larger request";
+  EXPECT_NE(b, a);
+  std::vector<std::int32_t> big(5000, -1);
+  detail::StreamAccess::copy_d2h(*s, big.data(), b, big.size() * sizeof(std::int32_t));
+  s->synchronize();
+  EXPECT_TRUE(std::all_of(big.begin(), big.end(), [](std::int32_t v) { return v == 0; }));
+  EXPECT_EQ(detail::StreamAccess::counters(*s, 10), b) << "the newest block serves smaller requests";
+}
+
 TEST_P(Core, DestroyingABufferWithQueuedWorkIsSafe) {
   // The input is released while kernels that read it are still queued: the release waits for
   // the device's streams (Note [buffer release]); AddressSanitizer / compute-sanitizer would flag

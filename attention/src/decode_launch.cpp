@@ -352,10 +352,12 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
   // stream (a call's blocks take it before the previous call's grid is done), then the pairs.
   const std::size_t pair_ints = std::size_t(p.rows) * (p.H / g) * 2;
   const std::size_t counter_ints = 1 + pair_ints;
+  bool fresh = false;
   std::int32_t* const counters =
-      diag_only_knob() == 0 && signals_knob() != 0 ? StreamAccess::counters(s, counter_ints) : nullptr;
+      diag_only_knob() == 0 && signals_knob() != 0 ? StreamAccess::counters(s, counter_ints, &fresh) : nullptr;
   p.ticket = counters;
   p.counters = counters != nullptr ? counters + 1 : nullptr;
+  p.ticket_after_wait = fresh ? 1 : 0;  // Note [one grid]: a fill zeroed them just now
   const std::uint32_t rows_grid = static_cast<std::uint32_t>(std::min<std::int32_t>(p.rows, 65535));
   const Dim3 chunk_grid{static_cast<std::uint32_t>(p.max_chunks),
                         static_cast<std::uint32_t>(p.Hkv * (group / g)), rows_grid};
@@ -372,8 +374,10 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
     }
   } catch (...) {
     // A chunk kernel enqueued without its merge would leave counts behind that a later merge
-    // would pass too early or wait on forever: zero them after it (Note [block signals]).
-    if (counters != nullptr) StreamAccess::fill32(s, counters, 0, counter_ints);
+    // would pass too early or wait on forever: zero the pairs after it (Note [block signals]).
+    // Not the ticket, which no enqueued kernel leaves non-zero and a later DecodeOneGrid may take
+    // before its wait for this fill (Note [one grid]).
+    if (counters != nullptr) StreamAccess::fill32(s, counters + 1, 0, pair_ints);
     throw;
   }
   return launches;

@@ -138,7 +138,8 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
           using K = decltype(k);
           const std::int64_t tiles_q = kernels::ceil_div(seq_q, std::int64_t{K::kRows});
           if (tiles_q * heads * batch > 0x7fffffff) return false;
-          std::int32_t* c = detail::StreamAccess::counters(s, std::size_t(1 + 2 * batch * p.Hkv));
+          // After the stream's first counter, which only DecodeOneGrid uses (Note [one grid]).
+          std::int32_t* c = detail::StreamAccess::counters(s, std::size_t(2 + 2 * batch * p.Hkv)) + 1;
           tp.ticket = c;
           tp.pack_counters = c + 1;
           const Dim3 first{static_cast<std::uint32_t>(kernels::ceil_div(p.Skv, 64)), 1, 1};

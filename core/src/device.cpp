@@ -34,10 +34,11 @@ void* Stream::scratch(std::size_t bytes) {
   return block_for(scratch_, device(), std::max<std::size_t>(bytes, 1), std::size_t(1) << 20, fresh).ptr;
 }
 
-std::int32_t* Stream::counters(std::size_t count) {
+std::int32_t* Stream::counters(std::size_t count, bool* fresh_out) {
   bool fresh = false;
   const auto& b = block_for(counters_, device(), std::max<std::size_t>(count, 1) * sizeof(std::int32_t), 4096, fresh);
   if (fresh) fill32(b.ptr, 0, b.bytes / sizeof(std::int32_t));
+  if (fresh_out != nullptr) *fresh_out = fresh;
   return static_cast<std::int32_t*>(b.ptr);
 }
 

@@ -146,7 +146,9 @@ class Stream {
   // signals] in kernels/decode.hpp). The kernels that use them leave them zero when they finish,
   // so consecutive calls share them; a larger request allocates a new block, zero-filled on the
   // stream (an ordered fill, enqueued once), and keeps the old one until the stream is destroyed.
-  std::int32_t* counters(std::size_t count);
+  // *fresh (when given) says whether this call allocated the block, i.e. whether that fill is the
+  // work just before the next launch (Note [one grid] in kernels/decode.hpp).
+  std::int32_t* counters(std::size_t count, bool* fresh = nullptr);
   std::vector<ScratchBlock> counters_;
   std::uint64_t launches_ = 0;
 };
@@ -232,7 +234,9 @@ struct StreamAccess {
     ++s.launches_;
   }
   static void* scratch(Stream& s, std::size_t bytes) { return s.scratch(bytes); }
-  static std::int32_t* counters(Stream& s, std::size_t count) { return s.counters(count); }
+  static std::int32_t* counters(Stream& s, std::size_t count, bool* fresh = nullptr) {
+    return s.counters(count, fresh);
+  }
 };
 }  // namespace detail
 

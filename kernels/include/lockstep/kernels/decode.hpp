@@ -79,6 +79,10 @@ struct DecodeParams {
   // Note [streamed tiles]: the L2 policy of the chunk kernel's K and V copies (kL2Unchanged,
   // kL2EvictFirst; kL2EvictNormal for measurements).
   std::int32_t kv_l2_policy;
+  // Note [one grid]: 1: DecodeOneGrid's blocks take their ticket after the wait for the prior
+  // grid (the stream's counters were just zeroed by a fill); 0: before it. (Last, so that the
+  // other kernels' parameter offsets do not move.)
+  std::int32_t ticket_after_wait;
 };
 
 // Note [row-major decode]
@@ -557,7 +561,7 @@ struct DecodeChunkBound<true, N> {
 // the ring's first NS tiles came out as LDGSTS through a descriptor register that nothing set
 // (an illegal instruction in run 112; ReadTiles' copies likewise until its ring slots were made
 // constants). Those blocks issue the first tiles by a loop that is not unrolled
-// (chunk_block<Hint, RolledFirstTiles = true>), and every copy then names a descriptor that the
+// (chunk_block<RolledFirstTiles = true>), and every copy then names a descriptor that the
 // kernel computes. tools/gpu/check_descriptors.py checks a build's SASS for such copies
 // (docs/kernels.md rule 7b).
 // Note [decode timeline]
@@ -599,7 +603,7 @@ struct DecodeChunk
   // Note [fused append]: the tile that holds row nrow (>= 0) takes that row from kn (K) or vn
   // (V), the others from the cache, by two copies with disjoint lanes; its rows past nrow are
   // past the length (nrow is the row's last token) and left unwritten, never read.
-  template <bool Hint, class X>
+  template <class X>
   LOCKSTEP_HD static void issue_tile(X& x, float* ring, const float* kb, const float* vb, int j,
                                      int live, int nrow, const float* kn, const float* vn, std::uint64_t policy) {
     if (j < 2 * kTiles) {
@@ -620,10 +624,7 @@ struct DecodeChunk
         LOCKSTEP_UNROLL
         for (int v0 = 0; v0 < kTileRows * D / 4; v0 += kThreads) {
           const auto v = x.thread() + v0;
-          if constexpr (Hint)
-            x.copy4_async_stream(dst, v * 4, src, v * 4 + row0 * D, v < lim, policy);  // Note [streamed tiles]
-          else
-            x.copy4_async(dst, v * 4, src, v * 4 + row0 * D, v < lim);
+          x.copy4_async_stream(dst, v * 4, src, v * 4 + row0 * D, v < lim, policy);  // Note [streamed tiles]
         }
       }
     }
@@ -675,10 +676,10 @@ struct DecodeChunk
 
   // The work of chunk block c (Note [one grid]: also a block of DecodeOneGrid). Out of line on
   // the CPU, so that the chunk kernel and its one-grid kernels share one copy per SIMD variant.
-  // Hint: the K and V copies take p's L2 policy (Note [streamed tiles]); RolledFirstTiles: the
+  // The K and V copies take p's L2 policy (Note [streamed tiles]); RolledFirstTiles: the
   // ring's first tiles are issued by a loop that is not unrolled (DecodeOneGrid on the GPU, Note
   // [streamed tiles]: the unrolled hinted copies there got broken encodings from ptxas 13.0).
-  template <bool Hint = true, bool RolledFirstTiles = false, class X>
+  template <bool RolledFirstTiles = false, class X>
   LOCKSTEP_HD_OUTLINED_ON_CPU static void chunk_block(X& x, const Params& p, const BlockAt c) {
     using F = typename X::template Lanes<float>;
     using I = typename X::template Lanes<lane_int>;
@@ -688,7 +689,7 @@ struct DecodeChunk
     float* P = x.template shared<float>(G * kDecodeChunk);   // exp(score - chunk max)
     float* O = x.template shared<float>(kWarps * G * D);     // per-warp partial outputs
     float* ring = x.template shared<float>(NS * kTileRows * D);  // Note [async tiles]
-    const std::uint64_t policy = Hint ? x.l2_policy(p.kv_l2_policy) : 0;  // Note [streamed tiles]
+    const std::uint64_t policy = x.l2_policy(p.kv_l2_policy);  // Note [streamed tiles]
     const int by = c.y;
     const int group = p.H / p.Hkv;
     const int subgroups = group / G;
@@ -736,10 +737,10 @@ struct DecodeChunk
         if (!row_major) {
           if constexpr (RolledFirstTiles) {  // Note [streamed tiles]: DecodeOneGrid's blocks
             LOCKSTEP_NO_UNROLL
-            for (int j = 0; j < NS; ++j) issue_tile<Hint>(x, ring, kb, vb, j, live, nrow, kn, vn, policy);
+            for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live, nrow, kn, vn, policy);
           } else {
             LOCKSTEP_UNROLL
-            for (int j = 0; j < NS; ++j) issue_tile<Hint>(x, ring, kb, vb, j, live, nrow, kn, vn, policy);
+            for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live, nrow, kn, vn, policy);
           }
         }
         if (appends && by % subgroups == 0) {  // one block per kv head writes the cache
@@ -824,7 +825,7 @@ struct DecodeChunk
         }
         if constexpr (NS > 0) {
           x.sync();  // every warp is done with the slot before it is refilled
-          issue_tile<Hint>(x, ring, kb, vb, it / kTileRows + NS, live, nrow, kn, vn, policy);
+          issue_tile(x, ring, kb, vb, it / kTileRows + NS, live, nrow, kn, vn, policy);
         }
       }
       x.sync();
@@ -898,7 +899,7 @@ struct DecodeChunk
             }
         if constexpr (NS > 0) {
           x.sync();
-          issue_tile<Hint>(x, ring, kb, vb, kTiles + it / kTileRows + NS, live, nrow, kn, vn, policy);
+          issue_tile(x, ring, kb, vb, kTiles + it / kTileRows + NS, live, nrow, kn, vn, policy);
         }
       }
       mark(x, p, c, 4);
@@ -1004,12 +1005,23 @@ struct DecodeChunk
 // the prior grid (runs 64-66) it cost 1% device time at B=1 L=32768 and B=128 L=2048 and 13%
 // (2.2 us) on a single-wave call (B=1 L=4096, 32 layers replayed in a graph), so the one grid
 // was a knob. Blocks now take it before that wait, where its round trip overlaps the previous
-// kernel's tail. This is safe because p.ticket is the first of the stream's counters (launch_decode
-// puts the pairs after it), which no other kernel that overlaps its predecessor uses, and the
-// block that takes the last ticket resets it to zero and fences before it lets the next grid
-// start (x.allow_dependent_grids comes after the ticket in every block): the next call's blocks
-// start only once every block of this call has passed that point, so they find it zero. A
-// ticket counter per (row, block y), 8x less contention, cost more (run 66): the cost is the
+// kernel's tail. This needs p.ticket to be zero, with no store to it still in flight, when the
+// grid's first block starts, which may be before the previous kernel has finished (programmatic
+// launch: once every block of that kernel has let dependents start or exited):
+//   - p.ticket is the first of the stream's counters (launch_decode puts the pairs after it;
+//     fused attention's packing tickets and counters start at the second), so only
+//     DecodeOneGrid blocks and the fill that zeroes a fresh counter block write it;
+//   - the block that takes the last ticket resets it to zero and fences (the reset is performed
+//     in the L2) before it lets the next grid start (x.allow_dependent_grids comes after the
+//     ticket in every block), and a grid starts only once every block of the kernel before it
+//     has passed that point (or exited), so the next call's blocks find it zero. The PTX model
+//     gives the trigger no memory ordering (only griddepcontrol.wait does); the argument is the
+//     fence's: the reset is in the L2, where the next call's atomics are performed, before the
+//     trigger is issued;
+//   - the fill that zeroes a fresh block triggers only as its blocks exit, its stores possibly
+//     still in flight: the first call after it (Stream::counters says fresh) sets
+//     p.ticket_after_wait, and its blocks take the ticket after the wait, as before.
+// A ticket counter per (row, block y), 8x less contention, cost more (run 66): the cost is the
 // round trip. With LOCKSTEP_DECODE_ONE_GRID=1 launch_decode uses the one grid (kOneGridOnCuda
 // there makes it the default on CUDA devices once a GPU run has measured this version: the
 // ticket before the wait and the L2 policy in the chunk blocks are not yet measured).
@@ -1039,16 +1051,23 @@ struct DecodeOneGrid {
     const int gz = static_cast<int>(grid_rows(p));
     // The ticket before the wait for the prior grid, so that its round trip overlaps that wait
     // (Note [one grid]: why p.ticket is free here; CudaExec's block_ticket_before_wait fences the
-    // last taker's reset).
-    const int t = x.block_ticket_before_wait(p.ticket, static_cast<int>(nc + merge_blocks(p)));
-    x.wait_prior_grids();
+    // last taker's reset), except right after the fill that zeroed a fresh counter block.
+    const int total = static_cast<int>(nc + merge_blocks(p));
+    int t;
+    if (p.ticket_after_wait != 0) {  // block-uniform
+      x.wait_prior_grids();
+      t = x.block_ticket_before_wait(p.ticket, total);
+    } else {
+      t = x.block_ticket_before_wait(p.ticket, total);
+      x.wait_prior_grids();
+    }
     x.allow_dependent_grids();
     if (t < nc) {
       const int gy = p.H / C::kHeads;
       const int cx = t % p.max_chunks;
       const int cyz = t / p.max_chunks;
       // Note [streamed tiles]: the first tiles by a loop that is not unrolled on the GPU.
-      C::template chunk_block<true, !X::kIsCpu>(x, p, BlockAt{cx, cyz % gy, cyz / gy, gy, gz});
+      C::template chunk_block<!X::kIsCpu>(x, p, BlockAt{cx, cyz % gy, cyz / gy, gy, gz});
     } else {
       const int m = static_cast<int>(t - nc);
       const int mx = p.H * M::kSlices;

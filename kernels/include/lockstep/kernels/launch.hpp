@@ -11,7 +11,8 @@ namespace lockstep {
 
 // Note [overlapped launches]
 // A kernel with `static constexpr bool kOverlapsPrior = true` calls x.wait_prior_grids() before
-// it touches memory, and x.allow_dependent_grids() once its successors may be scheduled. On
+// it touches memory (DecodeOneGrid takes its ticket before, as Note [one grid] argues), and
+// x.allow_dependent_grids() once its successors may be scheduled. On
 // sm_90 the CUDA backend then launches it with programmatic stream serialization: its blocks may
 // be scheduled while the previous kernel on the stream drains, and wait there until that
 // kernel's writes are visible, which hides the launch latency between the decode kernels. The
