@@ -582,6 +582,8 @@ class CpuExec {
   CpuExec(char* shared, std::size_t shared_bytes) : smem_(shared), smem_cap_(shared_bytes) {
     const char* lanes = std::getenv("LOCKSTEP_CPU_DECODE_LANES");  // Note [row-major decode]
     row_major_decode_ = lanes == nullptr || std::atoi(lanes) == 0;
+    const char* exact_lanes = std::getenv("LOCKSTEP_CPU_EXACT_LANES");  // Note [row-major exact]
+    row_major_exact_ = exact_lanes == nullptr || std::atoi(exact_lanes) == 0;
   }
   void begin_block(const BlockCoords& b) {
     blk_ = b;
@@ -1353,8 +1355,154 @@ class CpuExec {
         }
     }
   }
+
+  // --- Note [row-major exact] (kernels/include/lockstep/kernels/fused_attention.hpp) ----------
+  // FusedAttentionExact's block of 64 query rows, computed row by row with the arithmetic and
+  // order of the lanes that store each value (Note [exact register tiles]): per key tile of
+  // kTile keys, in order,
+  //   score(r, key) = fma chain over d = 0 .. D-1 from 0, then times scale; -inf where the key
+  //     is not visible to the row (past the tile's keys, a dead row, causal);
+  //   m_new = max(m, the tile's max); none = m_new == -inf; w = none ? 0 : exp(score - m_new);
+  //   the row group's thread kg sums its keys kg * 4 + 4 KG (j / 4) + j % 4, j = 0 .. kTile / KG
+  //     - 1 in order from 0, then the butterfly over the KG threads (offsets KG / 2 .. 1, each
+  //     thread's own value first); alpha = none ? 1 : exp(m - m_new); l = l * alpha + that sum
+  //     (thread kg's own l: the threads' sums differ only in NaN payloads);
+  //   acc = acc * alpha, then fma(w, v, acc) over the tile's kTile keys in order, V's rows past
+  //     the tile's keys being zeros;
+  // out = l == 0 ? 0 : acc / l (column c's l is thread (c / 4) % KG's), log-sum-exp m + log(l)
+  // (-inf when l == 0, thread 0's l). Q, K and V are read where they are (no shared memory).
+  bool row_major_exact() const { return row_major_exact_; }
+  static constexpr bool kRowMajorExact = true;
+  template <int D, int KG, int kTile>
+  void exact_rows(const float* qb, int q_ss, const float* kb, int k_ss, const float* vb, int v_ss, float* ob,
+                  int o_ss, float* lse, int rows, int s0, int shift, int last_key, bool causal,
+                  float scale) const {
+    constexpr int kRows = 64;
+    constexpr int kKeys = kTile / KG;  // keys per thread and tile
+    static_assert(kTile % (2 * kL) == 0 && D % (2 * kL) == 0, "whole vector pairs of keys and columns");
+    const DF d;
+    using V = hn::Vec<DF>;
+    constexpr float kNegInf = -__builtin_huge_valf();
+    // Per thread: K^T of the tile, the scores, the weights, the accumulators (no dynamic memory).
+    alignas(64) static thread_local float Kt[D * kTile];
+    alignas(64) static thread_local float S[kRows * kTile];
+    alignas(64) static thread_local float acc[kRows * D];
+    alignas(64) static thread_local float zeros[D];
+    float m[kRows], l[kRows][KG];
+    const int rows4 = (rows + 3) / 4 * 4;  // rows processed in fours; rows at or past `rows` are dead
+    for (int r = 0; r < rows4; ++r) {
+      m[r] = kNegInf;
+      for (int g = 0; g < KG; ++g) l[r][g] = 0.0f;
+      for (int c = 0; c < D; c += kL) hn::Store(hn::Zero(d), d, acc + r * D + c);
+    }
+    for (int c = 0; c < D; c += kL) hn::Store(hn::Zero(d), d, zeros + c);
+    for (int j0 = 0; j0 < last_key; j0 += kTile) {
+      const int keys = std::min(last_key - j0, kTile);
+      // K^T: Kt[dd * kTile + key], zeros past the tile's keys.
+      for (int key = 0; key < kTile; ++key) {
+        const float* kr = key < keys ? kb + std::int64_t(j0 + key) * k_ss : zeros;
+        for (int dd = 0; dd < D; ++dd) Kt[dd * kTile + key] = kr[dd];
+      }
+      // Scores of four rows and 2 kL keys at a time: each an fma chain over dd in order.
+      for (int r = 0; r < rows4; r += 4) {
+        const float* qr[4];
+        for (int i = 0; i < 4; ++i) qr[i] = r + i < rows ? qb + std::int64_t(r + i) * q_ss : zeros;
+        for (int k0 = 0; k0 < kTile; k0 += 2 * kL) {
+          V a0[4], a1[4];
+          for (int i = 0; i < 4; ++i) a0[i] = a1[i] = hn::Zero(d);
+          for (int dd = 0; dd < D; ++dd) {
+            const V k0v = hn::Load(d, Kt + dd * kTile + k0), k1v = hn::Load(d, Kt + dd * kTile + k0 + kL);
+            for (int i = 0; i < 4; ++i) {
+              const V qv = hn::Set(d, qr[i][dd]);
+              a0[i] = hn::MulAdd(qv, k0v, a0[i]);
+              a1[i] = hn::MulAdd(qv, k1v, a1[i]);
+            }
+          }
+          for (int i = 0; i < 4; ++i) {
+            hn::Store(a0[i], d, S + (r + i) * kTile + k0);
+            hn::Store(a1[i], d, S + (r + i) * kTile + k0 + kL);
+          }
+        }
+      }
+      // The online softmax of each row; the weights replace the scores.
+      for (int r = 0; r < rows4; ++r) {
+        float* sr = S + r * kTile;
+        if (r >= rows) {  // dead: every key invisible, nothing stored
+          for (int k0 = 0; k0 < kTile; k0 += kL) hn::Store(hn::Zero(d), d, sr + k0);
+          continue;
+        }
+        // Keys visible to the row: key < keys, and causal: key + j0 <= s0 + r + shift.
+        const int vis = causal ? std::min(keys, s0 + r + shift - j0 + 1) : keys;
+        VF mv(kNegInf);
+        for (int k0 = 0; k0 < kTile; k0 += kL) {
+          const auto visible = hn::Lt(hn::ConvertTo(d, LS_IOTA()), hn::Set(d, float(vis - k0)));
+          const V sc = hn::IfThenElse(visible, hn::Mul(hn::Load(d, sr + k0), hn::Set(d, scale)), hn::Set(d, kNegInf));
+          hn::Store(sc, d, sr + k0);
+          mv = math::max(mv, VF(sc));
+        }
+        alignas(64) float mc[kL];
+        hn::Store(mv.v, d, mc);
+        float tmax = mc[0];
+        for (int i = 1; i < kL; ++i) tmax = math::max(tmax, mc[i]);
+        const float m_new = math::max(m[r], tmax);
+        const bool none = m_new == kNegInf;
+        for (int k0 = 0; k0 < kTile; k0 += kL) {
+          const VF e = math::exp(VF(hn::Load(d, sr + k0)) - VF(m_new));
+          hn::Store(none ? hn::Zero(d) : e.v, d, sr + k0);
+        }
+        float ps[KG];
+        for (int g = 0; g < KG; ++g) {
+          float t = 0.0f;
+          for (int j = 0; j < kKeys; ++j) t = t + sr[g * 4 + 4 * KG * (j / 4) + j % 4];
+          ps[g] = t;
+        }
+        for (int off = KG / 2; off >= 1; off /= 2) {
+          float nx[KG];
+          for (int g = 0; g < KG; ++g) nx[g] = ps[g] + ps[g ^ off];
+          for (int g = 0; g < KG; ++g) ps[g] = nx[g];
+        }
+        const float alpha = none ? 1.0f : math::exp(m[r] - m_new);
+        for (int g = 0; g < KG; ++g) l[r][g] = l[r][g] * alpha + ps[g];
+        m[r] = m_new;
+        for (int c = 0; c < D; c += kL)
+          hn::Store(hn::Mul(hn::Load(d, acc + r * D + c), hn::Set(d, alpha)), d, acc + r * D + c);
+      }
+      // P x V: four rows and 2 kL columns at a time, fma over the tile's keys in order.
+      for (int r = 0; r < rows4; r += 4) {
+        for (int c0 = 0; c0 < D; c0 += 2 * kL) {
+          V a0[4], a1[4];
+          for (int i = 0; i < 4; ++i) {
+            a0[i] = hn::Load(d, acc + (r + i) * D + c0);
+            a1[i] = hn::Load(d, acc + (r + i) * D + c0 + kL);
+          }
+          for (int key = 0; key < kTile; ++key) {
+            const float* vr = key < keys ? vb + std::int64_t(j0 + key) * v_ss : zeros;
+            const V v0 = hn::LoadU(d, vr + c0), v1 = hn::LoadU(d, vr + c0 + kL);
+            for (int i = 0; i < 4; ++i) {
+              const V w = hn::Set(d, S[(r + i) * kTile + key]);
+              a0[i] = hn::MulAdd(w, v0, a0[i]);
+              a1[i] = hn::MulAdd(w, v1, a1[i]);
+            }
+          }
+          for (int i = 0; i < 4; ++i) {
+            hn::Store(a0[i], d, acc + (r + i) * D + c0);
+            hn::Store(a1[i], d, acc + (r + i) * D + c0 + kL);
+          }
+        }
+      }
+    }
+    for (int r = 0; r < rows; ++r) {
+      float* orow = ob + std::int64_t(r) * o_ss;
+      for (int c = 0; c < D; ++c) {
+        const float lc = l[r][(c / 4) % KG];
+        orow[c] = lc == 0.0f ? 0.0f : acc[r * D + c] / lc;
+      }
+      if (lse != nullptr) lse[r] = l[r][0] == 0.0f ? kNegInf : m[r] + math::log(l[r][0]);
+    }
+  }
 #else
   static constexpr bool kRowMajorDecode = false;
+  static constexpr bool kRowMajorExact = false;
 #endif
 
  private:
@@ -1396,6 +1544,7 @@ class CpuExec {
   char* smem_;
   std::size_t smem_cap_;
   bool row_major_decode_ = true;
+  bool row_major_exact_ = true;
   std::size_t smem_off_ = 0;
 };
 

@@ -10,6 +10,8 @@
 // GQA: query head h reads kv head h / (H / Hkv). Causal masking is bottom-right aligned: query i
 // sees keys j <= i + (Skv - Sq). A fully masked row gives zeros and log-sum-exp -inf.
 
+#include <type_traits>
+
 #include "lockstep/kernels/hd.hpp"
 
 namespace lockstep::kernels {
@@ -132,6 +134,24 @@ struct FusedBlock {
 // 0.255 ms, while 16x16x1024 causal, 4096 blocks, took 1.34-1.36 instead of 1.31-1.34: run 60).
 // Only when loads happen changes: not the bits.
 
+// Note [row-major exact]
+// The CPU device runs FusedAttentionExact's blocks statement by statement over their lanes,
+// each lane value an array in memory: 22 GFLOP/s at 1 x 4 x 256 x 64 on the 2-core machine,
+// 10% of its fma rate (perf-targets.md asks 50% for prefill). With an execution context that
+// offers it (X::kRowMajorExact: the CPU's avx2 and avx3 variants, unless
+// LOCKSTEP_CPU_EXACT_LANES=1), the block is computed row by row instead (x.exact_rows in
+// backends/cpu/lanes.hpp): K and V read where they are, every score, weight, sum and
+// accumulator computed by the operations, in the order, of the lane that stores it here (the
+// comment there lists them), so the bits are the lane path's (tested against it on the CPU,
+// and CUDA == CPU on the GPU). Like Note [row-major decode], a kernel's arithmetic written a
+// second time, in a backend.
+template <class X, class = void>
+struct has_row_major_exact : std::false_type {};
+template <class X>
+struct has_row_major_exact<X, std::void_t<decltype(X::kRowMajorExact)>> : std::bool_constant<X::kRowMajorExact> {};
+template <class X>
+inline constexpr bool row_major_exact_v = has_row_major_exact<X>::value;
+
 // KG = 16 threads per row group at head_dim 128 (42.7 vs 47.6 ms at B4 H32 L4096, run 54), 8
 // elsewhere (head_dim 64: 1.68 vs 1.89 ms at 16x16x1024 causal); part of the bits.
 // SP: P in its own buffer (1), in K's memory (0), or where that costs no block per SM (-1;
@@ -253,6 +273,14 @@ struct FusedAttentionExact {
     float* Vs = x.template shared<float>(kVFloats);
 
     const FusedBlock fb(x, p, kRows, /*reverse_causal=*/true);
+    if constexpr (row_major_exact_v<X>) {
+      if (x.row_major_exact()) {  // Note [row-major exact]
+        float* lse = p.lse != nullptr ? p.lse + (std::int64_t{fb.b} * p.H + fb.h) * p.Sq + fb.s0 : nullptr;
+        x.template exact_rows<D, KG, kTile>(fb.qb, fb.q_ss, fb.kb, fb.k_ss, fb.vb, fb.v_ss, fb.ob, fb.o_ss, lse,
+                                            fb.rows, fb.s0, fb.shift, fb.last_key(p), p.causal != 0, p.scale);
+        return;
+      }
+    }
     const int s0 = fb.s0, rows = fb.rows, shift = fb.shift;
     const float *qb = fb.qb, *kb = fb.kb, *vb = fb.vb;
     float* ob = fb.ob;
