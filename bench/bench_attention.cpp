@@ -361,6 +361,13 @@ std::vector<Bench> attention_benches() {
              rs.push_back(fused(ctx, 16, 16, 1024, 64, true, tc));
            } else {
              rs.push_back(fused(ctx, 1, 4, 256, 64, false, tc));
+             // Note [row-major exact]: prefill shapes for the CPU's exact path (the tensor-core
+             // emulation, 10 GFLOP/s, keeps the small one).
+             if (!tc) {
+               rs.push_back(fused(ctx, 1, 6, 1500, 64, false));
+               rs.push_back(fused(ctx, 1, 8, 1024, 64, true));
+               rs.push_back(fused(ctx, 1, 4, 1024, 128, false));
+             }
            }
          }
          return rs;

@@ -1380,6 +1380,10 @@ class CpuExec {
     constexpr int kRows = 64;
     constexpr int kKeys = kTile / KG;  // keys per thread and tile
     static_assert(kTile % (2 * kL) == 0 && D % (2 * kL) == 0, "whole vector pairs of keys and columns");
+    // Vectors of keys (scores) and of columns (P x V) per register block of four rows: four with
+    // 32 vector registers (avx3) where they divide the tile, else two.
+    constexpr int kNK = kL == 16 && (kTile / kL) % 4 == 0 ? 4 : 2;
+    constexpr int kNC = kL == 16 && (D / kL) % 4 == 0 ? 4 : 2;
     const DF d;
     using V = hn::Vec<DF>;
     constexpr float kNegInf = -__builtin_huge_valf();
@@ -1388,7 +1392,11 @@ class CpuExec {
     alignas(64) static thread_local float S[kRows * kTile];
     alignas(64) static thread_local float acc[kRows * D];
     alignas(64) static thread_local float zeros[D];
-    float m[kRows], l[kRows][KG];
+    static_assert(KG == 8 || KG == 16, "row groups of 8 or 16 lanes");
+    const hn::FixedTag<float, 8> d8;
+    using V8 = hn::Vec<decltype(d8)>;
+    float m[kRows];
+    alignas(32) float l[kRows][KG];
     const int rows4 = (rows + 3) / 4 * 4;  // rows processed in fours; rows at or past `rows` are dead
     for (int r = 0; r < rows4; ++r) {
       m[r] = kNegInf;
@@ -1403,25 +1411,24 @@ class CpuExec {
         const float* kr = key < keys ? kb + std::int64_t(j0 + key) * k_ss : zeros;
         for (int dd = 0; dd < D; ++dd) Kt[dd * kTile + key] = kr[dd];
       }
-      // Scores of four rows and 2 kL keys at a time: each an fma chain over dd in order.
+      // Scores of four rows and kNK vectors of keys at a time: each an fma chain over dd in order.
       for (int r = 0; r < rows4; r += 4) {
         const float* qr[4];
         for (int i = 0; i < 4; ++i) qr[i] = r + i < rows ? qb + std::int64_t(r + i) * q_ss : zeros;
-        for (int k0 = 0; k0 < kTile; k0 += 2 * kL) {
-          V a0[4], a1[4];
-          for (int i = 0; i < 4; ++i) a0[i] = a1[i] = hn::Zero(d);
+        for (int k0 = 0; k0 < kTile; k0 += kNK * kL) {
+          V a[4][kNK];
+          for (int i = 0; i < 4; ++i)
+            for (int u = 0; u < kNK; ++u) a[i][u] = hn::Zero(d);
           for (int dd = 0; dd < D; ++dd) {
-            const V k0v = hn::Load(d, Kt + dd * kTile + k0), k1v = hn::Load(d, Kt + dd * kTile + k0 + kL);
+            V kv[kNK];
+            for (int u = 0; u < kNK; ++u) kv[u] = hn::Load(d, Kt + dd * kTile + k0 + u * kL);
             for (int i = 0; i < 4; ++i) {
               const V qv = hn::Set(d, qr[i][dd]);
-              a0[i] = hn::MulAdd(qv, k0v, a0[i]);
-              a1[i] = hn::MulAdd(qv, k1v, a1[i]);
+              for (int u = 0; u < kNK; ++u) a[i][u] = hn::MulAdd(qv, kv[u], a[i][u]);
             }
           }
-          for (int i = 0; i < 4; ++i) {
-            hn::Store(a0[i], d, S + (r + i) * kTile + k0);
-            hn::Store(a1[i], d, S + (r + i) * kTile + k0 + kL);
-          }
+          for (int i = 0; i < 4; ++i)
+            for (int u = 0; u < kNK; ++u) hn::Store(a[i][u], d, S + (r + i) * kTile + k0 + u * kL);
         }
       }
       // The online softmax of each row; the weights replace the scores.
@@ -1450,44 +1457,55 @@ class CpuExec {
           const VF e = math::exp(VF(hn::Load(d, sr + k0)) - VF(m_new));
           hn::Store(none ? hn::Zero(d) : e.v, d, sr + k0);
         }
-        float ps[KG];
-        for (int g = 0; g < KG; ++g) {
-          float t = 0.0f;
-          for (int j = 0; j < kKeys; ++j) t = t + sr[g * 4 + 4 * KG * (j / 4) + j % 4];
-          ps[g] = t;
-        }
-        for (int off = KG / 2; off >= 1; off /= 2) {
-          float nx[KG];
-          for (int g = 0; g < KG; ++g) nx[g] = ps[g] + ps[g ^ off];
-          for (int g = 0; g < KG; ++g) ps[g] = nx[g];
-        }
+        // Each lane's sum, 8 lanes at a time: lane kg's keys h 4 KG + 4 kg + e de-interleaved
+        // (e = 0 .. 3), added in the order (h, e) from 0; then the butterfly, each lane's own
+        // value first (offsets 4, 2, 1: block swap, 64-bit swap, 32-bit swap within 8 lanes).
+        const auto butterfly8 = [&](V8 a) {
+          a = hn::Add(a, hn::SwapAdjacentBlocks(a));
+          a = hn::Add(a, hn::Shuffle1032(a));
+          return hn::Add(a, hn::Shuffle2301(a));
+        };
+        const auto lane_sums = [&](const float* w) {  // 8 consecutive lanes whose first key is w[0]
+          V8 a = hn::Zero(d8);
+          for (int h = 0; h < kKeys / 4; ++h) {
+            V8 e0, e1, e2, e3;
+            hn::LoadInterleaved4(d8, w + h * 4 * KG, e0, e1, e2, e3);
+            a = hn::Add(hn::Add(hn::Add(hn::Add(a, e0), e1), e2), e3);
+          }
+          return a;
+        };
         const float alpha = none ? 1.0f : math::exp(m[r] - m_new);
-        for (int g = 0; g < KG; ++g) l[r][g] = l[r][g] * alpha + ps[g];
+        const V8 av = hn::Set(d8, alpha);
+        if constexpr (KG == 8) {
+          const V8 ps = butterfly8(lane_sums(sr));
+          hn::Store(hn::Add(hn::Mul(hn::Load(d8, l[r]), av), ps), d8, l[r]);
+        } else {  // lanes 0-7 and 8-15: offset 8 first (each lane's own value first), then 4, 2, 1
+          const V8 a = lane_sums(sr), b = lane_sums(sr + 32);
+          const V8 pa = butterfly8(hn::Add(a, b)), pb = butterfly8(hn::Add(b, a));
+          hn::Store(hn::Add(hn::Mul(hn::Load(d8, l[r]), av), pa), d8, l[r]);
+          hn::Store(hn::Add(hn::Mul(hn::Load(d8, l[r] + 8), av), pb), d8, l[r] + 8);
+        }
         m[r] = m_new;
         for (int c = 0; c < D; c += kL)
           hn::Store(hn::Mul(hn::Load(d, acc + r * D + c), hn::Set(d, alpha)), d, acc + r * D + c);
       }
-      // P x V: four rows and 2 kL columns at a time, fma over the tile's keys in order.
+      // P x V: four rows and kNC vectors of columns at a time, fma over the tile's keys in order.
       for (int r = 0; r < rows4; r += 4) {
-        for (int c0 = 0; c0 < D; c0 += 2 * kL) {
-          V a0[4], a1[4];
-          for (int i = 0; i < 4; ++i) {
-            a0[i] = hn::Load(d, acc + (r + i) * D + c0);
-            a1[i] = hn::Load(d, acc + (r + i) * D + c0 + kL);
-          }
+        for (int c0 = 0; c0 < D; c0 += kNC * kL) {
+          V a[4][kNC];
+          for (int i = 0; i < 4; ++i)
+            for (int u = 0; u < kNC; ++u) a[i][u] = hn::Load(d, acc + (r + i) * D + c0 + u * kL);
           for (int key = 0; key < kTile; ++key) {
             const float* vr = key < keys ? vb + std::int64_t(j0 + key) * v_ss : zeros;
-            const V v0 = hn::LoadU(d, vr + c0), v1 = hn::LoadU(d, vr + c0 + kL);
+            V vv[kNC];
+            for (int u = 0; u < kNC; ++u) vv[u] = hn::LoadU(d, vr + c0 + u * kL);
             for (int i = 0; i < 4; ++i) {
               const V w = hn::Set(d, S[(r + i) * kTile + key]);
-              a0[i] = hn::MulAdd(w, v0, a0[i]);
-              a1[i] = hn::MulAdd(w, v1, a1[i]);
+              for (int u = 0; u < kNC; ++u) a[i][u] = hn::MulAdd(w, vv[u], a[i][u]);
             }
           }
-          for (int i = 0; i < 4; ++i) {
-            hn::Store(a0[i], d, acc + (r + i) * D + c0);
-            hn::Store(a1[i], d, acc + (r + i) * D + c0 + kL);
-          }
+          for (int i = 0; i < 4; ++i)
+            for (int u = 0; u < kNC; ++u) hn::Store(a[i][u], d, acc + (r + i) * D + c0 + u * kL);
         }
       }
     }
