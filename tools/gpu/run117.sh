@@ -2,7 +2,10 @@
 # Run 117 (prepared in the seventeenth session, when no device was lent; not yet run): verifies
 # and measures the one grid of 0c0a485 (Note [one grid]: the ticket before the prior-grid wait;
 # the L2 policy in its chunk blocks, whose first tiles are issued by a loop that is not unrolled)
-# and a launch's host time on the GPU machine (tools/gpu/launch_cost.cu).
+# and a launch's host time on the GPU machine (tools/gpu/launch_cost.cu); and CUDA's exact fused
+# attention against the CPU's row-major path (Note [row-major exact]), which no GPU run has yet
+# compared (the CPU tests compare it with the lane path, which runs 116 and before compared with
+# CUDA).
 # Staging, on the development machine:
 #   bash tools/gpu/stage.sh && mkdir -p .gpu/base && cp <9711eba's liblockstep.so.0> .gpu/base/
 #   nvcc -O2 -std=c++17 -arch=sm_90a -cudart static -o .gpu/launch_cost tools/gpu/launch_cost.cu \
@@ -56,6 +59,11 @@ echo "decode properties 2000, one grid rc=$? in $(( $(date +%s) - t0 )) s" | tee
 t0=$(date +%s)
 RC_PARAMS="max_success=300" timeout 60 $G/lockstep_proptests --gtest_filter='Decode.*' > $OUT/props_two.log 2>&1
 echo "decode properties 300, two launches rc=$? in $(( $(date +%s) - t0 )) s" | tee -a $sm; grep -E "^\[ +(OK|FAILED)|Falsifiable" $OUT/props_two.log | tee -a $sm
+# Note [row-major exact]: the CPU's exact fused attention now runs row by row; CUDA against it.
+t0=$(date +%s)
+RC_PARAMS="max_success=1000" timeout 150 $G/lockstep_proptests --gtest_filter='*FusedExact*:*FusedMatches*' > $OUT/props_exact.log 2>&1
+echo "fused exact properties 1000 (CUDA vs the CPU's row-major path) rc=$? in $(( $(date +%s) - t0 )) s" | tee -a $sm; grep -E "^\[ +(OK|FAILED)|Falsifiable" $OUT/props_exact.log | tee -a $sm
+timeout 120 $G/lockstep parity --device cuda:0 --cases 100 > $OUT/parity.log 2>&1; echo "parity rc=$?: $(tail -1 $OUT/parity.log)" | tee -a $sm
 for tool in racecheck memcheck; do
   t0=$(date +%s)
   LOCKSTEP_DECODE_ONE_GRID=1 timeout 170 compute-sanitizer --tool $tool --error-exitcode 9 $G/lockstep_tests --gtest_filter='*Decod*cuda*:*Flash*cuda*:*KvCache*cuda*:*Increm*cuda*:CudaInterop*:-CudaInterop.OutOfMemory*' > $OUT/$tool.log 2>&1
