@@ -1406,10 +1406,32 @@ class CpuExec {
     for (int c = 0; c < D; c += kL) hn::Store(hn::Zero(d), d, zeros + c);
     for (int j0 = 0; j0 < last_key; j0 += kTile) {
       const int keys = std::min(last_key - j0, kTile);
-      // K^T: Kt[dd * kTile + key], zeros past the tile's keys.
-      for (int key = 0; key < kTile; ++key) {
-        const float* kr = key < keys ? kb + std::int64_t(j0 + key) * k_ss : zeros;
-        for (int dd = 0; dd < D; ++dd) Kt[dd * kTile + key] = kr[dd];
+      // K^T: Kt[dd * kTile + key], zeros past the tile's keys; 8 x 8 blocks transposed in
+      // registers (moves only).
+      const hn::Repartition<double, decltype(d8)> dd8;
+      for (int k8 = 0; k8 < kTile; k8 += 8) {
+        const float* kr[8];
+        for (int i = 0; i < 8; ++i) kr[i] = k8 + i < keys ? kb + std::int64_t(j0 + k8 + i) * k_ss : zeros;
+        for (int c8 = 0; c8 < D; c8 += 8) {
+          V8 t[8], u[8];
+          for (int i = 0; i < 8; i += 2) {
+            const V8 r0 = hn::LoadU(d8, kr[i] + c8), r1 = hn::LoadU(d8, kr[i + 1] + c8);
+            t[i] = hn::InterleaveLower(d8, r0, r1);      // r0[0] r1[0] r0[1] r1[1] | r0[4] r1[4] ..
+            t[i + 1] = hn::InterleaveUpper(d8, r0, r1);  // r0[2] r1[2] r0[3] r1[3] | r0[6] ..
+          }
+          for (int h = 0; h < 8; h += 4) {  // rows h .. h + 3: columns j | j + 4
+            const auto a = hn::BitCast(dd8, t[h]), c = hn::BitCast(dd8, t[h + 2]);
+            const auto a1 = hn::BitCast(dd8, t[h + 1]), c1 = hn::BitCast(dd8, t[h + 3]);
+            u[h] = hn::BitCast(d8, hn::InterleaveLower(dd8, a, c));
+            u[h + 1] = hn::BitCast(d8, hn::InterleaveUpper(dd8, a, c));
+            u[h + 2] = hn::BitCast(d8, hn::InterleaveLower(dd8, a1, c1));
+            u[h + 3] = hn::BitCast(d8, hn::InterleaveUpper(dd8, a1, c1));
+          }
+          for (int j = 0; j < 4; ++j) {
+            hn::StoreU(hn::ConcatLowerLower(d8, u[4 + j], u[j]), d8, Kt + (c8 + j) * kTile + k8);
+            hn::StoreU(hn::ConcatUpperUpper(d8, u[4 + j], u[j]), d8, Kt + (c8 + j + 4) * kTile + k8);
+          }
+        }
       }
       // Scores of four rows and kNK vectors of keys at a time: each an fma chain over dd in order.
       for (int r = 0; r < rows4; r += 4) {
