@@ -142,9 +142,11 @@ struct FusedBlock {
 // LOCKSTEP_CPU_EXACT_LANES=1), the block is computed row by row instead (x.exact_rows in
 // backends/cpu/lanes.hpp): K and V read where they are, every score, weight, sum and
 // accumulator computed by the operations, in the order, of the lane that stores it here (the
-// comment there lists them), so the bits are the lane path's (tested against it on the CPU,
-// and CUDA == CPU on the GPU). Like Note [row-major decode], a kernel's arithmetic written a
-// second time, in a backend.
+// comment there lists them), so the bits are the lane path's (tested against it on the CPU, by
+// Attention.FusedExactRowMajorGivesTheLaneBytes and by every fused property, which also runs
+// the generic variant's lane path; CUDA against it on the GPU: tools/gpu/run117.sh). Like Note
+// [row-major decode], a kernel's arithmetic written a second time, in a backend: the price of
+// 5-7x (51-69% of the fma rate at the CPU's prefill shapes, docs/performance.md).
 template <class X, class = void>
 struct has_row_major_exact : std::false_type {};
 template <class X>
