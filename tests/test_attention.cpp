@@ -1383,57 +1383,76 @@ TEST_P(Attention, FusedExactPBuffersGiveTheSameBytes) {
 
 // Note [row-major exact]: on the CPU's avx2 and avx3 variants FusedAttentionExact's blocks run
 // row by row (x.exact_rows); LOCKSTEP_CPU_EXACT_LANES=1 runs the lane path. The same bytes, out
-// and log-sum-exp, at every head_dim, causal or not, GQA, lengths that are not multiples of the
-// 64-row blocks or the key tiles, rows that see no key (causal with seq_q > seq_kv), the
-// interleaved layout, a NaN query element and scores that overflow.
+// and log-sum-exp (NaN payloads aside, outside the contract), on the device's variant and on
+// avx2 (two key and column vectors per register block), at every head_dim, causal or not, GQA,
+// lengths that are not multiples of the 64-row blocks or the key tiles, rows that see no key
+// (causal with seq_q > seq_kv), the interleaved layout, a NaN query element, scores that
+// overflow to inf, and inf and NaN values in V at the last keys, which causal rows before them
+// weight 0 (0 x inf is NaN on both paths: a path that skipped zero weights would differ).
 TEST_P(Attention, FusedExactRowMajorGivesTheLaneBytes) {
   if (dev->id().kind != DeviceKind::kCpu) GTEST_SKIP() << "a CPU device path (Note [row-major exact])";
   if (dev->name().find("AVX2") == std::string::npos && dev->name().find("AVX3") == std::string::npos)
     GTEST_SKIP() << dev->name() << ": this SIMD variant has no row-major path (it runs the lane path)";
+  const char* env = std::getenv("LOCKSTEP_CPU_EXACT_LANES");
+  const std::string saved = env != nullptr ? env : "";
+  std::vector<std::shared_ptr<Device>> devices{dev};
+  if (dev->name().find("AVX3") != std::string::npos) devices.push_back(make_cpu_device({.index = 7, .simd = "avx2"}));
   struct Case {
     AttentionShape sh;
     AttentionLayout layout;
   };
   Lcg rng{31};
-  for (std::int64_t D : {32, 64, 96, 128, 256}) {
-    const Case cases[] = {{{2, 4, 2, 70, 130, D}, AttentionLayout::kHeadsFirst},
-                          {{1, 2, 1, 150, 40, D}, AttentionLayout::kHeadsFirst},
-                          {{1, 4, 4, 65, 65, D}, AttentionLayout::kInterleaved}};
-    for (const Case& c : cases)
-      for (bool causal : {false, true}) {
-        const AttentionShape& sh = c.sh;
-        SCOPED_TRACE("D " + std::to_string(D) + " Sq " + std::to_string(sh.seq_q) + " Skv " +
-                     std::to_string(sh.seq_kv) + (causal ? " causal" : "") +
-                     (c.layout == AttentionLayout::kInterleaved ? " interleaved" : ""));
-        const std::size_t nq = std::size_t(sh.batch * sh.heads * sh.seq_q * D);
-        const std::size_t nkv = std::size_t(sh.batch * sh.kv_heads * sh.seq_kv * D);
-        const std::size_t nl = std::size_t(sh.batch * sh.heads * sh.seq_q);
-        auto hq = rng.floats(nq, 2.0f);
-        hq[1] = std::numeric_limits<float>::quiet_NaN();  // row 0 of head 0: NaN
-        hq[std::size_t(D) * 3 + 2] = 1e30f;                // row 3 (or head 0's): scores overflow
-        Buffer<float> q(dev, nq), k(dev, nkv), v(dev, nkv);
-        q.copy_from_host(s(), hq);
-        k.copy_from_host(s(), rng.floats(nkv, 2.0f));
-        v.copy_from_host(s(), rng.floats(nkv, 2.0f));
-        std::vector<float> outs[2], lses[2];
-        for (int i = 0; i < 2; ++i) {
-          auto out = filled(nq, 42.0f), lse = filled(nl, 42.0f);
-          AttentionOptions o;
-          o.precision = AttentionPrecision::kExact;
-          o.causal = causal;
-          o.layout = c.layout;
-          o.lse = &lse;
-          if (i == 1) ::setenv("LOCKSTEP_CPU_EXACT_LANES", "1", 1);
-          attention(s(), q, k, v, out, sh, o);
-          outs[i] = out.to_vector(s());
-          lses[i] = lse.to_vector(s());
-          ::unsetenv("LOCKSTEP_CPU_EXACT_LANES");
+  for (const auto& d : devices)
+    for (std::int64_t D : {32, 64, 96, 128, 256}) {
+      const Case cases[] = {{{2, 4, 2, 70, 130, D}, AttentionLayout::kHeadsFirst},
+                            {{1, 2, 1, 150, 40, D}, AttentionLayout::kHeadsFirst},
+                            {{1, 4, 4, 65, 65, D}, AttentionLayout::kInterleaved}};
+      for (const Case& c : cases)
+        for (bool causal : {false, true}) {
+          const AttentionShape& sh = c.sh;
+          SCOPED_TRACE(d->name() + ": D " + std::to_string(D) + " Sq " + std::to_string(sh.seq_q) + " Skv " +
+                       std::to_string(sh.seq_kv) + (causal ? " causal" : "") +
+                       (c.layout == AttentionLayout::kInterleaved ? " interleaved" : ""));
+          Stream& st = d->default_stream();
+          const std::size_t nq = std::size_t(sh.batch * sh.heads * sh.seq_q * D);
+          const std::size_t nkv = std::size_t(sh.batch * sh.kv_heads * sh.seq_kv * D);
+          const std::size_t nl = std::size_t(sh.batch * sh.heads * sh.seq_q);
+          auto hq = rng.floats(nq, 2.0f), hv = rng.floats(nkv, 2.0f);
+          hq[1] = std::numeric_limits<float>::quiet_NaN();  // a row of head 0 (or row 0's heads): NaN
+          hq[std::size_t(D) * 3 + 2] = 3e38f;                // another: scores overflow to +-inf
+          // The last two keys' first values (the first kv head's, or every head's when
+          // interleaved): inf and NaN.
+          const std::int64_t vrow = c.layout == AttentionLayout::kInterleaved ? sh.kv_heads * D : D;
+          hv[std::size_t((sh.seq_kv - 1) * vrow)] = std::numeric_limits<float>::infinity();
+          hv[std::size_t((sh.seq_kv - 2) * vrow + 1)] = std::numeric_limits<float>::quiet_NaN();
+          Buffer<float> q(d, nq), k(d, nkv), v(d, nkv);
+          q.copy_from_host(st, hq);
+          k.copy_from_host(st, rng.floats(nkv, 2.0f));
+          v.copy_from_host(st, hv);
+          std::vector<float> outs[2], lses[2];
+          for (int i = 0; i < 2; ++i) {
+            Buffer<float> out(d, nq), lse(d, nl);
+            out.fill(st, 42.0f);
+            lse.fill(st, 42.0f);
+            AttentionOptions o;
+            o.precision = AttentionPrecision::kExact;
+            o.causal = causal;
+            o.layout = c.layout;
+            o.lse = &lse;
+            ::setenv("LOCKSTEP_CPU_EXACT_LANES", i == 0 ? "0" : "1", 1);
+            attention(st, q, k, v, out, sh, o);
+            outs[i] = out.to_vector(st);
+            lses[i] = lse.to_vector(st);
+          }
+          for (std::size_t e = 0; e < nq; ++e)
+            ASSERT_TRUE(same_bits(outs[0][e], outs[1][e])) << "out " << e << ": " << outs[0][e] << " vs " << outs[1][e];
+          for (std::size_t e = 0; e < nl; ++e)
+            ASSERT_TRUE(same_bits(lses[0][e], lses[1][e])) << "lse " << e << ": " << lses[0][e] << " vs " << lses[1][e];
+          for (float x : outs[0]) ASSERT_NE(bits(x), bits(42.0f)) << "every output written";
         }
-        for (std::size_t e = 0; e < nq; ++e) ASSERT_EQ(bits(outs[0][e]), bits(outs[1][e])) << "out " << e;
-        for (std::size_t e = 0; e < nl; ++e) ASSERT_EQ(bits(lses[0][e]), bits(lses[1][e])) << "lse " << e;
-        for (float x : outs[0]) ASSERT_NE(bits(x), bits(42.0f)) << "every output written";
-      }
-  }
+    }
+  if (env != nullptr) ::setenv("LOCKSTEP_CPU_EXACT_LANES", saved.c_str(), 1);
+  else ::unsetenv("LOCKSTEP_CPU_EXACT_LANES");
 }
 
 LOCKSTEP_INSTANTIATE_BACKENDS(Attention);

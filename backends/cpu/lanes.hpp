@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <new>
 #include <cstring>
 #include <tuple>
 #include <type_traits>
@@ -1368,17 +1369,40 @@ class CpuExec {
   //     thread's own value first); alpha = none ? 1 : exp(m - m_new); l = l * alpha + that sum
   //     (thread kg's own l: the threads' sums differ only in NaN payloads);
   //   acc = acc * alpha, then fma(w, v, acc) over the tile's kTile keys in order, V's rows past
-  //     the tile's keys being zeros;
+  //     the tile's keys being zeros (masked keys included: their weight 0 times an inf in V is
+  //     NaN here as on the GPU);
   // out = l == 0 ? 0 : acc / l (column c's l is thread (c / 4) % KG's), log-sum-exp m + log(l)
   // (-inf when l == 0, thread 0's l). Q, K and V are read where they are (no shared memory).
+  // Where NaNs from two sources meet (a NaN input and inf - inf, say), which payload survives an
+  // x86 operation depends on the instruction form the compiler picked, so the two paths may give
+  // NaNs with different payloads there (outside the contract: tests/support/backends.hpp).
   bool row_major_exact() const { return row_major_exact_; }
   static constexpr bool kRowMajorExact = true;
+  // The thread's scratch for exact_rows, 64-byte aligned, grown on demand: on the heap (thread_local
+  // arrays of this size would be thread-local storage that every thread of a program linking the
+  // library gets, whether it runs lockstep or not).
+  static float* exact_scratch(std::size_t floats) {
+    struct Scratch {
+      float* p = nullptr;
+      std::size_t n = 0;
+      ~Scratch() { std::free(p); }
+    };
+    thread_local Scratch s;
+    if (s.n < floats) {
+      std::free(s.p);
+      s.p = static_cast<float*>(std::aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64));
+      s.n = s.p != nullptr ? floats : 0;
+      if (s.p == nullptr) throw std::bad_alloc();
+    }
+    return s.p;
+  }
   template <int D, int KG, int kTile>
   void exact_rows(const float* qb, int q_ss, const float* kb, int k_ss, const float* vb, int v_ss, float* ob,
                   int o_ss, float* lse, int rows, int s0, int shift, int last_key, bool causal,
                   float scale) const {
     constexpr int kRows = 64;
     constexpr int kKeys = kTile / KG;  // keys per thread and tile
+    static_assert(kKeys % 4 == 0, "whole key quads per lane (kTile a multiple of 4 KG)");
     static_assert(kTile % (2 * kL) == 0 && D % (2 * kL) == 0, "whole vector pairs of keys and columns");
     // Vectors of keys (scores) and of columns (P x V) per register block of four rows: four with
     // 32 vector registers (avx3) where they divide the tile, else two.
@@ -1387,11 +1411,12 @@ class CpuExec {
     const DF d;
     using V = hn::Vec<DF>;
     constexpr float kNegInf = -__builtin_huge_valf();
-    // Per thread: K^T of the tile, the scores, the weights, the accumulators (no dynamic memory).
-    alignas(64) static thread_local float Kt[D * kTile];
-    alignas(64) static thread_local float S[kRows * kTile];
-    alignas(64) static thread_local float acc[kRows * D];
-    alignas(64) static thread_local float zeros[D];
+    // K^T of the tile, the scores (then the weights), the accumulators and a row of zeros, in the
+    // thread's scratch (each a multiple of 64 bytes).
+    float* const Kt = exact_scratch(std::size_t(D) * kTile + kRows * kTile + kRows * D + D);
+    float* const S = Kt + D * kTile;
+    float* const acc = S + kRows * kTile;
+    float* const zeros = acc + kRows * D;
     static_assert(KG == 8 || KG == 16, "row groups of 8 or 16 lanes");
     const hn::FixedTag<float, 8> d8;
     using V8 = hn::Vec<decltype(d8)>;

@@ -162,6 +162,7 @@ template <int D, int KG = (D == 128 ? 16 : 8), int SP = -1>
 struct FusedAttentionExact {
   static_assert(D % 32 == 0 && D <= 256, "head_dim: a multiple of 32, at most 256");
   static_assert((KG == 8 || KG == 16) && D % (4 * KG) == 0, "threads per row group: 8, or 16 at D % 64 == 0");
+  static_assert((D <= 128 ? 64 : 32) % (4 * KG) == 0, "whole key quads per thread in a tile");
   static constexpr const char* kName = "fused_attention_exact";
   static constexpr int kThreads = 16 * KG;
   static constexpr int kRows = 64;                  // query rows per block: 16 groups of 4
