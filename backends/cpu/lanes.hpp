@@ -1142,6 +1142,30 @@ class CpuExec {
 #if HWY_MAX_BYTES >= 32 && HWY_NATIVE_FMA
   static constexpr bool kRowMajorDecode = true;
 
+  // An 8 x 8 transpose in registers, moves only: col[j] holds element j of rows[0] .. rows[7].
+  using V8 = hn::Vec<hn::FixedTag<float, 8>>;
+  static void transpose8(const V8 (&rows)[8], V8 (&col)[8]) {
+    const hn::FixedTag<float, 8> d8;
+    const hn::Repartition<double, decltype(d8)> dd;
+    V8 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+      t[i] = hn::InterleaveLower(d8, rows[i], rows[i + 1]);      // r0[0] r1[0] r0[1] r1[1] | r0[4] ...
+      t[i + 1] = hn::InterleaveUpper(d8, rows[i], rows[i + 1]);  // r0[2] r1[2] r0[3] r1[3] | r0[6] ...
+    }
+    for (int h = 0; h < 8; h += 4) {  // rows h .. h + 3: columns j | j + 4
+      const auto a = hn::BitCast(dd, t[h]), c = hn::BitCast(dd, t[h + 2]);
+      const auto a1 = hn::BitCast(dd, t[h + 1]), c1 = hn::BitCast(dd, t[h + 3]);
+      u[h] = hn::BitCast(d8, hn::InterleaveLower(dd, a, c));
+      u[h + 1] = hn::BitCast(d8, hn::InterleaveUpper(dd, a, c));
+      u[h + 2] = hn::BitCast(d8, hn::InterleaveLower(dd, a1, c1));
+      u[h + 3] = hn::BitCast(d8, hn::InterleaveUpper(dd, a1, c1));
+    }
+    for (int j = 0; j < 4; ++j) {
+      col[j] = hn::ConcatLowerLower(d8, u[4 + j], u[j]);
+      col[j + 4] = hn::ConcatUpperUpper(d8, u[4 + j], u[j]);
+    }
+  }
+
   // Phase 1: S[g * kChunk + t] = the score of row t for head g, as lane l8 == 0 of DecodeChunk's
   // score loop writes it: lane l8 (0..7) chains fma over its elements (qd * 8 + l8) * 4 + j, qd
   // then j ascending, from 0; warp_sum<8> (offsets 4, 2, 1, each lane's own value first) then the
@@ -1261,29 +1285,12 @@ class CpuExec {
       // Lane ln's sum of its 8 probabilities, 8 lanes at a time: the 8 rows of lanes 8 b ..
       // 8 b + 7 (8 values each) transposed, then the columns added in order, from 0.
       const hn::FixedTag<float, 8> d8;
-      using V8 = hn::Vec<decltype(d8)>;
-      const hn::Repartition<double, decltype(d8)> dd;
       V8 lanes[4];
       for (int b = 0; b < 4; ++b) {
         const float* r = pg + b * 64;
-        V8 t[8], u[8], col[8];
-        for (int i = 0; i < 8; i += 2) {
-          const V8 r0 = hn::LoadU(d8, r + i * 8), r1 = hn::LoadU(d8, r + i * 8 + 8);
-          t[i] = hn::InterleaveLower(d8, r0, r1);      // r0[0] r1[0] r0[1] r1[1] | r0[4] ...
-          t[i + 1] = hn::InterleaveUpper(d8, r0, r1);  // r0[2] r1[2] r0[3] r1[3] | r0[6] ...
-        }
-        for (int h = 0; h < 8; h += 4) {  // rows h .. h + 3: columns j | j + 4
-          const auto a = hn::BitCast(dd, t[h]), c = hn::BitCast(dd, t[h + 2]);
-          const auto a1 = hn::BitCast(dd, t[h + 1]), c1 = hn::BitCast(dd, t[h + 3]);
-          u[h] = hn::BitCast(d8, hn::InterleaveLower(dd, a, c));
-          u[h + 1] = hn::BitCast(d8, hn::InterleaveUpper(dd, a, c));
-          u[h + 2] = hn::BitCast(d8, hn::InterleaveLower(dd, a1, c1));
-          u[h + 3] = hn::BitCast(d8, hn::InterleaveUpper(dd, a1, c1));
-        }
-        for (int j = 0; j < 4; ++j) {
-          col[j] = hn::ConcatLowerLower(d8, u[4 + j], u[j]);
-          col[j + 4] = hn::ConcatUpperUpper(d8, u[4 + j], u[j]);
-        }
+        V8 rows[8], col[8];
+        for (int i = 0; i < 8; ++i) rows[i] = hn::LoadU(d8, r + i * 8);
+        transpose8(rows, col);
         V8 l = hn::Zero(d8);
         for (int i = 0; i < 8; ++i) l = hn::Add(l, col[i]);
         lanes[b] = l;
@@ -1419,7 +1426,23 @@ class CpuExec {
     float* const zeros = acc + kRows * D;
     static_assert(KG == 8 || KG == 16, "row groups of 8 or 16 lanes");
     const hn::FixedTag<float, 8> d8;
-    using V8 = hn::Vec<decltype(d8)>;
+    // Each lane's sum, 8 lanes at a time: lane kg's keys h 4 KG + 4 kg + e de-interleaved
+    // (e = 0 .. 3), added in the order (h, e) from 0; then the butterfly, each lane's own value
+    // first (offsets 4, 2, 1: block swap, 64-bit swap, 32-bit swap within 8 lanes).
+    const auto lane_sums = [&](const float* w) {  // 8 consecutive lanes whose first key is w[0]
+      V8 a = hn::Zero(d8);
+      for (int h = 0; h < kKeys / 4; ++h) {
+        V8 e0, e1, e2, e3;
+        hn::LoadInterleaved4(d8, w + h * 4 * KG, e0, e1, e2, e3);
+        a = hn::Add(hn::Add(hn::Add(hn::Add(a, e0), e1), e2), e3);
+      }
+      return a;
+    };
+    const auto butterfly8 = [](V8 a) {
+      a = hn::Add(a, hn::SwapAdjacentBlocks(a));
+      a = hn::Add(a, hn::Shuffle1032(a));
+      return hn::Add(a, hn::Shuffle2301(a));
+    };
     float m[kRows];
     alignas(32) float l[kRows][KG];
     const int rows4 = (rows + 3) / 4 * 4;  // rows processed in fours; rows at or past `rows` are dead
@@ -1431,31 +1454,15 @@ class CpuExec {
     for (int c = 0; c < D; c += kL) hn::Store(hn::Zero(d), d, zeros + c);
     for (int j0 = 0; j0 < last_key; j0 += kTile) {
       const int keys = std::min(last_key - j0, kTile);
-      // K^T: Kt[dd * kTile + key], zeros past the tile's keys; 8 x 8 blocks transposed in
-      // registers (moves only).
-      const hn::Repartition<double, decltype(d8)> dd8;
+      // K^T: Kt[dd * kTile + key], zeros past the tile's keys, in 8 x 8 blocks (transpose8).
       for (int k8 = 0; k8 < kTile; k8 += 8) {
         const float* kr[8];
         for (int i = 0; i < 8; ++i) kr[i] = k8 + i < keys ? kb + std::int64_t(j0 + k8 + i) * k_ss : zeros;
         for (int c8 = 0; c8 < D; c8 += 8) {
-          V8 t[8], u[8];
-          for (int i = 0; i < 8; i += 2) {
-            const V8 r0 = hn::LoadU(d8, kr[i] + c8), r1 = hn::LoadU(d8, kr[i + 1] + c8);
-            t[i] = hn::InterleaveLower(d8, r0, r1);      // r0[0] r1[0] r0[1] r1[1] | r0[4] r1[4] ..
-            t[i + 1] = hn::InterleaveUpper(d8, r0, r1);  // r0[2] r1[2] r0[3] r1[3] | r0[6] ..
-          }
-          for (int h = 0; h < 8; h += 4) {  // rows h .. h + 3: columns j | j + 4
-            const auto a = hn::BitCast(dd8, t[h]), c = hn::BitCast(dd8, t[h + 2]);
-            const auto a1 = hn::BitCast(dd8, t[h + 1]), c1 = hn::BitCast(dd8, t[h + 3]);
-            u[h] = hn::BitCast(d8, hn::InterleaveLower(dd8, a, c));
-            u[h + 1] = hn::BitCast(d8, hn::InterleaveUpper(dd8, a, c));
-            u[h + 2] = hn::BitCast(d8, hn::InterleaveLower(dd8, a1, c1));
-            u[h + 3] = hn::BitCast(d8, hn::InterleaveUpper(dd8, a1, c1));
-          }
-          for (int j = 0; j < 4; ++j) {
-            hn::StoreU(hn::ConcatLowerLower(d8, u[4 + j], u[j]), d8, Kt + (c8 + j) * kTile + k8);
-            hn::StoreU(hn::ConcatUpperUpper(d8, u[4 + j], u[j]), d8, Kt + (c8 + j + 4) * kTile + k8);
-          }
+          V8 rows[8], col[8];
+          for (int i = 0; i < 8; ++i) rows[i] = hn::LoadU(d8, kr[i] + c8);
+          transpose8(rows, col);
+          for (int j = 0; j < 8; ++j) hn::StoreU(col[j], d8, Kt + (c8 + j) * kTile + k8);
         }
       }
       // Scores of four rows and kNK vectors of keys at a time: each an fma chain over dd in order.
@@ -1504,23 +1511,6 @@ class CpuExec {
           const VF e = math::exp(VF(hn::Load(d, sr + k0)) - VF(m_new));
           hn::Store(none ? hn::Zero(d) : e.v, d, sr + k0);
         }
-        // Each lane's sum, 8 lanes at a time: lane kg's keys h 4 KG + 4 kg + e de-interleaved
-        // (e = 0 .. 3), added in the order (h, e) from 0; then the butterfly, each lane's own
-        // value first (offsets 4, 2, 1: block swap, 64-bit swap, 32-bit swap within 8 lanes).
-        const auto butterfly8 = [&](V8 a) {
-          a = hn::Add(a, hn::SwapAdjacentBlocks(a));
-          a = hn::Add(a, hn::Shuffle1032(a));
-          return hn::Add(a, hn::Shuffle2301(a));
-        };
-        const auto lane_sums = [&](const float* w) {  // 8 consecutive lanes whose first key is w[0]
-          V8 a = hn::Zero(d8);
-          for (int h = 0; h < kKeys / 4; ++h) {
-            V8 e0, e1, e2, e3;
-            hn::LoadInterleaved4(d8, w + h * 4 * KG, e0, e1, e2, e3);
-            a = hn::Add(hn::Add(hn::Add(hn::Add(a, e0), e1), e2), e3);
-          }
-          return a;
-        };
         const float alpha = none ? 1.0f : math::exp(m[r] - m_new);
         const V8 av = hn::Set(d8, alpha);
         if constexpr (KG == 8) {
