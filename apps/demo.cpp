@@ -1,8 +1,9 @@
 // `lockstep demo`, the main job: a small multi-layer GQA transformer decode loop (random weights)
 // over several sequence slots on the chosen device: projections (fp32 GEMM), RoPE, Flash-Decoding
 // against the KV cache, output projection and residual add. One slot finishes early (marked
-// done), and one speculative token per slot is appended and rolled back midway. The same loop
-// then runs on the CPU device and the final hidden states are compared bit for bit.
+// done), and one speculative token per slot is appended and rolled back midway: that step's
+// output must have the bytes of the same step computed before the token was appended. The same
+// loop then runs on the CPU device and the final hidden states are compared bit for bit.
 
 #include "demo.hpp"
 
@@ -50,6 +51,9 @@ Model make_model(const Options& o) {
 
 struct Result {
   std::vector<float> hidden;  // final hidden states [slots, hidden]
+  // Hidden states after the speculative step's real step: computed before the speculative token
+  // was appended, and after it was rolled back.
+  std::vector<float> before_spec, after_spec;
   double seconds = 0;
   std::int64_t tokens = 0;
 };
@@ -109,15 +113,24 @@ Result run_loop(const std::shared_ptr<Device>& dev, const Model& m, const Option
       tok[std::size_t(s)] = int((t * 31 + s * 7 + 3) % m.vocab);
     }
     if (t == o.steps / 2) {
-      // A speculative token per slot, then rolled back: the real step must not notice.
+      // The step as a run without speculation computes it (then taken back), a speculative token
+      // per slot, rolled back, and the step again: it must give the same bytes.
+      step(pos, tok);
+      r.before_spec = x.to_vector(st);
+      for (std::int64_t s = 0; s < M; ++s)
+        if (!cache.done(s)) cache.rollback(s, pos[std::size_t(s)]);
       std::vector<int> spec(tok);
       for (auto& v2 : spec) v2 = (v2 + 101) % int(m.vocab);
       step(pos, spec);
       for (std::int64_t s = 0; s < M; ++s)
         if (!cache.done(s)) cache.rollback(s, pos[std::size_t(s)]);
+      // The positions from the cache again, so that a rollback that does not take the token back
+      // shows in the bytes (the step would attend to it).
+      for (std::int64_t s = 0; s < M; ++s) pos[std::size_t(s)] = cache.done(s) ? 0 : cache.length(s);
       if (verbose) std::printf("  step %d: speculative token appended to every slot and rolled back\n", t);
     }
     step(pos, tok);
+    if (t == o.steps / 2) r.after_spec = x.to_vector(st);
     for (std::int64_t s = 0; s < M; ++s) r.tokens += cache.done(s) ? 0 : 1;
     if (verbose && ((t + 1) % 8 == 0 || t + 1 == o.steps)) {
       st.synchronize();
@@ -160,7 +173,17 @@ int run(const std::string& device, const Options& o) {
   for (float v : a.hidden) sum += v;
   std::printf("  checked against %s (%s): bytes match: %s (hidden-state checksum %.6f)\n",
               ref->id().str().c_str(), ref->caps().simd_target.c_str(), same ? "yes" : "NO", sum);
-  return same ? 0 : 1;
+  // The step after the rolled-back speculative token against the same step before the token was
+  // appended (what a run that never speculated computes), on both devices.
+  auto restored = [](const Result& r) {
+    return !r.before_spec.empty() && r.before_spec.size() == r.after_spec.size() &&
+           std::memcmp(r.before_spec.data(), r.after_spec.data(), r.before_spec.size() * 4) == 0;
+  };
+  const bool rolled_back = restored(a) && restored(b);
+  std::printf("  rollback restores the bytes: %s (step %d after the speculative token's rollback against "
+              "the same step computed before the token was appended, on %s and on %s)\n",
+              rolled_back ? "yes" : "no", o.steps / 2, dev->id().str().c_str(), ref->id().str().c_str());
+  return same && rolled_back ? 0 : 1;
 }
 
 }  // namespace lockstep::demo
