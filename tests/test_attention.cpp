@@ -42,14 +42,16 @@ class Attention : public BackendTest {
     b.fill(s(), v);
     return b;
   }
+  // The call throws InvalidArgument naming `param` (and, when given, the value it was passed).
   template <class F>
-  void expect_invalid(F&& call, const std::string& param) {
+  void expect_invalid(F&& call, const std::string& param, const std::string& value = {}) {
     try {
       call();
       ADD_FAILURE() << "accepted bad " << param;
     } catch (const InvalidArgument& e) {
       EXPECT_EQ(e.parameter(), param) << e.what();
       EXPECT_FALSE(e.value().empty()) << e.what();
+      if (!value.empty()) EXPECT_EQ(e.value(), value) << e.what();
       EXPECT_FALSE(e.limit().empty()) << e.what();
     }
   }
@@ -771,15 +773,168 @@ TEST_P(Attention, KvCacheAppendValidatesAndWritesNothingOnError) {
   expect_invalid([&] { cache.append(s(), 0, wrong, vn, std::vector<std::int64_t>{1, 1, 1}); }, "k_new.size()");
   EXPECT_TRUE(same(cache.k(0).to_vector(s()), snapshot));
   EXPECT_EQ(cache.lengths(), (std::vector<std::int64_t>{1, 1, 1}));
-  // Fill slot 0 to max_len, then one more is refused.
-  for (std::int64_t t = 1; t < c.max_len; ++t) cache.append(s(), 0, kn, vn, std::vector<std::int64_t>{t, 1, 1});
+  // Fill slot 0 to max_len (slots 1 and 2 done meanwhile), then one more is refused.
+  cache.mark_done(1);
+  cache.mark_done(2);
+  for (std::int64_t t = 1; t < c.max_len; ++t) cache.append(s(), 0, kn, vn, std::vector<std::int64_t>{t, 0, 0});
   EXPECT_EQ(cache.length(0), c.max_len);
-  expect_invalid([&] { cache.append(s(), 0, kn, vn, std::vector<std::int64_t>{c.max_len, 1, 1}); }, "positions[0]");
+  expect_invalid([&] { cache.append(s(), 0, kn, vn, std::vector<std::int64_t>{c.max_len, 0, 0}); }, "positions[0]",
+                 std::to_string(c.max_len));
   expect_invalid([&] { cache.rollback(1, cache.length(1) + 1); }, "position");
   expect_invalid([&] { cache.reset(3); }, "slot");
 }
 
-TEST_P(Attention, KvCacheDoneSlotsCostNothingAndGiveZeros) {
+// Note [open token]: a token may be appended once per layer. length - 1 is accepted only in a
+// layer that has not written it since another layer appended it; a second write in one layer, or
+// a re-append after a rollback, is refused with nothing written (the cache keeps its bytes).
+TEST_P(Attention, KvCacheRefusesATokenWrittenTwiceInALayer) {
+  KvCache cache(dev, small_config());
+  auto kn = filled(3 * 2 * 32, 1.0f), vn = filled(3 * 2 * 32, 2.0f), kn9 = filled(3 * 2 * 32, 9.0f);
+  auto q = filled(3 * 4 * 32, 0.5f), out = filled(3 * 4 * 32, 0.0f);
+  cache.append(s(), 0, kn, vn, std::vector<std::int64_t>{0, 0, 0});
+  EXPECT_FALSE(cache.pending(0, 0));
+  EXPECT_TRUE(cache.pending(0, 1));
+  const auto k0 = cache.k(0).to_vector(s()), v0 = cache.v(0).to_vector(s());
+  // Layer 0 again at position 0: refused, in append and in flash_decoding, nothing written.
+  expect_invalid([&] { cache.append(s(), 0, kn9, kn9, std::vector<std::int64_t>{1, 0, 1}); }, "positions[1]", "0");
+  expect_invalid([&] { flash_decoding(s(), cache, 0, q, kn9, kn9, std::vector<std::int64_t>{0, 1, 1}, out); },
+                 "positions[0]", "0");
+  EXPECT_TRUE(same(cache.k(0).to_vector(s()), k0));
+  EXPECT_TRUE(same(cache.v(0).to_vector(s()), v0));
+  EXPECT_EQ(cache.lengths(), (std::vector<std::int64_t>{1, 1, 1}));
+  // Layer 1 takes the pending token once (by flash_decoding), then it is closed there too.
+  flash_decoding(s(), cache, 1, q, kn, vn, std::vector<std::int64_t>{0, 0, 0}, out);
+  EXPECT_FALSE(cache.pending(0, 1));
+  expect_invalid([&] { cache.append(s(), 1, kn9, kn9, std::vector<std::int64_t>{0, 0, 0}); }, "positions[0]", "0");
+  // A layer may take the new token first; the other layer then appends length - 1.
+  cache.append(s(), 1, kn, vn, std::vector<std::int64_t>{1, 1, 1});
+  EXPECT_TRUE(cache.pending(2, 0));
+  cache.append(s(), 0, kn, vn, std::vector<std::int64_t>{1, 1, 1});
+  EXPECT_EQ(cache.lengths(), (std::vector<std::int64_t>{2, 2, 2}));
+  // Rollback commits the token before the new length: re-appending it is refused.
+  cache.append(s(), 0, kn, vn, std::vector<std::int64_t>{2, 2, 2});
+  cache.rollback(0, 2);
+  EXPECT_FALSE(cache.pending(0, 1));
+  expect_invalid([&] { cache.append(s(), 1, kn9, kn9, std::vector<std::int64_t>{1, 2, 2}); }, "positions[0]", "1");
+  cache.append(s(), 1, kn, vn, std::vector<std::int64_t>{2, 2, 2});  // slot 0: a new token again
+  EXPECT_EQ(cache.lengths(), (std::vector<std::int64_t>{3, 3, 3}));
+  // reset, set_length, write_from_host, copy_slot_from close the token in every layer.
+  cache.set_length(1, 3);
+  EXPECT_FALSE(cache.pending(1, 0));
+  EXPECT_FALSE(cache.pending(1, 1));
+  expect_invalid([&] { cache.pending(3, 0); }, "slot");
+  expect_invalid([&] { cache.pending(0, 2); }, "layer");
+}
+
+// rope refuses every bad argument with InvalidArgument naming it, and leaves q and k untouched;
+// the largest accepted position still rotates within Note [rope bound] (positions of 2^28 gave
+// norms 4500 times too large before the limit).
+TEST_P(Attention, RopeValidatesAndWritesNothingOnError) {
+  const std::int64_t rows = 3, H = 4, Hk = 2, D = 8;
+  auto q = filled(rows * H * D, 0.75f), k = filled(rows * Hk * D, -0.5f);
+  const auto q0 = q.to_vector(s()), k0 = k.to_vector(s());
+  const std::vector<std::int64_t> pos = {0, 5, 9};
+  const RopeConfig ok{H, Hk, D, 10000.0f, RopeStyle::kNorm};
+  auto with = [&](auto edit) {
+    RopeConfig c = ok;
+    edit(c);
+    return c;
+  };
+  expect_invalid([&] { rope(s(), &q, &k, pos, with([](RopeConfig& c) { c.head_dim = 7; })); }, "head_dim", "7");
+  expect_invalid([&] { rope(s(), &q, &k, pos, with([](RopeConfig& c) { c.head_dim = 0; })); }, "head_dim", "0");
+  expect_invalid([&] { rope(s(), &q, &k, pos, with([](RopeConfig& c) { c.theta = 1.0f; })); }, "theta");
+  expect_invalid([&] { rope(s(), &q, &k, pos, with([](RopeConfig& c) { c.theta = INFINITY; })); }, "theta");
+  expect_invalid([&] { rope(s(), &q, &k, pos, with([](RopeConfig& c) { c.theta = NAN; })); }, "theta");
+  expect_invalid([&] { rope(s(), &q, &k, pos, with([](RopeConfig& c) { c.n_heads = 0; })); }, "n_heads", "0");
+  expect_invalid([&] { rope(s(), &q, &k, pos, with([](RopeConfig& c) { c.n_heads = 70000; })); }, "q.size()");
+  expect_invalid([&] { rope(s(), nullptr, &k, pos, with([](RopeConfig& c) { c.n_kv_heads = 70000; })); },
+                 "k.size()");
+  {
+    Buffer<float> big(dev, std::size_t(rows) * 70000 * 2);
+    expect_invalid([&] { rope(s(), nullptr, &big, pos, RopeConfig{0, 70000, 2, 10000.0f, RopeStyle::kNorm}); },
+                   "n_kv_heads", "70000");
+  }
+  expect_invalid([&] { rope(s(), &q, &k, std::vector<std::int64_t>{0, -1, 2}, ok); }, "positions[1]", "-1");
+  expect_invalid([&] { rope(s(), &q, &k, std::vector<std::int64_t>{0, 1, std::int64_t{1} << 20}, ok); },
+                 "positions[2]", "1048576");
+  expect_invalid([&] { rope(s(), &q, &k, std::vector<std::int64_t>{0, 1}, ok); }, "q.size()");
+  expect_invalid([&] { rope(s(), nullptr, &k, std::vector<std::int64_t>{0, 1}, ok); }, "k.size()");
+  auto other = open("cpu:9");
+  Buffer<float> qo(other, q0.size());
+  expect_invalid([&] { rope(s(), &qo, &k, pos, ok); }, "q.device");
+  EXPECT_TRUE(same(q.to_vector(s()), q0));
+  EXPECT_TRUE(same(k.to_vector(s()), k0));
+
+  // One launch for q and k together; k alone gives the bits k gets with q.
+  const auto launches = s().launches();
+  rope(s(), &q, &k, pos, ok);
+  EXPECT_EQ(s().launches() - launches, 1u);
+  auto k_alone = filled(rows * Hk * D, -0.5f);
+  rope(s(), nullptr, &k_alone, pos, ok);
+  EXPECT_TRUE(same(k_alone.to_vector(s()), k.to_vector(s())));
+  EXPECT_FALSE(same(k.to_vector(s()), k0));  // it did rotate (positions 5 and 9)
+
+  // The largest position: each pair's norm within Note [rope bound], and the float64 rotation of
+  // the same float angle within it too.
+  const std::int64_t pmax = (std::int64_t{1} << 20) - 1;
+  std::vector<float> x(std::size_t(2 * 128));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * float(i) + 0.1f);
+  Buffer<float> xb(dev, x.size());
+  xb.copy_from_host(s(), x);
+  rope(s(), &xb, nullptr, std::vector<std::int64_t>{pmax, 0}, RopeConfig{1, 0, 128, 500000.0f, RopeStyle::kNeox});
+  const auto y = xb.to_vector(s());
+  const double bound = (8.0 * double(pmax + 1) + 16.0) * 0x1p-24;
+  for (int i = 0; i < 64; ++i) {
+    const double a = x[std::size_t(i)], b = x[std::size_t(i + 64)];
+    const double ya = y[std::size_t(i)], yb = y[std::size_t(i + 64)];
+    const double norm = std::hypot(a, b);
+    EXPECT_LE(std::fabs(std::hypot(ya, yb) - norm), 2.0 * norm * bound) << "pair " << i;
+    const float freq = std::exp2(-(float(2 * i) / 128.0f) * std::log2(500000.0f));
+    const double ang = double(freq * float(pmax));
+    EXPECT_LE(std::fabs(ya - (a * std::cos(ang) - b * std::sin(ang))), (std::fabs(a) + std::fabs(b)) * bound) << i;
+    EXPECT_LE(std::fabs(yb - (a * std::sin(ang) + b * std::cos(ang))), (std::fabs(a) + std::fabs(b)) * bound) << i;
+  }
+  for (int i = 0; i < 128; ++i) EXPECT_EQ(bits(y[std::size_t(128 + i)]), bits(x[std::size_t(128 + i)])) << "position 0";
+}
+
+// KvCache::append writes every slot's token in one launch, with the positions inline (up to
+// kInlineRows slots) or staged by one copy (more): 2 M launches in the seed.
+TEST_P(Attention, KvCacheAppendIsOneLaunchForAnyNumberOfSlots) {
+  for (std::int64_t slots : {std::int64_t{3}, std::int64_t{200}}) {
+    SCOPED_TRACE(std::to_string(slots) + " slots");
+    auto c = small_config();
+    c.slots = slots;
+    KvCache cache(dev, c);
+    const std::size_t tok = std::size_t(slots * 2 * 32);
+    std::vector<float> hk(tok);
+    for (std::size_t i = 0; i < tok; ++i) hk[i] = float(i);
+    Buffer<float> kn(dev, tok), vn(dev, tok);
+    kn.copy_from_host(s(), hk);
+    vn.fill(s(), 1.0f);
+    std::vector<std::int64_t> pos(std::size_t(slots), 0);
+    const auto launches = s().launches();
+    cache.append(s(), 0, kn, vn, pos);
+    EXPECT_EQ(s().launches() - launches, 1u);
+    const auto k = cache.k(0).to_vector(s());
+    for (std::int64_t sl = 0; sl < slots; sl += 37)
+      for (std::int64_t h = 0; h < 2; ++h)
+        ASSERT_EQ(k[std::size_t(((sl * 2 + h) * 8) * 32 + 5)], float((sl * 2 + h) * 32 + 5)) << sl << " " << h;
+  }
+}
+
+// write_from_host makes a done slot live again, as set_length and copy_slot_from do.
+TEST_P(Attention, KvCacheWriteFromHostClearsDone) {
+  KvCache cache(dev, small_config());
+  cache.mark_done(2);
+  std::vector<float> k(2 * 3 * 32, 1.0f), v(2 * 3 * 32, 2.0f);
+  cache.write_from_host(s(), 2, 0, k, v, 3);
+  EXPECT_FALSE(cache.done(2));
+  EXPECT_EQ(cache.length(2), 3);
+}
+
+// A done slot is not attended: its tokens (NaN here) never reach the output, which is zeros, and
+// nothing is appended to it.
+TEST_P(Attention, KvCacheDoneSlotsAreNotReadAndGiveZeros) {
   KvCache cache(dev, small_config());
   auto q = filled(3 * 4 * 32, 0.5f), kn = filled(3 * 2 * 32, 1.0f), vn = filled(3 * 2 * 32, 2.0f);
   auto out = filled(3 * 4 * 32, 42.0f);
@@ -791,6 +946,18 @@ TEST_P(Attention, KvCacheDoneSlotsCostNothingAndGiveZeros) {
     ASSERT_EQ(o[i], 2.0f);            // one token: its value
     ASSERT_EQ(bits(o[128 + i]), 0u);  // done slot
   }
+  // A done slot with tokens: still zeros, never NaN (its NaN tokens are not read), and no append.
+  std::vector<float> nan_tokens(2 * 5 * 32, NAN);
+  cache.write_from_host(s(), 1, 1, nan_tokens, nan_tokens, 5);
+  cache.mark_done(1);
+  const auto k_before = cache.k(1).to_vector(s());
+  flash_decoding(s(), cache, 1, q, kn, vn, std::vector<std::int64_t>{0, 77, 0}, out);
+  const auto o2 = out.to_vector(s());
+  for (int i = 0; i < 128; ++i) ASSERT_EQ(bits(o2[128 + i]), 0u);
+  EXPECT_EQ(cache.length(1), 5);
+  const std::size_t slot1 = 1 * 2 * 8 * 32;
+  const auto k_after = cache.k(1).to_vector(s());
+  for (std::size_t i = 0; i < 2 * 8 * 32; ++i) ASSERT_EQ(bits(k_after[slot1 + i]), bits(k_before[slot1 + i])) << i;
   cache.reset(1);
   EXPECT_FALSE(cache.done(1));
 }
@@ -1029,37 +1196,104 @@ TEST_P(Attention, DecodeRejectsMisalignedWrappedBuffers) {
 
 TEST_P(Attention, KvCacheGrowKeepsContentsAndCopySlotWorks) {
   KvCache cache(dev, small_config());
-  auto kn = filled(3 * 2 * 32, 1.5f), vn = filled(3 * 2 * 32, 2.5f);
-  for (std::int64_t t = 0; t < 3; ++t) {
-    cache.append(s(), 0, kn, vn, std::vector<std::int64_t>{t, t, t});
-    cache.append(s(), 1, kn, vn, std::vector<std::int64_t>{t, t, t});
-  }
+  const std::size_t tok = 3 * 2 * 32;
+  // Distinct values for every token, layer, K and V, so that a copy that mixed them up fails.
+  for (std::int64_t t = 0; t < 3; ++t)
+    for (std::int64_t l = 0; l < 2; ++l) {
+      std::vector<float> hk(tok), hv(tok);
+      for (std::size_t i = 0; i < tok; ++i) {
+        hk[i] = float(t * 10000 + l * 1000) + float(i);
+        hv[i] = -hk[i];
+      }
+      Buffer<float> kn(dev, tok), vn(dev, tok);
+      kn.copy_from_host(s(), hk);
+      vn.copy_from_host(s(), hv);
+      cache.append(s(), l, kn, vn, std::vector<std::int64_t>{t, t, t});
+    }
   cache.rollback(2, 1);
-  const auto k0 = cache.k(0).to_vector(s());
+  cache.mark_done(1);
+  std::vector<std::vector<float>> before;
+  for (std::int64_t l = 0; l < 2; ++l) {
+    before.push_back(cache.k(l).to_vector(s()));
+    before.push_back(cache.v(l).to_vector(s()));
+  }
+  // An allocation failure while growing leaves the cache as it was.
+  {
+    CpuDeviceOptions o;
+    o.memory_capacity = 4 * cache.bytes() / 3;  // room for 4 slots' worth, not 5 more
+    auto small = make_cpu_device(o);
+    KvCache c2(small, small_config());
+    auto& s2 = small->default_stream();
+    std::vector<float> hk(2 * 2 * 32, 3.0f);
+    c2.write_from_host(s2, 0, 0, hk, hk, 2);
+    const auto in_use = small->memory_stats().in_use;
+    EXPECT_THROW(c2.grow(s2, 5), OutOfMemory);
+    EXPECT_EQ(c2.slots(), 3);
+    EXPECT_EQ(c2.length(0), 2);
+    EXPECT_EQ(small->memory_stats().in_use, in_use);
+    EXPECT_EQ(c2.k(0).to_vector(s2)[33], 3.0f);
+  }
   cache.grow(s(), 5);
   EXPECT_EQ(cache.slots(), 5);
   EXPECT_EQ(cache.lengths(), (std::vector<std::int64_t>{3, 3, 1, 0, 0}));
-  const auto k1 = cache.k(0).to_vector(s());
-  ASSERT_EQ(k1.size(), k0.size() / 3 * 5);
-  EXPECT_TRUE(same(k0, std::vector<float>(k1.begin(), k1.begin() + std::ptrdiff_t(k0.size()))));
-  expect_invalid([&] { cache.grow(s(), 2); }, "new_slots");
-  // A single-slot prefill cache copied into slot 4.
+  EXPECT_TRUE(cache.done(1));
+  EXPECT_FALSE(cache.done(0) || cache.done(2) || cache.done(3) || cache.done(4));
+  EXPECT_EQ(cache.bytes(), 2ull * 2 * 5 * 2 * 8 * 32 * 4);
+  for (std::int64_t l = 0; l < 2; ++l) {
+    const auto k1 = cache.k(l).to_vector(s()), v1 = cache.v(l).to_vector(s());
+    const auto& k0 = before[std::size_t(2 * l)];
+    const auto& v0 = before[std::size_t(2 * l + 1)];
+    ASSERT_EQ(k1.size(), k0.size() / 3 * 5);
+    EXPECT_TRUE(same(k0, std::vector<float>(k1.begin(), k1.begin() + std::ptrdiff_t(k0.size())))) << "K, layer " << l;
+    EXPECT_TRUE(same(v0, std::vector<float>(v1.begin(), v1.begin() + std::ptrdiff_t(v0.size())))) << "V, layer " << l;
+  }
+  expect_invalid([&] { cache.grow(s(), 2); }, "new_slots", "2");
+  // A single-slot prefill cache copied into slot 4 (every layer, K and V).
   auto pc = small_config();
   pc.slots = 1;
   pc.max_len = 4;
   KvCache prefill(dev, pc);
-  std::vector<float> hk(2 * 2 * 32), hv(2 * 2 * 32);
+  std::vector<float> hk(2 * 2 * 32), hv(2 * 2 * 32), hk1(2 * 2 * 32);
   std::iota(hk.begin(), hk.end(), 0.0f);
   std::iota(hv.begin(), hv.end(), 1000.0f);
+  std::iota(hk1.begin(), hk1.end(), 5000.0f);
   prefill.write_from_host(s(), 0, 0, hk, hv, 2);
-  prefill.write_from_host(s(), 0, 1, hk, hv, 2);
+  prefill.write_from_host(s(), 0, 1, hk1, hv, 2);
+  cache.mark_done(4);
   cache.copy_slot_from(s(), 4, prefill);
   EXPECT_EQ(cache.length(4), 2);
-  const auto k2 = cache.k(0).to_vector(s());
+  EXPECT_FALSE(cache.done(4));
   const std::size_t slot4 = 4 * 2 * 8 * 32;
+  const auto k2 = cache.k(0).to_vector(s()), v2 = cache.v(0).to_vector(s()), k3 = cache.k(1).to_vector(s());
   EXPECT_EQ(k2[slot4 + 0], 0.0f);
   EXPECT_EQ(k2[slot4 + 32 + 5], 37.0f);          // head 0, token 1
   EXPECT_EQ(k2[slot4 + 8 * 32 + 5], 64.0f + 5);  // head 1, token 0
+  EXPECT_EQ(v2[slot4 + 8 * 32 + 32 + 7], 1000.0f + 96 + 7);  // head 1, token 1
+  EXPECT_EQ(k3[slot4 + 32 + 5], 5037.0f);        // layer 1
+  // Bad copies: named, nothing changed.
+  const auto k_snapshot = cache.k(0).to_vector(s());
+  expect_invalid([&] { cache.copy_slot_from(s(), 4, prefill, 1); }, "src_slot", "1");
+  expect_invalid([&] { cache.copy_slot_from(s(), 5, prefill); }, "slot", "5");
+  auto geo = small_config();
+  geo.num_kv_heads = 1;
+  geo.num_heads = 2;
+  KvCache other_geometry(dev, geo);
+  expect_invalid([&] { cache.copy_slot_from(s(), 4, other_geometry); }, "src geometry");
+  auto longer = small_config();
+  longer.max_len = 16;
+  longer.slots = 1;
+  KvCache long_src(dev, longer);
+  long_src.set_length(0, 12);
+  expect_invalid([&] { cache.copy_slot_from(s(), 4, long_src); }, "src length", "12");
+  KvCache elsewhere(open("cpu:9"), pc);
+  expect_invalid([&] { cache.copy_slot_from(s(), 4, elsewhere); }, "src.device");
+  EXPECT_TRUE(same(cache.k(0).to_vector(s()), k_snapshot));
+  EXPECT_EQ(cache.length(4), 2);
+  // reset_all: every slot empty and live.
+  cache.mark_done(3);
+  cache.reset_all();
+  EXPECT_EQ(cache.lengths(), (std::vector<std::int64_t>(5, 0)));
+  for (std::int64_t sl = 0; sl < 5; ++sl) EXPECT_FALSE(cache.done(sl));
 }
 
 TEST_P(Attention, FusedEdgeCasesAndBadInput) {
@@ -1112,10 +1346,71 @@ TEST_P(Attention, FusedEdgeCasesAndBadInput) {
   attention(s(), q, k_off, v_off, out2, sh, AttentionOptions{});
   expect_all(out2, 2.0f);
   out2 = filled(4 * 8 * 32, 42.0f);
-  // seq_q == 0: no error, nothing written.
-  Buffer<float> none(dev, 0), none_out(dev, 0);
-  attention(s(), none, k, v, none_out, AttentionShape{1, 4, 2, 0, 6, 32}, AttentionOptions{});
-  s().synchronize();
+}
+
+// Every bad argument of attention() is an InvalidArgument naming it and the value passed, in
+// both precisions, and out and lse keep their bytes; seq_q == 0 enqueues nothing; seq_kv == 0
+// gives zeros and log-sum-exp -inf in both precisions.
+TEST_P(Attention, FusedRejectsBadInputByNameAndWritesNothing) {
+  const AttentionShape sh{1, 4, 2, 8, 6, 32};
+  auto q = filled(4 * 8 * 32, 0.5f), k = filled(2 * 6 * 32, 0.25f), v = filled(2 * 6 * 32, 2.0f);
+  auto out = filled(4 * 8 * 32, 42.0f), lse = filled(4 * 8, 42.0f);
+  for (auto prec : {AttentionPrecision::kExact, AttentionPrecision::kTensorCore}) {
+    SCOPED_TRACE(prec == AttentionPrecision::kExact ? "exact" : "tensor core");
+    AttentionOptions o;
+    o.precision = prec;
+    o.lse = &lse;
+    auto bad = [&](AttentionShape b, const std::string& param, const std::string& value) {
+      expect_invalid([&] { attention(s(), q, k, v, out, b, o); }, param, value);
+    };
+    auto edit = [&](auto f) {
+      AttentionShape b = sh;
+      f(b);
+      return b;
+    };
+    bad(edit([](AttentionShape& b) { b.batch = 0; }), "batch", "0");
+    bad(edit([](AttentionShape& b) { b.batch = 70000; }), "batch", "70000");
+    bad(edit([](AttentionShape& b) { b.heads = 0; }), "heads", "0");
+    bad(edit([](AttentionShape& b) { b.heads = 70000; b.kv_heads = 70000; }), "heads", "70000");
+    bad(edit([](AttentionShape& b) { b.kv_heads = 0; }), "kv_heads", "0");
+    bad(edit([](AttentionShape& b) { b.seq_q = -1; }), "seq_q", "-1");
+    bad(edit([](AttentionShape& b) { b.seq_kv = -3; }), "seq_kv", "-3");
+    bad(edit([](AttentionShape& b) { b.seq_q = std::int64_t{1} << 31; }), "seq_q", "2147483648");
+    bad(edit([](AttentionShape& b) { b.seq_kv = std::int64_t{1} << 31; }), "seq_kv", "2147483648");
+    auto v_short = filled(2 * 6 * 32 - 1, 2.0f), out_short = filled(4 * 8 * 32 - 1, 0.0f);
+    auto lse_short = filled(4 * 8 - 1, 0.0f);
+    expect_invalid([&] { attention(s(), q, k, v_short, out, sh, o); }, "v.size()", std::to_string(2 * 6 * 32 - 1));
+    expect_invalid([&] { attention(s(), q, k, v, out_short, sh, o); }, "out.size()", std::to_string(4 * 8 * 32 - 1));
+    AttentionOptions o_short = o;
+    o_short.lse = &lse_short;
+    expect_invalid([&] { attention(s(), q, k, v, out, sh, o_short); }, "lse.size()", "31");
+    auto other = open("cpu:9");
+    Buffer<float> lse_elsewhere(other, 4 * 8), v_elsewhere(other, 2 * 6 * 32);
+    AttentionOptions o_else = o;
+    o_else.lse = &lse_elsewhere;
+    expect_invalid([&] { attention(s(), q, k, v, out, sh, o_else); }, "lse.device");
+    expect_invalid([&] { attention(s(), q, k, v_elsewhere, out, sh, o); }, "v.device");
+    expect_all(out, 42.0f);
+    expect_all(lse, 42.0f);
+
+    // seq_q == 0: no error, no launch.
+    Buffer<float> none(dev, 0), none_out(dev, 0), none_lse(dev, 0);
+    AttentionOptions o0 = o;
+    o0.lse = &none_lse;
+    const auto launches = s().launches();
+    attention(s(), none, k, v, none_out, AttentionShape{1, 4, 2, 0, 6, 32}, o0);
+    EXPECT_EQ(s().launches(), launches);
+    // seq_kv == 0 (also causal): every row fully masked, zeros and -inf.
+    for (bool causal : {false, true}) {
+      auto out0 = filled(4 * 8 * 32, 42.0f), lse0 = filled(4 * 8, 42.0f);
+      AttentionOptions ok = o;
+      ok.lse = &lse0;
+      ok.causal = causal;
+      attention(s(), q, none, none, out0, AttentionShape{1, 4, 2, 8, 0, 32}, ok);
+      for (float x : out0.to_vector(s())) ASSERT_EQ(bits(x), 0u);
+      for (float x : lse0.to_vector(s())) ASSERT_TRUE(std::isinf(x) && x < 0) << x;
+    }
+  }
 }
 
 // A NaN in a query row reaches that row's output as NaN in both precisions (never zeros, which

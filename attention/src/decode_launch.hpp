@@ -23,7 +23,12 @@ void launch_kv_scatter(Stream& s, const kernels::KvScatterParams& p);
 
 // Checks the decode geometry: head_dim supported, kv heads divide heads, sizes within the
 // kernels' 32-bit lane offsets.
+// The names the checks report: incremental_attention's DecodeShape fields by default,
+// KvCacheConfig's for the cache.
+struct DecodeShapeNames {
+  std::string_view heads = "n_heads", kv_heads = "n_kv_heads", max_len = "max_seq_len";
+};
 void check_decode_shape(std::string_view where, std::int64_t n_heads, std::int64_t n_kv_heads,
-                        std::int64_t head_dim, std::int64_t max_len);
+                        std::int64_t head_dim, std::int64_t max_len, const DecodeShapeNames& names = {});
 
 }  // namespace lockstep::detail

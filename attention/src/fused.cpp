@@ -186,8 +186,10 @@ void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
   if (tensor_core && !stream.device().caps().tensor_cores &&
       stream.device().id().kind == DeviceKind::kCuda)
     throw Unsupported(w, "precision", "TensorCore", "a CUDA device with tensor cores (this build targets sm_90)");
-  LOCKSTEP_CHECK_ARG(sh.batch <= 65535 && sh.heads <= 65535, w, "batch", sh.batch, "<= 65535 (and heads <= 65535)");
-  LOCKSTEP_CHECK_ARG(sh.seq_q <= 0x7fffffff && sh.seq_kv <= 0x7fffffff, w, "seq_kv", sh.seq_kv, "<= 2147483647");
+  LOCKSTEP_CHECK_ARG(sh.batch <= 65535, w, "batch", sh.batch, "<= 65535");
+  LOCKSTEP_CHECK_ARG(sh.heads <= 65535, w, "heads", sh.heads, "<= 65535");
+  LOCKSTEP_CHECK_ARG(sh.seq_q <= 0x7fffffff, w, "seq_q", sh.seq_q, "<= 2147483647");
+  LOCKSTEP_CHECK_ARG(sh.seq_kv <= 0x7fffffff, w, "seq_kv", sh.seq_kv, "<= 2147483647");
   detail::check_on(w, "q", q, stream);
   detail::check_on(w, "k", k, stream);
   detail::check_on(w, "v", v, stream);

@@ -42,7 +42,8 @@ KvCache::KvCache(std::shared_ptr<Device> device, const KvCacheConfig& c) : devic
   detail::check_positive(w, "num_layers", c.num_layers);
   detail::check_positive(w, "slots", c.slots);
   detail::check_positive(w, "max_len", c.max_len);
-  detail::check_decode_shape(w, c.num_heads, c.num_kv_heads, c.head_dim, c.max_len);
+  detail::check_decode_shape(w, c.num_heads, c.num_kv_heads, c.head_dim, c.max_len,
+                             {"num_heads", "num_kv_heads", "max_len"});
   LOCKSTEP_CHECK_ARG(c.slots <= 0x7fffffff, w, "slots", c.slots, "<= 2147483647");
   const auto per_layer = layer_elems(c, w);
   checked_mul(checked_mul(per_layer, 8, w, "bytes"), std::uint64_t(c.num_layers), w, "bytes");
@@ -52,6 +53,38 @@ KvCache::KvCache(std::shared_ptr<Device> device, const KvCacheConfig& c) : devic
   }
   len_.assign(std::size_t(c.slots), 0);
   done_.assign(std::size_t(c.slots), false);
+  pending_.assign(std::size_t(c.slots * c.num_layers), 0);
+}
+
+// Note [open token]
+// The slots' lengths are shared by the layers: in a decode step, layer 0 appends token p = length
+// (the length becomes p + 1) and every later layer appends the same position, p = length - 1.
+// To tell that from a token written twice in one layer (which would overwrite a committed
+// token), each (slot, layer) has a pending flag: a new token sets it in every other layer, an
+// append of length - 1 clears it in its layer and needs it set, and every other operation that
+// sets a length (reset, rollback, set_length, write_from_host, copy_slot_from) clears it in
+// every layer: after a rollback the token at the new length - 1 is committed, and re-appending
+// it is refused. A layer may take the new token first: any layer order works within a step.
+void KvCache::appended(std::int64_t layer, const std::vector<std::int32_t>& pos) {
+  const std::size_t L = std::size_t(cfg_.num_layers);
+  for (std::size_t s = 0; s < pos.size(); ++s) {
+    if (pos[s] < 0) continue;
+    std::uint8_t* pend = pending_.data() + s * L;
+    if (pos[s] == len_[s]) {  // a new token: pending in the other layers
+      std::fill(pend, pend + L, std::uint8_t{1});
+      len_[s] = pos[s] + 1;
+    }
+    pend[std::size_t(layer)] = 0;
+  }
+}
+void KvCache::close(std::int64_t slot) {
+  const std::size_t L = std::size_t(cfg_.num_layers);
+  std::fill_n(pending_.begin() + std::ptrdiff_t(std::size_t(slot) * L), L, std::uint8_t{0});
+}
+bool KvCache::pending(std::int64_t slot, std::int64_t layer) const {
+  check_slot("KvCache::pending", slot);
+  check_layer("KvCache::pending", layer);
+  return pending_[std::size_t(slot * cfg_.num_layers + layer)] != 0;
 }
 
 void KvCache::check_slot(std::string_view where, std::int64_t slot) const {
@@ -90,16 +123,19 @@ void KvCache::reset(std::int64_t slot) {
   check_slot("KvCache::reset", slot);
   len_[std::size_t(slot)] = 0;
   done_[std::size_t(slot)] = false;
+  close(slot);
 }
 void KvCache::reset_all() {
   std::fill(len_.begin(), len_.end(), 0);
   std::fill(done_.begin(), done_.end(), false);
+  std::fill(pending_.begin(), pending_.end(), std::uint8_t{0});
 }
 void KvCache::rollback(std::int64_t slot, std::int64_t position) {
   check_slot("KvCache::rollback", slot);
   LOCKSTEP_CHECK_ARG(position >= 0 && position <= len_[std::size_t(slot)], "KvCache::rollback", "position",
             position, "in [0, length = " + std::to_string(len_[std::size_t(slot)]) + "]");
   len_[std::size_t(slot)] = position;
+  close(slot);
 }
 void KvCache::set_length(std::int64_t slot, std::int64_t n) {
   check_slot("KvCache::set_length", slot);
@@ -107,14 +143,18 @@ void KvCache::set_length(std::int64_t slot, std::int64_t n) {
             "in [0, max_len = " + std::to_string(cfg_.max_len) + "]");
   len_[std::size_t(slot)] = n;
   done_[std::size_t(slot)] = false;
+  close(slot);
 }
 void KvCache::mark_done(std::int64_t slot, bool d) {
   check_slot("KvCache::mark_done", slot);
   done_[std::size_t(slot)] = d;
 }
 
-// Validates positions for an append into every slot; returns them as int32 (-1: done slot).
+// Validates positions for an append into `layer` of every slot; returns them as int32 (-1: done
+// slot). A position is the slot's length (a new token), or length - 1 when that token was
+// appended in this step by another layer and not yet by this one (Note [open token]).
 static std::vector<std::int32_t> checked_positions(std::string_view where, const KvCache& c,
+                                                    std::int64_t layer,
                                                     std::span<const std::int64_t> positions) {
   LOCKSTEP_CHECK_ARG(std::int64_t(positions.size()) == c.slots(), where, "positions.size()",
             positions.size(), "slots = " + std::to_string(c.slots()));
@@ -125,11 +165,17 @@ static std::vector<std::int32_t> checked_positions(std::string_view where, const
       continue;
     }
     const std::int64_t p = positions[s], len = c.length(std::int64_t(s));
-    LOCKSTEP_CHECK_ARG(p < c.max_len(), where, "positions[" + std::to_string(s) + "]", p,
+    const std::string name = "positions[" + std::to_string(s) + "]";
+    LOCKSTEP_CHECK_ARG(p < c.max_len(), where, name, p,
               "< max_len = " + std::to_string(c.max_len()) + " (the slot is full)");
-    LOCKSTEP_CHECK_ARG(p == len || (len > 0 && p == len - 1), where, "positions[" + std::to_string(s) + "]", p,
-              "the slot's length " + std::to_string(len) +
-                  " (a new token) or length - 1 (the token of an earlier layer)");
+    const bool open = len > 0 && p == len - 1 && c.pending(std::int64_t(s), layer);
+    LOCKSTEP_CHECK_ARG(p == len || open, where, name, p,
+              "the slot's length " + std::to_string(len) + " (a new token)" +
+                  (len > 0 ? " or " + std::to_string(len - 1) +
+                                 " while that token, appended in this step by another layer, is not yet in layer " +
+                                 std::to_string(layer)
+                           : std::string()) +
+                  "; writing a token twice in a layer, or any other order, is refused");
     out[s] = static_cast<std::int32_t>(p);
   }
   return out;
@@ -195,13 +241,12 @@ void KvCache::append(Stream& stream, std::int64_t layer, const Buffer<float>& k_
             "the cache's device " + device_->id().str());
   check_token_buffer(w, "k_new", k_new, stream, cfg_, cfg_.num_kv_heads);
   check_token_buffer(w, "v_new", v_new, stream, cfg_, cfg_.num_kv_heads);
-  const auto pos = checked_positions(w, *this, positions);
+  const auto pos = checked_positions(w, *this, layer, positions);
   const StagedPositions st = stage_positions(stream, pos, 0);
   kernels::KvScatterParams p = scatter_params(*this, layer, k_new, v_new, st.ints);
   p.inline_positions = st.inline_ints;
   detail::launch_kv_scatter(stream, p);
-  for (std::size_t s = 0; s < pos.size(); ++s)
-    if (pos[s] >= 0) len_[s] = pos[s] + 1;
+  appended(layer, pos);
 }
 
 namespace {
@@ -261,7 +306,7 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
   constexpr std::string_view w = "flash_decoding";
   const auto& c = cache.config();
   check_flash_args(w, stream, cache, layer, q, k_new, v_new, out);
-  const auto pos = checked_positions(w, cache, positions);
+  const auto pos = checked_positions(w, cache, layer, positions);
   // The positions (-1 for done slots) in the launch's parameters (Note [inline positions]), or
   // one staging copy when there are more slots; a slot attends position + 1 tokens.
   std::int64_t longest = 1;
@@ -273,8 +318,7 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
   p.inline_lengths = st.inline_ints;
   with_append(p, cache, layer, k_new, v_new, nullptr);
   detail::launch_decode(stream, p, st.floats, c.head_dim, longest);
-  for (std::size_t s = 0; s < pos.size(); ++s)
-    if (pos[s] >= 0) cache.len_[s] = pos[s] + 1;
+  cache.appended(layer, pos);
 }
 
 void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,
@@ -304,7 +348,8 @@ void KvCache::copy_slot_from(Stream& stream, std::int64_t slot, const KvCache& s
                              std::int64_t src_slot) {
   constexpr std::string_view w = "KvCache::copy_slot_from";
   check_slot(w, slot);
-  src.check_slot(w, src_slot);
+  LOCKSTEP_CHECK_ARG(src_slot >= 0 && src_slot < src.slots(), w, "src_slot", src_slot,
+            "in [0, src.slots() = " + std::to_string(src.slots()) + ")");
   const auto& sc = src.config();
   LOCKSTEP_CHECK_ARG(sc.num_layers == cfg_.num_layers && sc.num_kv_heads == cfg_.num_kv_heads &&
                 sc.head_dim == cfg_.head_dim,
@@ -327,6 +372,7 @@ void KvCache::copy_slot_from(Stream& stream, std::int64_t slot, const KvCache& s
   }
   len_[std::size_t(slot)] = n;
   done_[std::size_t(slot)] = false;
+  close(slot);
 }
 
 void KvCache::write_from_host(Stream& stream, std::int64_t slot, std::int64_t layer,
@@ -348,6 +394,8 @@ void KvCache::write_from_host(Stream& stream, std::int64_t slot, std::int64_t la
     v_[std::size_t(layer)].copy_from_host(stream, v.subspan(std::size_t(h) * row, row), off);
   }
   len_[std::size_t(slot)] = count;
+  done_[std::size_t(slot)] = false;
+  close(slot);
 }
 
 void KvCache::grow(Stream& stream, std::int64_t new_slots) {
@@ -377,6 +425,7 @@ void KvCache::grow(Stream& stream, std::int64_t new_slots) {
   cfg_ = nc;
   len_.resize(std::size_t(new_slots), 0);
   done_.resize(std::size_t(new_slots), false);
+  pending_.resize(std::size_t(new_slots * cfg_.num_layers), 0);
 }
 
 void rope(Stream& stream, Buffer<float>* q, Buffer<float>* k, std::span<const std::int64_t> positions,
@@ -389,8 +438,10 @@ void rope(Stream& stream, Buffer<float>* q, Buffer<float>* k, std::span<const st
   LOCKSTEP_CHECK_ARG(rows <= 0x7fffffff, w, "positions.size()", rows, "<= 2147483647");
   std::vector<std::int32_t> pos(positions.size());
   for (std::size_t i = 0; i < positions.size(); ++i) {
-    LOCKSTEP_CHECK_ARG(positions[i] >= 0 && positions[i] <= 0x7fffffff, w,
-              "positions[" + std::to_string(i) + "]", positions[i], "in [0, 2147483647]");
+    LOCKSTEP_CHECK_ARG(positions[i] >= 0 && positions[i] < kernels::kRopeMaxPosition, w,
+              "positions[" + std::to_string(i) + "]", positions[i],
+              "in [0, 2^20 = " + std::to_string(kernels::kRopeMaxPosition) +
+                  "): the angles' domain where the project's sin and cos are accurate (docs/numerics.md)");
     pos[i] = static_cast<std::int32_t>(positions[i]);
   }
   if (q != nullptr) {
@@ -403,7 +454,8 @@ void rope(Stream& stream, Buffer<float>* q, Buffer<float>* k, std::span<const st
     detail::check_on(w, "k", *k, stream);
     detail::check_size(w, "k", *k, checked_product({std::uint64_t(rows), std::uint64_t(c.n_kv_heads), std::uint64_t(c.head_dim)}, w, "rows * n_kv_heads * head_dim"), "positions.size() * n_kv_heads * head_dim");
   }
-  LOCKSTEP_CHECK_ARG(c.n_heads <= 65535 && c.n_kv_heads <= 65535, w, "n_heads", c.n_heads, "<= 65535");
+  LOCKSTEP_CHECK_ARG(c.n_heads <= 65535, w, "n_heads", c.n_heads, "<= 65535");
+  LOCKSTEP_CHECK_ARG(c.n_kv_heads <= 65535, w, "n_kv_heads", c.n_kv_heads, "<= 65535");
   check_fits(std::uint64_t(std::max(c.n_heads, c.n_kv_heads)) * std::uint64_t(c.head_dim), kMaxLaneOffset, w, "heads * head_dim");
   if (rows == 0 || (q == nullptr && k == nullptr)) return;
   const Staged st = stage(stream, pos, 0);

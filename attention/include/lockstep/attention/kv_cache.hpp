@@ -43,6 +43,10 @@ class KvCache {
   std::int64_t length(std::int64_t slot) const;
   const std::vector<std::int64_t>& lengths() const noexcept { return len_; }
   bool done(std::int64_t slot) const;
+  // Whether `layer` may still append the slot's last token (position length - 1): that token was
+  // appended in this step by another layer, and not yet by this one (Note [open token] in
+  // kv_cache.cpp). Every other operation that sets a length closes the token in every layer.
+  bool pending(std::int64_t slot, std::int64_t layer) const;
 
   // Device memory held: exactly 2 * layers * slots * kv_heads * max_len * head_dim * 4 bytes.
   std::uint64_t bytes() const noexcept;
@@ -51,8 +55,9 @@ class KvCache {
 
   // Writes one token's K and V, [rows, kv_heads, head_dim] with rows == slots(), into `layer` at
   // positions[s] of every slot s that is not done, in one launch. A position is either the slot's
-  // length (a new token; the length grows by one) or length - 1 (the token an earlier layer of
-  // this step appended). Past max_len, or out of order: InvalidArgument, nothing written.
+  // length (a new token; the length grows by one) or length - 1 while that token is pending in
+  // this layer (another layer appended it in this step: pending(s, layer)). Past max_len, or out
+  // of order (a token written twice in a layer included): InvalidArgument, nothing written.
   void append(Stream& stream, std::int64_t layer, const Buffer<float>& k_new,
               const Buffer<float>& v_new, std::span<const std::int64_t> positions);
 
@@ -63,8 +68,8 @@ class KvCache {
                       std::int64_t src_slot = 0);
 
   // Writes tokens [0, count) of `layer` in `slot` from host memory [kv_heads, count, head_dim]
-  // (k and v) and sets the slot's length to count (e.g. importing a prefill; the length is
-  // shared by all layers, so write every layer with the same count).
+  // (k and v) and sets the slot's length to count, not done (e.g. importing a prefill; the length
+  // is shared by all layers, so write every layer with the same count).
   void write_from_host(Stream& stream, std::int64_t slot, std::int64_t layer,
                        std::span<const float> k, std::span<const float> v, std::int64_t count);
 
@@ -76,7 +81,8 @@ class KvCache {
   // enqueued.
   void set_length(std::int64_t slot, std::int64_t n);
   // Speculative decoding: the slot's length becomes `position` (<= length). Entries past it are
-  // never read again and are overwritten by the next appends.
+  // never read again and are overwritten by the next appends; the token before it is committed
+  // (closed in every layer).
   void rollback(std::int64_t slot, std::int64_t position);
   // A done slot costs nothing in attention (its output is zeros) and appends skip it.
   void mark_done(std::int64_t slot, bool done = true);
@@ -95,12 +101,17 @@ class KvCache {
                              std::span<const std::int64_t>, Buffer<float>&);
   void check_slot(std::string_view where, std::int64_t slot) const;
   void check_layer(std::string_view where, std::int64_t layer) const;
+  // Host state after an append into `layer` at `pos` (-1: skipped), and after any other
+  // operation that sets a slot's length (the last token closed in every layer).
+  void appended(std::int64_t layer, const std::vector<std::int32_t>& pos);
+  void close(std::int64_t slot);
 
   std::shared_ptr<Device> device_;
   KvCacheConfig cfg_;
   std::vector<Buffer<float>> k_, v_;
   std::vector<std::int64_t> len_;
   std::vector<bool> done_;
+  std::vector<std::uint8_t> pending_;  // [slots, num_layers]: 1 = may still append length - 1
 };
 
 // Flash-Decoding over every slot of `cache` (docs/api.md): writes k_new / v_new into `layer` at

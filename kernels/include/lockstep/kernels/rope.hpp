@@ -11,6 +11,11 @@
 
 namespace lockstep::kernels {
 
+// Positions are below 2^20: the angle pos * freq (freq <= 1) stays where math::sin and math::cos
+// are accurate (docs/numerics.md; beyond 2^24 their reduction gives meaningless values). rope()
+// refuses larger positions.
+inline constexpr std::int64_t kRopeMaxPosition = std::int64_t{1} << 20;
+
 struct RopeParams {
   float* q;                      // [rows, Hq, D] (may be null)
   float* k;                      // [rows, Hk, D] (may be null)
