@@ -234,5 +234,74 @@ RC_GTEST_PROP(Attention, FusedMatchesMultiheadAndCausalRowsMatchPrefixes, ()) {
   }
 }
 
+// Causal masking is bottom-right aligned: with seq_q <= seq_kv, query row i of the causal call
+// equals the non-causal attention of that row over keys [0, seq_kv - seq_q + i] (within twice the
+// fused bound); with seq_q > seq_kv the first seq_q - seq_kv rows see no key (zeros). Any batch,
+// GQA, both layouts, every head_dim, both precisions.
+RC_GTEST_PROP(Attention, FusedCausalRowsAreBottomRightPrefixes, ()) {
+  const std::int64_t D = *rc::gen::element<std::int64_t>(32, 64, 96, 128, 256);
+  const std::int64_t B = *rc::gen::inRange<std::int64_t>(1, 3), Hk = *rc::gen::inRange<std::int64_t>(1, 3);
+  const std::int64_t H = Hk * *rc::gen::inRange<std::int64_t>(1, 4);
+  const std::int64_t Sq = *size_gen(100), Skv = *size_gen(150);
+  const bool interleaved = *rc::gen::arbitrary<bool>(), tc = *rc::gen::arbitrary<bool>();
+  const auto prec = tc ? AttentionPrecision::kTensorCore : AttentionPrecision::kExact;
+  const auto seed = *rc::gen::arbitrary<std::uint64_t>();
+  const auto q = uniform(seed, std::size_t(B * H * Sq * D), -1.0f, 1.0f);
+  const auto k = uniform(seed + 1, std::size_t(B * Hk * Skv * D), -1.0f, 1.0f);
+  const auto v = uniform(seed + 2, k.size(), -1.0f, 1.0f);
+  // Element d of row i of head h of batch b, in a tensor of `heads` heads and `seq` rows.
+  auto at = [&](std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t heads, std::int64_t seq) {
+    return std::size_t(interleaved ? ((b * seq + i) * heads + h) * D : ((b * heads + h) * seq + i) * D);
+  };
+  auto dev = open("cpu");
+  auto& st = dev->default_stream();
+  auto upload = [&](const std::vector<float>& h) {
+    Buffer<float> x(dev, h.size());
+    x.copy_from_host(st, h);
+    return x;
+  };
+  auto bq = upload(q), bk = upload(k), bv = upload(v);
+  Buffer<float> out(dev, q.size());
+  AttentionOptions o;
+  o.causal = true;
+  o.precision = prec;
+  o.layout = interleaved ? AttentionLayout::kInterleaved : AttentionLayout::kHeadsFirst;
+  attention(st, bq, bk, bv, out, AttentionShape{B, H, Hk, Sq, Skv, D}, o);
+  const auto a = out.to_vector(st);
+  // A few rows of every head, always including the first and the last.
+  const std::int64_t rows_checked = std::min<std::int64_t>(Sq, 3);
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t r = 0; r < rows_checked; ++r) {
+        const std::int64_t i = r == 0 ? 0 : r == 1 ? Sq - 1 : *rc::gen::inRange<std::int64_t>(0, Sq);
+        const std::int64_t n = Skv - Sq + i + 1;  // keys row i sees
+        const std::size_t oi = at(b, h, i, H, Sq);
+        if (n <= 0) {
+          for (std::int64_t d = 0; d < D; ++d) RC_ASSERT(float_bits(a[oi + std::size_t(d)]) == 0u);
+          continue;
+        }
+        const std::int64_t kh = h / (H / Hk);
+        std::vector<float> q1(q.begin() + std::ptrdiff_t(oi), q.begin() + std::ptrdiff_t(oi + std::size_t(D)));
+        std::vector<float> k1(std::size_t(n * D)), v1(std::size_t(n * D));
+        for (std::int64_t j = 0; j < n; ++j)
+          for (std::int64_t d = 0; d < D; ++d) {
+            k1[std::size_t(j * D + d)] = k[at(b, kh, j, Hk, Skv) + std::size_t(d)];
+            v1[std::size_t(j * D + d)] = v[at(b, kh, j, Hk, Skv) + std::size_t(d)];
+          }
+        auto pq = upload(q1), pk = upload(k1), pv = upload(v1);
+        Buffer<float> po(dev, std::size_t(D));
+        AttentionOptions no;
+        no.precision = prec;
+        attention(st, pq, pk, pv, po, AttentionShape{1, 1, 1, 1, n, D}, no);
+        const auto c = po.to_vector(st);
+        const auto ref = attention_reference(q1.data(), D, k1.data(), v1.data(), D, 1, n, D, false);
+        for (std::int64_t d = 0; d < D; ++d) {
+          const double bound = tc ? attention_bound_tc(ref.pv_mag[std::size_t(d)], ref.qk_mag[0], n, D)
+                                  : attention_bound_fp32(ref.pv_mag[std::size_t(d)], ref.qk_mag[0], n, D);
+          RC_ASSERT(std::fabs(double(c[std::size_t(d)]) - double(a[oi + std::size_t(d)])) <= 2 * bound);
+        }
+      }
+}
+
 }  // namespace
 }  // namespace lockstep::harness

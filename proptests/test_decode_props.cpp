@@ -14,6 +14,7 @@
 #include "harness/harness_decode.hpp"
 #include "lockstep/attention/decode.hpp"
 #include "lockstep/attention/kv_cache.hpp"
+#include "lockstep/kernels/rope.hpp"
 
 namespace lockstep::harness {
 namespace {
@@ -180,7 +181,7 @@ RC_GTEST_PROP(Rope, MatchesOracleAndBackends, ()) {
   s.dim = 2 * *rc::gen::inRange<std::int64_t>(1, 129);
   s.theta = *rc::gen::element(10000.0f, 1e6f, 500000.0f);
   s.neox = *rc::gen::arbitrary<bool>();
-  s.max_pos = *rc::gen::element<std::int64_t>(1, 64, 4096);
+  s.max_pos = *rc::gen::element<std::int64_t>(1, 64, 4096, kernels::kRopeMaxPosition - 1);  // up to the limit
   s.seed = *rc::gen::arbitrary<std::uint64_t>();
   const auto c = rope_case(s);
   RC_LOG() << c->describe() << "\n";
@@ -226,8 +227,10 @@ RC_GTEST_PROP(Rope, PreservesPairNormsAndDependsOnlyOnRelativePosition, ()) {
   const std::int64_t D = 2 * *rc::gen::inRange<std::int64_t>(1, 65);
   const auto seed = *rc::gen::arbitrary<std::uint64_t>();
   const auto q = uniform(seed, std::size_t(D), -1.0f, 1.0f), k = uniform(seed + 1, std::size_t(D), -1.0f, 1.0f);
-  const std::int64_t m = *rc::gen::inRange<std::int64_t>(0, 2048), n = *rc::gen::inRange<std::int64_t>(0, 2048),
-                     shift = *rc::gen::inRange<std::int64_t>(0, 2048);
+  // Positions near the limit (kRopeMaxPosition) a quarter of the time.
+  const std::int64_t top = *rc::gen::element<std::int64_t>(2048, 2048, 2048, kernels::kRopeMaxPosition / 2);
+  const std::int64_t m = *rc::gen::inRange<std::int64_t>(0, top), n = *rc::gen::inRange<std::int64_t>(0, top),
+                     shift = *rc::gen::inRange<std::int64_t>(0, top);
   const float theta = *rc::gen::element(10000.0f, 1e6f);
   const auto style = *rc::gen::arbitrary<bool>() ? RopeStyle::kNeox : RopeStyle::kNorm;
   const auto qm = apply_rope(q, 1, 1, D, {m}, theta, style), kn = apply_rope(k, 1, 1, D, {n}, theta, style);
