@@ -1,8 +1,9 @@
-// `lockstep parity`: every kernel of the harness (proptests/harness) and of apps/parity_cases.cpp
-// on random shapes, plus fixed large shapes that reach the variants the library picks only for
-// large grids, on every device; compared bitwise with the CPU device and with a float64 oracle.
-// The decode entries run a second time in a child process with LOCKSTEP_DECODE_ONE_GRID=1
-// (Note [one grid]: the knob is read once per process), whose CPU bytes must equal this run's.
+// `lockstep parity`: every kernel entry of the harness (harness::kernel_entries(),
+// proptests/harness) on random shapes, plus each entry's fixed large shapes (the variants the
+// library picks only for large grids), on every device; compared bitwise with the CPU device and
+// with a float64 oracle. The decode entries (KernelEntry::decode) run a second time in a child
+// process with LOCKSTEP_DECODE_ONE_GRID=1 (Note [one grid]: the knob is read once per process),
+// whose CPU bytes must equal this run's. This file is the driver only; the cases live in the harness.
 
 #include "parity.hpp"
 
@@ -15,7 +16,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -24,9 +24,7 @@
 #include <vector>
 
 #include "harness/harness.hpp"
-#include "harness/harness_decode.hpp"
 #include "lockstep/lockstep.hpp"
-#include "parity_cases.hpp"
 
 extern char** environ;
 
@@ -34,215 +32,10 @@ namespace lockstep::parity {
 
 namespace {
 
-using CaseFn = std::function<std::unique_ptr<harness::Case>()>;
-
-struct Entry {
-  std::string name;
-  std::function<std::unique_ptr<harness::Case>(std::mt19937_64&)> random_case;
-  std::vector<CaseFn> fixed;  // run once per `parity` run, after the random cases
-  bool decode = false;        // runs launch_decode: rerun with the one grid
-};
-
 std::uint64_t fnv1a(const void* p, std::size_t n, std::uint64_t h = 1469598103934665603ull) {
   const auto* b = static_cast<const unsigned char*>(p);
   for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
   return h;
-}
-
-// --- fixed large shapes -----------------------------------------------------------------------
-// Each reaches a variant that attention/src/fused.cpp or attention/src/decode_launch.cpp picks
-// only for large grids (H200: 132 SMs; the CPU device: one "multiprocessor" per worker thread).
-
-harness::DecodeWorldShape world(std::int64_t slots, std::int64_t heads, std::int64_t kv_heads, std::int64_t dim,
-                                std::int64_t max_len, std::vector<std::int64_t> lengths, std::vector<bool> done,
-                                std::uint64_t seed) {
-  harness::DecodeWorldShape s;
-  s.slots = slots, s.heads = heads, s.kv_heads = kv_heads, s.dim = dim, s.max_len = max_len;
-  s.lengths = std::move(lengths), s.done = std::move(done), s.seed = seed;
-  return s;
-}
-
-// flash_decoding, host positions: max_chunks follows the longest position.
-std::vector<CaseFn> large_flash() {
-  return {
-      // 4 query heads per block, 4 chunks (not folded: 4 x 4 > 8), 32 x 5 merge blocks >= 132:
-      // DecodeMerge<128, 2> (max_chunks <= 8).
-      [] { return flash_cache_case(world(5, 32, 2, 128, 1024, {1023, 600, 7, 0, 300}, {false, false, false, false, true}, 11)); },
-      // 9 chunks: DecodeMerge<128, 4> (max_chunks <= 16).
-      [] { return flash_cache_case(world(5, 32, 2, 128, 2304, {2303, 1100, 256, 1, 2000}, {false, false, false, false, true}, 12)); },
-      // 8 query heads per block (DecodeChunk<64, 8>), 10 chunks: not folded (one grid: its pair).
-      [] { return flash_cache_case(world(3, 8, 1, 64, 2400, {2399, 513, 0}, {false, false, false}, 13)); },
-      // One head per block at 128 (DecodeChunk<128, 1, 2, 3>), 9 chunks: not folded.
-      [] { return flash_cache_case(world(2, 3, 3, 128, 2304, {2303, 10}, {false, false}, 14)); },
-      // head_dim 256, 2 heads per block, 6 chunks: not folded.
-      [] { return flash_cache_case(world(2, 4, 2, 256, 1300, {1299, 40}, {false, false}, 15)); },
-      // 130 slots: more than kInlineRows (128), so the positions are copied to the device.
-      [] {
-        auto s = world(130, 2, 1, 32, 40, {}, {}, 16);
-        return flash_cache_case(s);
-      },
-  };
-}
-
-// flash_decoding, device positions: max_chunks follows the cache's capacity.
-std::vector<CaseFn> large_device_positions() {
-  auto dp = [](harness::DecodeWorldShape w) {
-    DevicePositionsShape s;
-    s.world = std::move(w);
-    return device_positions_case(s);
-  };
-  return {
-      [dp] { return dp(world(5, 32, 2, 128, 1024, {1023, 600, 7, 0, 300}, {}, 21)); },   // DecodeMerge<128, 2>
-      [dp] { return dp(world(5, 32, 2, 128, 2304, {2303, 1100, 256, 1, 2000}, {}, 22)); },  // DecodeMerge<128, 4>
-      [dp] { return dp(world(3, 8, 1, 64, 2400, {2399, 513, 0}, {}, 23)); },
-      [dp] { return dp(world(130, 2, 1, 32, 40, {}, {}, 24)); },  // positions past kInlineRows
-  };
-}
-
-harness::FusedCaseShape fused(std::int64_t batch, std::int64_t heads, std::int64_t kv_heads, std::int64_t seq_q,
-                              std::int64_t seq_kv, std::int64_t dim, bool causal, bool interleaved, bool tc,
-                              std::uint64_t seed) {
-  harness::FusedCaseShape s;
-  s.batch = batch, s.heads = heads, s.kv_heads = kv_heads, s.seq_q = seq_q, s.seq_kv = seq_kv, s.dim = dim;
-  s.causal = causal, s.interleaved = interleaved, s.tensor_core = tc, s.seed = seed;
-  return s;
-}
-
-// Few query rows, many (batch, head) pairs: large grids at little arithmetic.
-std::vector<CaseFn> large_fused_exact() {
-  return {
-      // 26 x 16 = 416 blocks > 3 x 132: FusedAttentionExact<64> with P in K's memory (on the CPU
-      // device every grid above 3 blocks per worker thread takes it).
-      [] { return harness::fused_case(fused(26, 16, 4, 3, 37, 64, true, false, false, 31)); },
-      [] { return harness::fused_case(fused(26, 16, 4, 3, 37, 64, false, true, false, 32)); },
-  };
-}
-std::vector<CaseFn> large_fused_tc() {
-  return {
-      // 17 x 32 = 544 blocks of 128 rows >= 2 x 2 x 132: FusedAttentionTensorCore<128, 2> (without
-      // wgmma; with it, FusedAttentionWgmma<128, 1>).
-      [] { return harness::fused_case(fused(17, 32, 4, 3, 37, 128, true, false, true, 41)); },
-      // 17 x 16 = 272 blocks of 64 rows >= 2 x 132 at head_dim 64: on sm_90a
-      // FusedAttentionWgmma<64, 1, true> (packing blocks); FusedAttentionTensorCore<64> elsewhere.
-      [] { return harness::fused_case(fused(17, 16, 4, 5, 70, 64, false, true, true, 42)); },
-  };
-}
-
-// --- entries ----------------------------------------------------------------------------------
-
-std::vector<Entry> all_entries() {
-  std::vector<Entry> r;
-  bool flash = false, rope = false;
-  const auto flash_random = [](std::mt19937_64& g) {
-    harness::DecodeWorldShape s;
-    static const std::int64_t dims[] = {32, 64, 96, 128, 256};
-    s.dim = dims[std::uniform_int_distribution<int>(0, 4)(g)];
-    s.kv_heads = std::uniform_int_distribution<std::int64_t>(1, 3)(g);
-    s.heads = s.kv_heads * std::uniform_int_distribution<std::int64_t>(1, 4)(g);
-    s.slots = std::uniform_int_distribution<std::int64_t>(1, 5)(g);
-    s.max_len = harness::draw_size(g, 700);
-    s.seed = g();
-    return flash_cache_case(s);
-  };
-  const auto rope_random = [](std::mt19937_64& g) {
-    harness::RopeCaseShape s;
-    s.rows = harness::draw_size(g, 40);
-    s.kv_heads = std::uniform_int_distribution<std::int64_t>(1, 4)(g);
-    s.heads = s.kv_heads * std::uniform_int_distribution<std::int64_t>(1, 4)(g);
-    s.dim = 2 * std::uniform_int_distribution<std::int64_t>(1, 128)(g);
-    s.theta = std::uniform_int_distribution<int>(0, 1)(g) ? 10000.0f : 1e6f;
-    s.neox = std::uniform_int_distribution<int>(0, 1)(g);
-    s.max_pos = std::uniform_int_distribution<int>(0, 1)(g) ? 64 : 4096;
-    s.seed = g();
-    return rope_rel_case(s);
-  };
-  for (const auto& k : harness::kernel_entries()) {
-    Entry e{k.name, k.random_case, {}, false};
-    if (k.name == "flash_decoding") {
-      // The harness's draws (proptests/harness/harness_decode.cpp), with the appended cache
-      // tokens compared and the relative error filled (apps/parity_cases.cpp).
-      flash = true;
-      e.random_case = flash_random;
-      e.fixed = large_flash();
-      e.decode = true;
-    } else if (k.name == "rope") {
-      rope = true;  // the harness's draws, the relative error filled
-      e.random_case = rope_random;
-    } else if (k.name == "attention_fused_exact") {
-      e.fixed = large_fused_exact();
-    } else if (k.name == "attention_fused_tensor_core") {
-      e.fixed = large_fused_tc();
-    } else if (k.name == "incremental_attention") {
-      e.decode = true;
-    }
-    r.push_back(std::move(e));
-  }
-  // Were the harness's entries renamed, these still run (as rows of their own).
-  if (!flash) r.push_back({"flash_decoding (apps)", flash_random, large_flash(), true});
-  if (!rope) r.push_back({"rope (apps)", rope_random, {}, false});
-  r.push_back({"flash_decoding_device_positions",
-               [](std::mt19937_64& g) {
-                 DevicePositionsShape s;
-                 static const std::int64_t dims[] = {32, 64, 96, 128, 256};
-                 s.world.dim = dims[std::uniform_int_distribution<int>(0, 4)(g)];
-                 s.world.kv_heads = std::uniform_int_distribution<std::int64_t>(1, 3)(g);
-                 s.world.heads = s.world.kv_heads * std::uniform_int_distribution<std::int64_t>(1, 4)(g);
-                 s.world.slots = std::uniform_int_distribution<std::int64_t>(1, 6)(g);
-                 s.world.max_len = harness::draw_size(g, 700);
-                 s.with_skip = std::uniform_int_distribution<int>(0, 3)(g) != 0;
-                 s.with_out_of_range = std::uniform_int_distribution<int>(0, 3)(g) != 0;
-                 s.with_rewind = std::uniform_int_distribution<int>(0, 1)(g) != 0;
-                 s.world.seed = g();
-                 return device_positions_case(s);
-               },
-               large_device_positions(), true});
-  static const std::int64_t dims[] = {32, 64, 96, 128, 256};
-  r.push_back({"kv_cache_append",
-               [](std::mt19937_64& g) {
-                 AppendShape s;
-                 s.layers = std::uniform_int_distribution<std::int64_t>(1, 3)(g);
-                 s.dim = dims[std::uniform_int_distribution<int>(0, 4)(g)];
-                 s.kv_heads = std::uniform_int_distribution<std::int64_t>(1, 4)(g);
-                 s.steps = std::uniform_int_distribution<std::int64_t>(1, 3)(g);
-                 s.slots = std::uniform_int_distribution<std::int64_t>(1, 9)(g);
-                 s.max_len = s.steps + harness::draw_size(g, 100);
-                 s.seed = g();
-                 return append_case(s);
-               },
-               {[] {  // more slots than kInlineRows: the positions are copied to the device
-                 AppendShape s{2, 133, 2, 32, 9, 2, 51};
-                 return append_case(s);
-               }},
-               false});
-  r.push_back({"kv_cache_copy_slot_from",
-               [](std::mt19937_64& g) {
-                 CopySlotShape s;
-                 s.layers = std::uniform_int_distribution<std::int64_t>(1, 3)(g);
-                 s.dim = dims[std::uniform_int_distribution<int>(0, 4)(g)];
-                 s.kv_heads = std::uniform_int_distribution<std::int64_t>(1, 4)(g);
-                 s.src_slots = std::uniform_int_distribution<std::int64_t>(1, 4)(g);
-                 s.dst_slots = std::uniform_int_distribution<std::int64_t>(1, 6)(g);
-                 s.src_max_len = harness::draw_size(g, 200);
-                 s.dst_max_len = std::uniform_int_distribution<int>(0, 2)(g) == 0 ? s.src_max_len : harness::draw_size(g, 200);
-                 s.copies = std::uniform_int_distribution<std::int64_t>(1, 4)(g);
-                 s.seed = g();
-                 return copy_slot_case(s);
-               },
-               {}, false});
-  r.push_back({"kv_cache_grow",
-               [](std::mt19937_64& g) {
-                 GrowShape s;
-                 s.layers = std::uniform_int_distribution<std::int64_t>(1, 3)(g);
-                 s.dim = dims[std::uniform_int_distribution<int>(0, 4)(g)];
-                 s.kv_heads = std::uniform_int_distribution<std::int64_t>(1, 4)(g);
-                 s.slots = std::uniform_int_distribution<std::int64_t>(1, 5)(g);
-                 s.new_slots = s.slots + std::uniform_int_distribution<std::int64_t>(0, 4)(g);
-                 s.max_len = 1 + harness::draw_size(g, 150);
-                 s.seed = g();
-                 return grow_case(s);
-               },
-               {}, false});
-  return r;
 }
 
 std::string device_label(const Device& d) {
@@ -333,7 +126,7 @@ int run(const Options& o) {
   bool ok = true;
   std::map<std::string, std::uint64_t> digests;  // CPU bytes of every case, per entry
   std::vector<std::string> decode_names;
-  for (const auto& k : all_entries()) {
+  for (const auto& k : harness::kernel_entries()) {
     if (!only.empty() && std::find(only.begin(), only.end(), k.name) == only.end()) continue;
     if (k.decode) decode_names.push_back(k.name);
     // Each entry draws from its own generator, so that a subset of entries (the one-grid rerun)

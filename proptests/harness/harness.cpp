@@ -31,6 +31,11 @@ std::int64_t draw_size(std::mt19937_64& rng, std::int64_t max) {
   return std::uniform_int_distribution<std::int64_t>(1, max)(rng);
 }
 
+std::int64_t draw_head_dim(std::mt19937_64& rng) {
+  static const std::int64_t dims[] = {32, 64, 96, 128, 256};
+  return dims[std::uniform_int_distribution<int>(0, 4)(rng)];
+}
+
 Compare compare_bits(const Run& a, const Run& b) {
   Compare c;
   if (a.out.size() != b.out.size()) {
@@ -90,12 +95,37 @@ void poison(Stream& s, Buffer<float>& b) {
   if (!b.empty()) b.fill(s, p);
 }
 
+std::size_t count_poison(const std::vector<float>& v) {
+  return static_cast<std::size_t>(
+      std::count_if(v.begin(), v.end(), [](float x) { return float_bits(x) == kPoisonPattern; }));
+}
+
 Run collect(Stream& s, const Buffer<float>& b) {
   Run r;
   r.out = b.to_vector(s);
-  r.unwritten = static_cast<std::size_t>(std::count_if(
-      r.out.begin(), r.out.end(), [](float v) { return float_bits(v) == kPoisonPattern; }));
+  r.unwritten = count_poison(r.out);
   return r;
+}
+
+void add_violation(OracleReport& rep, const std::string& what) {
+  if (rep.violations++ == 0) rep.first_violation = what;
+}
+
+void expect_bits(OracleReport& rep, const std::vector<float>& got, const std::vector<float>& want,
+                 const std::string& label) {
+  if (got.size() != want.size()) {
+    add_violation(rep, label + ": " + std::to_string(got.size()) + " elements, expected " +
+                           std::to_string(want.size()));
+    return;
+  }
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (float_bits(got[i]) != float_bits(want[i]) && rep.violations++ == 0) {
+      std::ostringstream os;
+      os.precision(9);
+      os << label << ": element " << i << " is " << got[i] << " (0x" << std::hex << float_bits(got[i])
+         << "), expected " << std::dec << want[i] << " (0x" << std::hex << float_bits(want[i]) << ")";
+      rep.first_violation = os.str();
+    }
 }
 
 namespace {
@@ -500,6 +530,7 @@ double math_ulp_bound(int fn) {
 std::vector<KernelEntry> attention_entries();
 std::vector<KernelEntry> decode_entries();
 std::vector<KernelEntry> fused_entries();
+std::vector<KernelEntry> cache_entries();
 
 const std::vector<KernelEntry>& kernel_entries() {
   static const std::vector<KernelEntry> entries = [] {
@@ -583,6 +614,7 @@ const std::vector<KernelEntry>& kernel_entries() {
   for (auto& a : attention_entries()) e.push_back(std::move(a));
   for (auto& a : decode_entries()) e.push_back(std::move(a));
   for (auto& a : fused_entries()) e.push_back(std::move(a));
+  for (auto& a : cache_entries()) e.push_back(std::move(a));
   return e;
   }();
   return entries;

@@ -60,13 +60,23 @@ Verdict verify(const Case& c, bool with_variant, bool with_cuda);
 struct KernelEntry {
   std::string name;
   std::function<std::unique_ptr<Case>(std::mt19937_64&)> random_case;
+  // Fixed large shapes that reach the variants the library picks only for large grids (H200:
+  // 132 SMs; the CPU device: one "multiprocessor" per worker thread); `lockstep parity` runs each
+  // once after the random cases.
+  std::vector<std::function<std::unique_ptr<Case>()>> fixed = {};
+  // The kernel runs launch_decode: `lockstep parity` reruns it in a child process with
+  // LOCKSTEP_DECODE_ONE_GRID=1 (Note [one grid]), whose CPU bytes must equal the first run's.
+  bool decode = false;
 };
-// Every registered kernel (softmax, scale, layout, transpose, gemm, math, ...).
+// Every registered kernel (softmax, scale, layout, transpose, gemm, math, attention, decode, the
+// KV-cache operations).
 const std::vector<KernelEntry>& kernel_entries();
 
 // Sizes every shape generator draws often (the issue list): 1, 31, 32, 33, 97, 1025.
 inline constexpr std::int64_t kEdgeSizes[] = {1, 31, 32, 33, 97, 1025};
 std::int64_t draw_size(std::mt19937_64& rng, std::int64_t max);
+// A head dimension: 32, 64, 96, 128 or 256.
+std::int64_t draw_head_dim(std::mt19937_64& rng);
 
 // Bitwise comparison with every NaN equal to every other (NaN payloads are not part of the
 // contract, docs/numerics.md).
@@ -92,6 +102,14 @@ std::uint32_t float_bits(float f);
 std::vector<float> uniform(std::uint64_t seed, std::size_t n, float lo, float hi);
 void poison(Stream& s, Buffer<float>& b);
 Run collect(Stream& s, const Buffer<float>& b);
+std::size_t count_poison(const std::vector<float>& v);
+// The relative error is recorded where |reference| > this.
+inline constexpr double kRelFloor = 1e-6;
+// Counts a violation; the first one's text is kept.
+void add_violation(OracleReport& rep, const std::string& what);
+// Exact results (copies): every element of `got` must have the bits of `want`.
+void expect_bits(OracleReport& rep, const std::vector<float>& got, const std::vector<float>& want,
+                 const std::string& label);
 
 // Each kernel's entry point for RapidCheck and unit tests.
 struct SoftmaxShape {

@@ -27,7 +27,7 @@ void note_violation(OracleReport& rep, std::size_t i, float got, double ref, dou
 }
 void account(OracleReport& rep, std::size_t i, float got, double ref, double bound) {
   rep.max_ulp = std::max(rep.max_ulp, ulp_distance(got, ref));
-  if (std::fabs(ref) > 1e-6) rep.max_rel = std::max(rep.max_rel, std::fabs(got - ref) / std::fabs(ref));
+  if (std::fabs(ref) > kRelFloor) rep.max_rel = std::max(rep.max_rel, std::fabs(got - ref) / std::fabs(ref));
   if (bound > 0) rep.max_bound_ratio = std::max(rep.max_bound_ratio, std::fabs(double(got) - ref) / bound);
   if (!(std::fabs(double(got) - ref) <= bound)) note_violation(rep, i, got, ref, bound);
 }
@@ -241,10 +241,6 @@ std::unique_ptr<Case> decode_case(const DecodeCaseShape& s) { return std::make_u
 std::unique_ptr<Case> scatter_case(const ScatterCaseShape& s) { return std::make_unique<ScatterCase>(s); }
 
 namespace {
-std::int64_t pick_dim(std::mt19937_64& g) {
-  static const std::int64_t dims[] = {32, 64, 96, 128, 256};
-  return dims[std::uniform_int_distribution<int>(0, 4)(g)];
-}
 std::int64_t pick_heads(std::mt19937_64& g, std::int64_t& kv) {
   static const std::int64_t groups[] = {1, 2, 3, 4, 6, 8};
   kv = std::uniform_int_distribution<std::int64_t>(1, 4)(g);
@@ -259,7 +255,7 @@ std::vector<KernelEntry> attention_entries() {
          MhaCaseShape s;
          s.seq = draw_size(g, 150);
          s.heads = std::uniform_int_distribution<std::int64_t>(1, 4)(g);
-         s.dim = std::uniform_int_distribution<int>(0, 1)(g) ? pick_dim(g) : draw_size(g, 80);
+         s.dim = std::uniform_int_distribution<int>(0, 1)(g) ? draw_head_dim(g) : draw_size(g, 80);
          s.causal = std::uniform_int_distribution<int>(0, 1)(g);
          s.impl = std::uniform_int_distribution<int>(0, 1)(g);
          s.seed = g();
@@ -279,17 +275,19 @@ std::vector<KernelEntry> attention_entries() {
       {"incremental_attention",
        [](std::mt19937_64& g) {
          DecodeCaseShape s;
-         s.dim = pick_dim(g);
+         s.dim = draw_head_dim(g);
          s.heads = pick_heads(g, s.kv_heads);
          s.max_len = draw_size(g, 1100);
          s.len = std::uniform_int_distribution<std::int64_t>(0, s.max_len)(g);
          s.seed = g();
          return decode_case(s);
-       }},
+       },
+       {},
+       true},
       {"kv_cache_scatter",
        [](std::mt19937_64& g) {
          ScatterCaseShape s;
-         s.dim = pick_dim(g);
+         s.dim = draw_head_dim(g);
          s.kv_heads = std::uniform_int_distribution<std::int64_t>(1, 8)(g);
          s.max_len = draw_size(g, 300);
          s.pos = std::uniform_int_distribution<std::int64_t>(0, s.max_len - 1)(g);
@@ -405,8 +403,7 @@ std::unique_ptr<Case> fused_case(const FusedCaseShape& s) { return std::make_uni
 std::vector<KernelEntry> fused_entries() {
   auto draw = [](std::mt19937_64& g, bool tc) {
     FusedCaseShape s;
-    static const std::int64_t dims[] = {32, 64, 96, 128, 256};
-    s.dim = dims[std::uniform_int_distribution<int>(0, 4)(g)];
+    s.dim = draw_head_dim(g);
     s.batch = std::uniform_int_distribution<std::int64_t>(1, 2)(g);
     s.kv_heads = std::uniform_int_distribution<std::int64_t>(1, 2)(g);
     s.heads = s.kv_heads * std::uniform_int_distribution<std::int64_t>(1, 3)(g);
@@ -418,8 +415,31 @@ std::vector<KernelEntry> fused_entries() {
     s.seed = g();
     return fused_case(s);
   };
-  return {{"attention_fused_exact", [draw](std::mt19937_64& g) { return draw(g, false); }},
-          {"attention_fused_tensor_core", [draw](std::mt19937_64& g) { return draw(g, true); }}};
+  // Fixed large shapes: few query rows, many (batch, head) pairs, so large grids at little
+  // arithmetic, reaching variants that attention/src/fused.cpp picks only for large grids (H200:
+  // 132 SMs; the CPU device: one "multiprocessor" per worker thread).
+  auto fixed = [](std::int64_t batch, std::int64_t heads, std::int64_t seq_q, std::int64_t seq_kv, std::int64_t dim,
+                  bool causal, bool interleaved, bool tc, std::uint64_t seed) {
+    return [=] {
+      FusedCaseShape s;
+      s.batch = batch, s.heads = heads, s.kv_heads = 4, s.seq_q = seq_q, s.seq_kv = seq_kv, s.dim = dim;
+      s.causal = causal, s.interleaved = interleaved, s.tensor_core = tc, s.seed = seed;
+      return fused_case(s);
+    };
+  };
+  return {{"attention_fused_exact",
+           [draw](std::mt19937_64& g) { return draw(g, false); },
+           // 26 x 16 = 416 blocks > 3 x 132: FusedAttentionExact<64> with P in K's memory (on the
+           // CPU device every grid above 3 blocks per worker thread takes it).
+           {fixed(26, 16, 3, 37, 64, true, false, false, 31), fixed(26, 16, 3, 37, 64, false, true, false, 32)}},
+          {"attention_fused_tensor_core",
+           [draw](std::mt19937_64& g) { return draw(g, true); },
+           // 17 x 32 = 544 blocks of 128 rows >= 2 x 2 x 132: FusedAttentionTensorCore<128, 2>
+           // (without wgmma; with it, FusedAttentionWgmma<128, 1>).
+           {fixed(17, 32, 3, 37, 128, true, false, true, 41),
+            // 17 x 16 = 272 blocks of 64 rows >= 2 x 132 at head_dim 64: on sm_90a
+            // FusedAttentionWgmma<64, 1, true> (packing blocks); FusedAttentionTensorCore<64> elsewhere.
+            fixed(17, 16, 5, 70, 64, false, true, true, 42)}}};
 }
 
 }  // namespace lockstep::harness
