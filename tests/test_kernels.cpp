@@ -7,8 +7,14 @@
 #include <numeric>
 #include <vector>
 
+#include <cstdlib>
+#include <functional>
+
+#include "lockstep/attention/kv_cache.hpp"
+#include "lockstep/attention/multihead.hpp"
 #include "lockstep/attention/ops.hpp"
 #include "support/backends.hpp"
+#include "support/random.hpp"
 
 namespace lockstep::testing {
 namespace {
@@ -65,6 +71,83 @@ TEST_P(Kernels, SoftmaxInPlace) {
   ops::softmax_rows(s(), a, a, 64, 40);
   const auto x = download(a), y = download(ref);
   for (std::size_t i = 0; i < x.size(); ++i) ASSERT_TRUE(same_bits(x[i], y[i]));
+}
+
+// Note [warp passes] (backends/cpu/lanes.hpp): the CPU runs warp-independent kernels one warp at
+// a time; LOCKSTEP_CPU_BLOCK_PASSES=1 runs them block-wide. Every such kernel, through its host
+// call, gives the same bytes both ways: partial blocks, rows of 1 to 3000, -inf, NaN and inf.
+TEST_P(Kernels, WarpPassesGiveTheBlockPassBytes) {
+  if (dev->id().kind != DeviceKind::kCpu) GTEST_SKIP() << "warp passes are a CPU execution mode";
+  // Runs `op` (which returns the bytes it produced) with warp passes and with block passes.
+  auto both = [&](const char* what, const std::function<std::vector<float>()>& op) {
+    SCOPED_TRACE(what);
+    ::unsetenv("LOCKSTEP_CPU_BLOCK_PASSES");
+    const auto warp = op();
+    ::setenv("LOCKSTEP_CPU_BLOCK_PASSES", "1", 1);
+    const auto block = op();
+    ::unsetenv("LOCKSTEP_CPU_BLOCK_PASSES");
+    ASSERT_EQ(warp.size(), block.size());
+    for (std::size_t i = 0; i < warp.size(); ++i) ASSERT_EQ(bits(warp[i]), bits(block[i])) << i;
+  };
+  Lcg rng{11};
+  for (std::int64_t n : {1, 31, 33, 1000, 1025, 3000}) {
+    const std::int64_t rows = 13;  // one full block of 8 rows and a partial one
+    auto h = rng.floats(std::size_t(rows * n), 30.0f);
+    h[std::size_t(n)] = NAN;                                             // row 1
+    for (std::int64_t j = 0; j < n; ++j) h[std::size_t(2 * n + j)] = -INFINITY;  // row 2
+    h[std::size_t(3 * n + n / 2)] = INFINITY;                             // row 3
+    auto in = upload(h);
+    both(("softmax n = " + std::to_string(n)).c_str(), [&] {
+      Buffer<float> out(dev, h.size());
+      ops::softmax_rows(s(), in, out, rows, n);
+      return download(out);
+    });
+  }
+  auto x = upload(rng.floats(5000, 3.0f));
+  both("scale", [&] {
+    Buffer<float> out(dev, 5000);
+    ops::scale(s(), x, out, 0.37f);
+    return download(out);
+  });
+  both("add", [&] {
+    auto y = upload(std::vector<float>(5000, 0.25f));
+    ops::add(s(), x, y);
+    return download(y);
+  });
+  both("interleaved_to_batched", [&] {
+    Buffer<float> out(dev, 5000);
+    ops::interleaved_to_batched(s(), x, out, 125, 5, 8);
+    return download(out);
+  });
+  {
+    const std::int64_t S = 37, H = 3, D = 32;
+    auto q = upload(rng.floats(S * H * D)), k = upload(rng.floats(S * H * D)), v = upload(rng.floats(S * H * D));
+    both("multihead_attention, causal (scale_mask)", [&] {
+      Buffer<float> out(dev, S * H * D);
+      MhaOptions o;
+      o.causal = true;
+      o.gemm = GemmKind::kFp32;
+      multihead_attention(s(), q, k, v, out, MhaShape{S, H, D}, o);
+      return download(out);
+    });
+  }
+  {
+    const KvCacheConfig c{.num_layers = 1, .num_heads = 4, .num_kv_heads = 2, .head_dim = 64, .max_len = 8, .slots = 3};
+    auto kn = upload(rng.floats(3 * 2 * 64)), vn = upload(rng.floats(3 * 2 * 64));
+    auto q = upload(rng.floats(3 * 2 * 64 * 2)), kr = upload(rng.floats(3 * 2 * 64));
+    both("KvCache::append, copy_slot_from, rope", [&] {
+      KvCache cache(dev, c), other(dev, c);
+      cache.append(s(), 0, kn, vn, std::vector<std::int64_t>{0, 0, 0});
+      other.copy_slot_from(s(), 2, cache, 1);
+      auto qq = upload(download(q)), kk = upload(download(kr));
+      rope(s(), &qq, &kk, std::vector<std::int64_t>{3, 700, 90000}, RopeConfig{4, 2, 64, 10000.0f, RopeStyle::kNeox});
+      auto r = download(cache.k(0)), rv = download(other.v(0)), rq = download(qq), rk = download(kk);
+      r.insert(r.end(), rv.begin(), rv.end());
+      r.insert(r.end(), rq.begin(), rq.end());
+      r.insert(r.end(), rk.begin(), rk.end());
+      return r;
+    });
+  }
 }
 
 TEST_P(Kernels, GemmOfSmallIntegersIsExact) {

@@ -2,18 +2,19 @@
 // LOCKSTEP_CPU_NS = avx3 / avx2 / generic and the matching -m flags; nothing here is shared
 // between the variants (Note [SIMD variants] in docs/architecture.md).
 
+#include <cstdlib>
+
 #include "kernel_table.hpp"
 #include "lanes.hpp"
 #include "lockstep/kernels/registry.hpp"
 
 namespace lockstep::cpu::LOCKSTEP_CPU_NS {
 
-template <class K>
-void run_blocks(const lockstep::detail::KernelLaunch& l, std::uint64_t begin, std::uint64_t end,
-                char* shared, const std::uint64_t* order) {
+template <class K, class X>
+void run_range(X& x, const lockstep::detail::KernelLaunch& l, std::uint64_t begin, std::uint64_t end,
+               const std::uint64_t* order) {
   const auto& p = *static_cast<const typename K::Params*>(l.params);
   const Dim3 g = l.config.grid;
-  CpuExec<K::kThreads> x(shared, l.config.shared_bytes);
   const std::uint64_t gxy = std::uint64_t{g.x} * g.y;
   for (std::uint64_t i = begin; i < end; ++i) {
     const std::uint64_t b = order != nullptr ? order[i] : i;
@@ -25,8 +26,36 @@ void run_blocks(const lockstep::detail::KernelLaunch& l, std::uint64_t begin, st
     c.gy = g.y;
     c.gz = g.z;
     x.begin_block(c);
-    K::run(x, p);
+    if constexpr (X::kPassLanes == X::kThreads) {
+      K::run(x, p);
+    } else {
+      for (int w = 0; w < X::kThreads / X::kPassLanes; ++w) {  // Note [warp passes]
+        x.begin_warp(w);
+        K::run(x, p);
+      }
+    }
   }
+}
+
+// LOCKSTEP_CPU_BLOCK_PASSES=1 runs warp-independent kernels block-wide too (for tests: the same
+// bits; Note [warp passes]). Read at each launch.
+inline bool block_passes_forced() {
+  const char* v = std::getenv("LOCKSTEP_CPU_BLOCK_PASSES");
+  return v != nullptr && std::atoi(v) != 0;
+}
+
+template <class K>
+void run_blocks(const lockstep::detail::KernelLaunch& l, std::uint64_t begin, std::uint64_t end,
+                char* shared, const std::uint64_t* order) {
+  if constexpr (kernels::warp_independent_v<K>) {
+    if (!block_passes_forced()) {
+      CpuExec<K::kThreads, 32> x(shared, l.config.shared_bytes);
+      run_range<K>(x, l, begin, end, order);
+      return;
+    }
+  }
+  CpuExec<K::kThreads> x(shared, l.config.shared_bytes);
+  run_range<K>(x, l, begin, end, order);
 }
 
 template <class... Ks>

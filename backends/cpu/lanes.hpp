@@ -403,7 +403,8 @@ LS_FUNCTOR(OpRoundHalf, math::round_to_half(c...))
 struct ThreadIdx {
   static constexpr bool kLaneExpr = true;
   using value_type = std::int32_t;
-  LS_INLINE VI eval(int c) const { return hn::Add(LS_IOTA(), hn::Set(DI(), c * kL)); }
+  std::int32_t base = 0;  // the first thread of the pass (Note [warp passes])
+  LS_INLINE VI eval(int c) const { return hn::Add(LS_IOTA(), hn::Set(DI(), c * kL + base)); }
 };
 
 // ================================================================================================
@@ -569,16 +570,27 @@ struct BlockCoords {
   std::uint32_t gx = 1, gy = 1, gz = 1;
 };
 
-template <int N>
+// Note [warp passes]
+// CpuExec<N> runs a block's N threads statement by statement, each lane value an array of N in
+// memory. A kernel whose warps never meet (no sync, no shared memory, no block-wide operation,
+// no global memory that one warp writes and another reads: kernels::warp_independent_v) may
+// instead run as N / 32 passes of one warp each, CpuExec<N, 32>: lane values of 32 elements,
+// which the compiler can keep in registers across statements. Every lane computes the same
+// operations in the same order, so the bits do not change (tested against block-wide passes,
+// LOCKSTEP_CPU_BLOCK_PASSES=1); only the order in which a block's warps run does, which such a
+// kernel cannot observe.
+template <int N, int PW = N>
 class CpuExec {
   static_assert(N % 32 == 0 && N >= 32 && N <= 1024, "threads per block: a multiple of 32");
+  static_assert(PW == N || PW == 32, "a pass is the whole block or one warp");
 
  public:
   static constexpr int kThreads = N;
-  static constexpr int kWarps = N / 32;
+  static constexpr int kPassLanes = PW;     // threads per pass (Note [warp passes])
+  static constexpr int kWarps = PW / 32;    // warps per pass
   static constexpr bool kIsCpu = true;
   template <class T>
-  using Lanes = LaneArray<T, N>;
+  using Lanes = LaneArray<T, PW>;
 
   CpuExec(char* shared, std::size_t shared_bytes) : smem_(shared), smem_cap_(shared_bytes) {
     const char* lanes = std::getenv("LOCKSTEP_CPU_DECODE_LANES");  // Note [row-major decode]
@@ -589,6 +601,12 @@ class CpuExec {
   void begin_block(const BlockCoords& b) {
     blk_ = b;
     smem_off_ = 0;
+    base_ = 0;
+  }
+  // Warp passes (Note [warp passes]): the pass runs threads 32 w .. 32 w + 31.
+  void begin_warp(int w) {
+    static_assert(PW == 32, "warp passes only");
+    base_ = 32 * w;
   }
   // Diagnostics (Note [decode timeline] in kernels/decode.hpp): a steady clock, and one
   // "multiprocessor".
@@ -606,20 +624,23 @@ class CpuExec {
   int grid_x() const { return static_cast<int>(blk_.gx); }
   int grid_y() const { return static_cast<int>(blk_.gy); }
   int grid_z() const { return static_cast<int>(blk_.gz); }
-  ThreadIdx thread() const { return {}; }
-  auto lane() const { return ThreadIdx{} & 31; }
-  auto warp() const { return ThreadIdx{} >> 5; }
+  ThreadIdx thread() const { return {base_}; }
+  auto lane() const { return ThreadIdx{base_} & 31; }
+  auto warp() const { return ThreadIdx{base_} >> 5; }
 
   // --- shared memory: carved in call order from the launch's dynamic shared bytes ---
   template <class T>
   T* shared(std::size_t count) {
+    static_assert(PW == N, "shared memory in a warp pass: the kernel is not warp-independent");
     smem_off_ = (smem_off_ + 31) & ~std::size_t{31};
     T* p = reinterpret_cast<T*>(smem_ + smem_off_);
     smem_off_ += count * sizeof(T);
     if (smem_off_ > smem_cap_) shared_overflow(smem_off_, smem_cap_);
     return p;
   }
-  void sync() const {}  // lockstep: every thread already reached this statement
+  void sync() const {  // lockstep: every thread already reached this statement
+    static_assert(PW == N, "sync() in a warp pass: the kernel is not warp-independent");
+  }
 
   // --- global and shared memory ---
   // One value every thread reads (a block-uniform scalar, e.g. a sequence length).
@@ -646,7 +667,7 @@ class CpuExec {
     const auto& v = wrap<T>(std::forward<V>(val));
     const auto& m = wrap<bool>(std::forward<M>(mask));
 #pragma GCC unroll 4
-    for (int c = 0; c < N / kL; ++c) store_chunk<T>(base, o.eval(c), v.eval(c), m.eval(c));
+    for (int c = 0; c < PW / kL; ++c) store_chunk<T>(base, o.eval(c), v.eval(c), m.eval(c));
   }
   // Four consecutive values per thread from base[off .. off+3] (off a multiple of 4: CUDA's
   // 16-byte vector load). Contiguous quads become de-interleaving vector loads.
@@ -656,7 +677,7 @@ class CpuExec {
     const auto& o = wrap<std::int32_t>(std::forward<O>(off));
     const auto& m = wrap<bool>(std::forward<M>(mask));
     const mem_tag_t<T> d;
-    for (int c = 0; c < N / kL; ++c) {
+    for (int c = 0; c < PW / kL; ++c) {
       const VI oc = o.eval(c);
       const VM mc = m.eval(c);
       const std::int32_t o0 = hn::GetLane(oc.v);
@@ -700,7 +721,7 @@ class CpuExec {
     const auto& o = wrap<std::int32_t>(std::forward<O>(off));
     const auto& m = wrap<bool>(std::forward<M>(mask));
     const mem_tag_t<T> d;
-    for (int c = 0; c < N / kL; ++c) {
+    for (int c = 0; c < PW / kL; ++c) {
       const VI oc = o.eval(c);
       const VM mc = m.eval(c);
       const std::int32_t o0 = hn::GetLane(oc.v);
@@ -740,7 +761,7 @@ class CpuExec {
     const auto& os = wrap<std::int32_t>(std::forward<SO>(soff));
     const auto& m = wrap<bool>(std::forward<M>(mask));
     const mem_tag_t<T> d;
-    for (int c = 0; c < N / kL; ++c) {
+    for (int c = 0; c < PW / kL; ++c) {
       const VI dc = od.eval(c), sc = os.eval(c);
       const VM mc = m.eval(c);
       const std::int32_t d0 = hn::GetLane(dc.v), s0 = hn::GetLane(sc.v);
@@ -768,7 +789,7 @@ class CpuExec {
     const auto& od = wrap<std::int32_t>(std::forward<DO>(doff));
     const auto& os = wrap<std::int32_t>(std::forward<SO>(soff));
     const auto& m = wrap<bool>(std::forward<M>(mask));
-    for (int c = 0; c < N / kL; ++c) {
+    for (int c = 0; c < PW / kL; ++c) {
       const VM mc = m.eval(c);
       if (hn::AllFalse(DI(), mc.m)) continue;
       alignas(64) std::int32_t doffs[kL], soffs[kL], act[kL];
@@ -840,7 +861,7 @@ class CpuExec {
     const Lanes<std::int32_t> o(wrap<std::int32_t>(std::forward<O>(off)));
     const Lanes<float> v(wrap<float>(std::forward<V>(val)));
     const Lanes<bool> m(wrap<bool>(std::forward<M>(mask)));
-    for (int i = 0; i < N; ++i)
+    for (int i = 0; i < PW; ++i)
       if (m[i]) base[o[i]] = math::half_bits_rn(v[i]);
   }
   template <LaneExpr O, class V>
@@ -926,7 +947,7 @@ class CpuExec {
   Lanes<std::int32_t> pack_half2(const A& lo, const B& hi) const {
     const Lanes<float> a(wrap<float>(lo)), b(wrap<float>(hi));
     Lanes<std::int32_t> r;
-    for (int i = 0; i < N; ++i) r.set(i, pack_bits(math::half_bits_rn(a[i]), math::half_bits_rn(b[i])));
+    for (int i = 0; i < PW; ++i) r.set(i, pack_bits(math::half_bits_rn(a[i]), math::half_bits_rn(b[i])));
     return r;
   }
   // c += A (16x16) x B (16x8) for each warp, Note [tensor-core emulation]: the 16 exact products
@@ -977,7 +998,7 @@ class CpuExec {
         for (int e = 0; e < 4; ++e) c[n8][e] = Lanes<float>(0.0f);
     for (int n8 = 0; n8 < NB / 8; ++n8) {
       Lanes<std::int32_t> b0, b1;
-      for (int i = 0; i < N; ++i) {
+      for (int i = 0; i < PW; ++i) {
         const int l = i & 31, n = 8 * n8 + (l >> 2), t = 2 * (l & 3);
         b0.set(i, pack_bits(b_at(t, n), b_at(t + 1, n)));
         b1.set(i, pack_bits(b_at(t + 8, n), b_at(t + 9, n)));
@@ -1011,7 +1032,7 @@ class CpuExec {
     const Lanes<std::int32_t> o(wrap<std::int32_t>(std::forward<O>(off)));
     const Lanes<std::int32_t> a(wrap<std::int32_t>(w0)), b(wrap<std::int32_t>(w1)), c(wrap<std::int32_t>(w2)),
         d(wrap<std::int32_t>(w3));
-    for (int i = 0; i < N; ++i) {
+    for (int i = 0; i < PW; ++i) {
       std::int32_t* p = base + o[i];
       p[0] = a[i], p[1] = b[i], p[2] = c[i], p[3] = d[i];
     }
@@ -1022,7 +1043,7 @@ class CpuExec {
     const Lanes<std::int32_t> od(wrap<std::int32_t>(std::forward<DO>(doff)));
     const Lanes<std::int32_t> os(wrap<std::int32_t>(std::forward<SO>(soff)));
     const Lanes<bool> m(wrap<bool>(std::forward<M>(mask)));
-    for (int i = 0; i < N; ++i) {
+    for (int i = 0; i < PW; ++i) {
       if (m[i])
         std::memcpy(dst + od[i], src + os[i], 16);
       else
@@ -1120,14 +1141,14 @@ class CpuExec {
   template <class M>
   bool any(const M& m) const {
     const auto& w = wrap<bool>(m);
-    for (int c = 0; c < N / kL; ++c)
+    for (int c = 0; c < PW / kL; ++c)
       if (!hn::AllFalse(DI(), w.eval(c).m)) return true;
     return false;
   }
   template <class M>
   bool all(const M& m) const {
     const auto& w = wrap<bool>(m);
-    for (int c = 0; c < N / kL; ++c)
+    for (int c = 0; c < PW / kL; ++c)
       if (!hn::AllTrue(DI(), w.eval(c).m)) return false;
     return true;
   }
@@ -1580,13 +1601,13 @@ class CpuExec {
     const Tag d;
     if (k >= kL) {
       const int kc = k / kL;  // whole chunks swap places
-      for (int c = 0; c < N / kL; ++c)
+      for (int c = 0; c < PW / kL; ++c)
         hn::Store(hn::Load(d, in.data() + (c ^ kc) * kL), d, out.data() + c * kL);
     } else {
       alignas(64) std::int32_t idx[kL];
       for (int i = 0; i < kL; ++i) idx[i] = i ^ k;
       const auto ind = hn::SetTableIndices(d, idx);
-      for (int c = 0; c < N / kL; ++c)
+      for (int c = 0; c < PW / kL; ++c)
         hn::Store(hn::TableLookupLanes(hn::Load(d, in.data() + c * kL), ind), d,
                   out.data() + c * kL);
     }
@@ -1601,10 +1622,11 @@ class CpuExec {
   bool row_major_decode_ = true;
   bool row_major_exact_ = true;
   std::size_t smem_off_ = 0;
+  std::int32_t base_ = 0;  // the pass's first thread (Note [warp passes])
 };
 
-template <int N>
-void CpuExec<N>::shared_overflow(std::size_t need, std::size_t have) {
+template <int N, int PW>
+void CpuExec<N, PW>::shared_overflow(std::size_t need, std::size_t have) {
   ::lockstep::detail::assertion_failed("shared memory carved <= launch shared_bytes", __FILE__,
                                        __LINE__,
                                        ("kernel carved " + std::to_string(need) +
@@ -1613,8 +1635,8 @@ void CpuExec<N>::shared_overflow(std::size_t need, std::size_t have) {
                                            .c_str());
 }
 
-template <int N>
-void CpuExec<N>::signals_mismatch(int count, int target) {
+template <int N, int PW>
+void CpuExec<N, PW>::signals_mismatch(int count, int target) {
   ::lockstep::detail::assertion_failed("block signals == target when the waiting kernel runs",
                                        __FILE__, __LINE__,
                                        ("counter at " + std::to_string(count) + ", expected " +
@@ -1622,8 +1644,8 @@ void CpuExec<N>::signals_mismatch(int count, int target) {
                                            .c_str());
 }
 
-template <int N>
-std::int32_t CpuExec<N>::wait_for_count(std::atomic_ref<std::int32_t> a, int target) {
+template <int N, int PW>
+std::int32_t CpuExec<N, PW>::wait_for_count(std::atomic_ref<std::int32_t> a, int target) {
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::minutes(1);
   std::int32_t count = a.load(std::memory_order_acquire);
   while (count < target && std::chrono::steady_clock::now() < give_up) {

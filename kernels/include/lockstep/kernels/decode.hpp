@@ -102,11 +102,7 @@ struct DecodeParams {
 // against it on the CPU with LOCKSTEP_CPU_DECODE_LANES=1, and CUDA == CPU on the GPU). This is
 // the one place where a kernel's arithmetic is written a second time, in a backend: the price of
 // a CPU decode that reads its cache at a useful fraction of the DRAM's bandwidth.
-template <class X, class = void>
-struct has_row_major_decode : std::false_type {};
-template <class X>
-struct has_row_major_decode<X, std::void_t<decltype(X::kRowMajorDecode)>>
-    : std::bool_constant<X::kRowMajorDecode> {};
+LOCKSTEP_FLAG_TRAIT(has_row_major_decode, kRowMajorDecode)  // hd.hpp
 template <class X>
 inline constexpr bool row_major_decode_v = has_row_major_decode<X>::value;
 template <class X>
@@ -1096,6 +1092,7 @@ struct KvScatter {
   static constexpr const char* kName = "kv_scatter";
   static constexpr int kThreads = 128;
   static constexpr bool kOverlapsPrior = true;
+  static constexpr bool kWarpIndependent = true;  // hd.hpp: the CPU may run it a warp at a time
   using Params = KvScatterParams;
 
   template <class X>

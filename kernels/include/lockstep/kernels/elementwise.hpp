@@ -20,6 +20,7 @@ struct Scale {
   static constexpr const char* kName = "scale";
   static constexpr int kThreads = 256;
   static constexpr int kPerBlock = kThreads * 4;
+  static constexpr bool kWarpIndependent = true;  // hd.hpp: the CPU may run it a warp at a time
   using Params = ScaleParams;
 
   template <class X>
@@ -61,6 +62,7 @@ struct Fill32 {
   static constexpr const char* kName = "fill32";
   static constexpr int kThreads = 256;
   static constexpr int kPerBlock = kThreads * 8;
+  static constexpr bool kWarpIndependent = true;  // hd.hpp: the CPU may run it a warp at a time
   using Params = Fill32Params;
 
   template <class X>
@@ -91,6 +93,7 @@ struct ScaleMask {
   static constexpr const char* kName = "scale_mask";
   static constexpr int kThreads = 256;
   static constexpr int kSegment = 1024;
+  static constexpr bool kWarpIndependent = true;  // hd.hpp: the CPU may run it a warp at a time
   using Params = ScaleMaskParams;
 
   template <class X>

@@ -147,10 +147,7 @@ struct FusedBlock {
 // the generic variant's lane path; CUDA against it on the GPU: tools/gpu/run117.sh). Like Note
 // [row-major decode], a kernel's arithmetic written a second time, in a backend: the price of
 // 5-7x (51-69% of the fma rate at the CPU's prefill shapes, docs/performance.md).
-template <class X, class = void>
-struct has_row_major_exact : std::false_type {};
-template <class X>
-struct has_row_major_exact<X, std::void_t<decltype(X::kRowMajorExact)>> : std::bool_constant<X::kRowMajorExact> {};
+LOCKSTEP_FLAG_TRAIT(has_row_major_exact, kRowMajorExact)  // hd.hpp
 template <class X>
 inline constexpr bool row_major_exact_v = has_row_major_exact<X>::value;
 

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #if defined(__CUDACC__)
 #define LOCKSTEP_HD __host__ __device__ __forceinline__
@@ -53,6 +54,20 @@ inline constexpr float kInf = __builtin_huge_valf();
 // The per-thread size/offset type. Per-lane offsets are 32-bit relative to a block-uniform 64-bit
 // base pointer (docs/kernels.md, "Indexing"); hosts check sizes against kMaxLaneOffset.
 using lane_int = std::int32_t;
+
+// A kernel declares `static constexpr bool kWarpIndependent = true` when its warps never meet:
+// no sync(), no shared memory, no block-wide operation, and no global memory that one warp of
+// a block writes and another reads. Only the CPU uses it: it may then run the block one warp at a
+// time (Note [warp passes] in backends/cpu/lanes.hpp), the same bits.
+// LOCKSTEP_FLAG_TRAIT(name, kMember): name<T>::value is T::kMember where T declares it, else false.
+#define LOCKSTEP_FLAG_TRAIT(name, member)                                   \
+  template <class T, class = void>                                          \
+  struct name : std::false_type {};                                         \
+  template <class T>                                                        \
+  struct name<T, std::void_t<decltype(T::member)>> : std::bool_constant<T::member> {};
+LOCKSTEP_FLAG_TRAIT(warp_independent, kWarpIndependent)
+template <class K>
+inline constexpr bool warp_independent_v = warp_independent<K>::value;
 
 LOCKSTEP_HD constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
   return (a + b - 1) / b;

@@ -21,6 +21,7 @@ struct Copy3D {
   static constexpr const char* kName = "copy3d";
   static constexpr int kThreads = 256;
   static constexpr int kRowsPerBlock = kThreads / kWarpSize;
+  static constexpr bool kWarpIndependent = true;  // hd.hpp: the CPU may run it a warp at a time
   using Params = Copy3DParams;
 
   template <class X>

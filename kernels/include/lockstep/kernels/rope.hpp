@@ -30,6 +30,7 @@ struct RopeParams {
 struct Rope {
   static constexpr const char* kName = "rope";
   static constexpr int kThreads = 128;
+  static constexpr bool kWarpIndependent = true;  // hd.hpp: the CPU may run it a warp at a time
   using Params = RopeParams;
 
   template <class X>
@@ -72,6 +73,7 @@ struct Add {
   static constexpr const char* kName = "add";
   static constexpr int kThreads = 256;
   static constexpr int kPerBlock = 1024;
+  static constexpr bool kWarpIndependent = true;  // hd.hpp: the CPU may run it a warp at a time
   using Params = AddParams;
   template <class X>
   LOCKSTEP_HD static void run(X& x, const Params& p) {

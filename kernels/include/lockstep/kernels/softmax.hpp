@@ -28,6 +28,7 @@ struct SoftmaxRows {
   static constexpr int kThreads = 256;
   static constexpr int kRowsPerBlock = kThreads / kWarpSize;
   static constexpr int kCachedMax = 1024;  // rows up to this length are held in registers
+  static constexpr bool kWarpIndependent = true;  // a row per warp, nothing shared (hd.hpp)
   using Params = SoftmaxRowsParams;
 
   template <class X>
