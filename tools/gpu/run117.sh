@@ -5,7 +5,8 @@
 # and a launch's host time on the GPU machine (tools/gpu/launch_cost.cu); and CUDA's exact fused
 # attention against the CPU's row-major path (Note [row-major exact]), which no GPU run has yet
 # compared (the CPU tests compare it with the lane path, which runs 116 and before compared with
-# CUDA).
+# CUDA). The eighteenth session (no device lent either) added the whole property suite at 300
+# cases and parity's new entries (below).
 # Staging, on the development machine:
 #   bash tools/gpu/stage.sh && mkdir -p .gpu/base && cp <9711eba's liblockstep.so.0> .gpu/base/
 #   nvcc -O2 -std=c++17 -arch=sm_90a -cudart static -o .gpu/launch_cost tools/gpu/launch_cost.cu \
@@ -63,7 +64,16 @@ echo "decode properties 300, two launches rc=$? in $(( $(date +%s) - t0 )) s" | 
 t0=$(date +%s)
 RC_PARAMS="max_success=1000" timeout 150 $G/lockstep_proptests --gtest_filter='*FusedExact*:*FusedMatches*' > $OUT/props_exact.log 2>&1
 echo "fused exact properties 1000 (CUDA vs the CPU's row-major path) rc=$? in $(( $(date +%s) - t0 )) s" | tee -a $sm; grep -E "^\[ +(OK|FAILED)|Falsifiable" $OUT/props_exact.log | tee -a $sm
-timeout 120 $G/lockstep parity --device cuda:0 --cases 100 > $OUT/parity.log 2>&1; echo "parity rc=$?: $(tail -1 $OUT/parity.log)" | tee -a $sm
+# Eighteenth session: the CPU runs warp-independent kernels a warp at a time (Note [warp passes]:
+# softmax, scale, scale_mask, copy3d, rope, add, kv_scatter); every property against CUDA.
+t0=$(date +%s)
+RC_PARAMS="max_success=300" timeout 170 $G/lockstep_proptests > $OUT/props_all.log 2>&1
+echo "all properties 300 rc=$? in $(( $(date +%s) - t0 )) s: $(grep -E '^\[  (PASSED|FAILED) ' $OUT/props_all.log | tr '\n' ' ')" | tee -a $sm
+grep -E "^\[ +FAILED|Falsifiable" $OUT/props_all.log | head -8 | tee -a $sm
+# parity: every registered kernel, since the eighteenth session also the KV cache's calls
+# (append, copy_slot_from, grow), flash_decoding with device positions, fixed large shapes per
+# kernel variant, and a rerun of the decode entries under LOCKSTEP_DECODE_ONE_GRID=1.
+timeout 150 $G/lockstep parity --device cuda:0 --cases 100 > $OUT/parity.log 2>&1; echo "parity rc=$?: $(tail -1 $OUT/parity.log)" | tee -a $sm
 for tool in racecheck memcheck; do
   t0=$(date +%s)
   LOCKSTEP_DECODE_ONE_GRID=1 timeout 170 compute-sanitizer --tool $tool --error-exitcode 9 $G/lockstep_tests --gtest_filter='*Decod*cuda*:*Flash*cuda*:*KvCache*cuda*:*Increm*cuda*:CudaInterop*:-CudaInterop.OutOfMemory*' > $OUT/$tool.log 2>&1
