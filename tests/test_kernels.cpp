@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <functional>
 
+#include "../backends/cpu/kernel_table.hpp"
 #include "lockstep/attention/kv_cache.hpp"
 #include "lockstep/attention/multihead.hpp"
 #include "lockstep/attention/ops.hpp"
@@ -82,10 +83,15 @@ TEST_P(Kernels, WarpPassesGiveTheBlockPassBytes) {
   auto both = [&](const char* what, const std::function<std::vector<float>()>& op) {
     SCOPED_TRACE(what);
     ::unsetenv("LOCKSTEP_CPU_BLOCK_PASSES");
+    const auto ranges0 = cpu::warp_pass_ranges().load();
     const auto warp = op();
+    const auto ranges1 = cpu::warp_pass_ranges().load();
     ::setenv("LOCKSTEP_CPU_BLOCK_PASSES", "1", 1);
     const auto block = op();
+    const auto ranges2 = cpu::warp_pass_ranges().load();
     ::unsetenv("LOCKSTEP_CPU_BLOCK_PASSES");
+    EXPECT_GT(ranges1, ranges0) << "warp passes ran";
+    EXPECT_EQ(ranges2, ranges1) << "LOCKSTEP_CPU_BLOCK_PASSES=1 ran none";
     ASSERT_EQ(warp.size(), block.size());
     for (std::size_t i = 0; i < warp.size(); ++i) ASSERT_EQ(bits(warp[i]), bits(block[i])) << i;
   };

@@ -505,6 +505,11 @@ class CpuBackend final : public lockstep::detail::Backend {
 };
 
 }  // namespace
+
+std::atomic<std::uint64_t>& warp_pass_ranges() {
+  static std::atomic<std::uint64_t> n{0};
+  return n;
+}
 }  // namespace lockstep::cpu
 
 namespace lockstep::detail {

@@ -49,6 +49,7 @@ void run_blocks(const lockstep::detail::KernelLaunch& l, std::uint64_t begin, st
                 char* shared, const std::uint64_t* order) {
   if constexpr (kernels::warp_independent_v<K>) {
     if (!block_passes_forced()) {
+      warp_pass_ranges().fetch_add(1, std::memory_order_relaxed);
       CpuExec<K::kThreads, 32> x(shared, l.config.shared_bytes);
       run_range<K>(x, l, begin, end, order);
       return;

@@ -2,6 +2,7 @@
 // The bridge between the baseline-compiled CPU device and the per-SIMD-variant kernel code:
 // plain function pointers, no TBB, no Highway, no templates shared across variants.
 
+#include <atomic>
 #include <cstdint>
 
 #include "lockstep/device.hpp"
@@ -18,6 +19,10 @@ struct KernelTable {
   const BlockRangeFn* fns = nullptr;
   int count = 0;
 };
+
+// Block ranges run as warp passes since the process started (Note [warp passes] in lanes.hpp),
+// over every variant: lets a test see that warp passes ran at all.
+std::atomic<std::uint64_t>& warp_pass_ranges();
 
 // One per compiled variant (cpu_variant.cpp).
 namespace avx3 {

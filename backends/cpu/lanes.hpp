@@ -811,9 +811,11 @@ class CpuExec {
   // Note [one grid], may yield for them); the atomics order blocks of one launch, which run in
   // parallel.
   void signal(std::int32_t* c) const {
+    static_assert(PW == N, "block-wide operation in a warp pass: the kernel is not warp-independent");
     std::atomic_ref<std::int32_t>(*c).fetch_add(1, std::memory_order_acq_rel);
   }
-  bool signal_last(std::int32_t* c, int target) const {  // Note [folded merge]
+  bool signal_last(std::int32_t* c, int target) const {
+    static_assert(PW == N, "block-wide operation in a warp pass: the kernel is not warp-independent");  // Note [folded merge]
     std::atomic_ref<std::int32_t> a(*c);
     const bool last = a.fetch_add(1, std::memory_order_acq_rel) == target - 1;
     if (last) a.store(0, std::memory_order_relaxed);
@@ -826,6 +828,7 @@ class CpuExec {
   // have signalled (they hold lower tickets and never wait, so they finish), and a count that is
   // still short after a minute is reported as the same bug.
   int wait_signals(std::int32_t* c, int target, bool same_grid = false) const {
+    static_assert(PW == N, "block-wide operation in a warp pass: the kernel is not warp-independent");
     std::atomic_ref<std::int32_t> a(c[0]);
     std::int32_t count = a.load(std::memory_order_acquire);
     if (same_grid && count < target) count = wait_for_count(a, target);
@@ -836,6 +839,7 @@ class CpuExec {
   void proxy_fence_global() const {}
   // Note [one grid]: the block's ticket (*c before the add); ticket total - 1 resets *c.
   int block_ticket(std::int32_t* c, int total) const {
+    static_assert(PW == N, "block-wide operation in a warp pass: the kernel is not warp-independent");
     std::atomic_ref<std::int32_t> a(*c);
     const std::int32_t t = a.fetch_add(1, std::memory_order_acq_rel);
     if (t == total - 1) a.store(0, std::memory_order_relaxed);
@@ -844,6 +848,7 @@ class CpuExec {
   // The CPU device runs kernels one after another: no grid overlaps the next.
   int block_ticket_before_wait(std::int32_t* c, int total) const { return block_ticket(c, total); }
   void release_signals(std::int32_t* c, int ticket, int readers) const {
+    static_assert(PW == N, "block-wide operation in a warp pass: the kernel is not warp-independent");
     if (ticket != readers - 1) return;
     std::atomic_ref<std::int32_t>(c[1]).store(0, std::memory_order_release);
     std::atomic_ref<std::int32_t>(c[0]).store(0, std::memory_order_release);
@@ -1140,6 +1145,7 @@ class CpuExec {
   // Block-wide vote (CUDA __syncthreads_or / __syncthreads_and); also a barrier.
   template <class M>
   bool any(const M& m) const {
+    static_assert(PW == N, "block-wide operation in a warp pass: the kernel is not warp-independent");
     const auto& w = wrap<bool>(m);
     for (int c = 0; c < PW / kL; ++c)
       if (!hn::AllFalse(DI(), w.eval(c).m)) return true;
@@ -1147,6 +1153,7 @@ class CpuExec {
   }
   template <class M>
   bool all(const M& m) const {
+    static_assert(PW == N, "block-wide operation in a warp pass: the kernel is not warp-independent");
     const auto& w = wrap<bool>(m);
     for (int c = 0; c < PW / kL; ++c)
       if (!hn::AllTrue(DI(), w.eval(c).m)) return false;

@@ -62,7 +62,6 @@ struct Fill32 {
   static constexpr const char* kName = "fill32";
   static constexpr int kThreads = 256;
   static constexpr int kPerBlock = kThreads * 8;
-  static constexpr bool kWarpIndependent = true;  // hd.hpp: the CPU may run it a warp at a time
   using Params = Fill32Params;
 
   template <class X>
