@@ -784,7 +784,8 @@ TEST_P(Attention, KvCacheAppendValidatesAndWritesNothingOnError) {
   // Fill slot 0 to max_len (slots 1 and 2 done meanwhile), then one more is refused.
   cache.mark_done(1);
   cache.mark_done(2);
-  for (std::int64_t t = 1; t < c.max_len; ++t) cache.append(s(), 0, kn, vn, std::vector<std::int64_t>{t, 0, 0});
+  for (std::int64_t t = 1; t < c.max_len; ++t)
+    for (std::int64_t l = 0; l < 2; ++l) cache.append(s(), l, kn, vn, std::vector<std::int64_t>{t, 0, 0});
   EXPECT_EQ(cache.length(0), c.max_len);
   expect_invalid([&] { cache.append(s(), 0, kn, vn, std::vector<std::int64_t>{c.max_len, 0, 0}); }, "positions[0]",
                  std::to_string(c.max_len));
@@ -792,46 +793,67 @@ TEST_P(Attention, KvCacheAppendValidatesAndWritesNothingOnError) {
   expect_invalid([&] { cache.reset(3); }, "slot");
 }
 
-// Note [open token]: a token may be appended once per layer. length - 1 is accepted only in a
-// layer that has not written it since another layer appended it; a second write in one layer, or
-// a re-append after a rollback, is refused with nothing written (the cache keeps its bytes).
-TEST_P(Attention, KvCacheRefusesATokenWrittenTwiceInALayer) {
+// Note [layer lengths]: each layer appends the step's token once. length - 1 is accepted only in
+// a layer that does not hold it yet; a new token only when every layer holds the slot's tokens.
+// So a token written twice in a layer, positions re-read after the first layer (which skipped
+// a token in the later layers), or a layer imported with fewer tokens are refused with nothing
+// written; and a rollback cuts every layer to the new length.
+TEST_P(Attention, KvCacheKeepsEveryLayerAtTheSlotsLength) {
   KvCache cache(dev, small_config());
   auto kn = filled(3 * 2 * 32, 1.0f), vn = filled(3 * 2 * 32, 2.0f), kn9 = filled(3 * 2 * 32, 9.0f);
   auto q = filled(3 * 4 * 32, 0.5f), out = filled(3 * 4 * 32, 0.0f);
   cache.append(s(), 0, kn, vn, std::vector<std::int64_t>{0, 0, 0});
-  EXPECT_FALSE(cache.pending(0, 0));
-  EXPECT_TRUE(cache.pending(0, 1));
+  EXPECT_EQ(cache.length(0, 0), 1);
+  EXPECT_EQ(cache.length(0, 1), 0);
   const auto k0 = cache.k(0).to_vector(s()), v0 = cache.v(0).to_vector(s());
   // Layer 0 again at position 0: refused, in append and in flash_decoding, nothing written.
-  expect_invalid([&] { cache.append(s(), 0, kn9, kn9, std::vector<std::int64_t>{1, 0, 1}); }, "positions[1]", "0");
+  expect_invalid([&] { cache.append(s(), 0, kn9, kn9, std::vector<std::int64_t>{1, 0, 1}); }, "positions[0]", "1");
   expect_invalid([&] { flash_decoding(s(), cache, 0, q, kn9, kn9, std::vector<std::int64_t>{0, 1, 1}, out); },
                  "positions[0]", "0");
+  // The positions re-read after layer 0 (the lengths are now 1): a new token in layer 1 would
+  // skip token 0 there. Refused.
+  expect_invalid([&] { flash_decoding(s(), cache, 1, q, kn9, kn9, cache.lengths(), out); }, "positions[0]", "1");
   EXPECT_TRUE(same(cache.k(0).to_vector(s()), k0));
   EXPECT_TRUE(same(cache.v(0).to_vector(s()), v0));
   EXPECT_EQ(cache.lengths(), (std::vector<std::int64_t>{1, 1, 1}));
-  // Layer 1 takes the pending token once (by flash_decoding), then it is closed there too.
+  // A no-op rollback mid-step does not take the step's token from layer 1.
+  cache.rollback(0, 1);
+  // Layer 1 takes the step's token once (by flash_decoding), then it has it.
   flash_decoding(s(), cache, 1, q, kn, vn, std::vector<std::int64_t>{0, 0, 0}, out);
-  EXPECT_FALSE(cache.pending(0, 1));
+  EXPECT_EQ(cache.length(0, 1), 1);
   expect_invalid([&] { cache.append(s(), 1, kn9, kn9, std::vector<std::int64_t>{0, 0, 0}); }, "positions[0]", "0");
   // A layer may take the new token first; the other layer then appends length - 1.
   cache.append(s(), 1, kn, vn, std::vector<std::int64_t>{1, 1, 1});
-  EXPECT_TRUE(cache.pending(2, 0));
+  EXPECT_EQ(cache.length(2, 0), 1);
   cache.append(s(), 0, kn, vn, std::vector<std::int64_t>{1, 1, 1});
   EXPECT_EQ(cache.lengths(), (std::vector<std::int64_t>{2, 2, 2}));
-  // Rollback commits the token before the new length: re-appending it is refused.
+  // Rollback cuts every layer: re-appending the token before the new length is refused, and
+  // the rolled-back position is a new token again.
   cache.append(s(), 0, kn, vn, std::vector<std::int64_t>{2, 2, 2});
-  cache.rollback(0, 2);
-  EXPECT_FALSE(cache.pending(0, 1));
+  for (std::int64_t sl = 0; sl < 3; ++sl) cache.rollback(sl, 2);
+  EXPECT_EQ(cache.length(0, 0), 2);
+  EXPECT_EQ(cache.length(0, 1), 2);
   expect_invalid([&] { cache.append(s(), 1, kn9, kn9, std::vector<std::int64_t>{1, 2, 2}); }, "positions[0]", "1");
-  cache.append(s(), 1, kn, vn, std::vector<std::int64_t>{2, 2, 2});  // slot 0: a new token again
+  cache.append(s(), 1, kn, vn, std::vector<std::int64_t>{2, 2, 2});  // a new token again
   EXPECT_EQ(cache.lengths(), (std::vector<std::int64_t>{3, 3, 3}));
-  // reset, set_length, write_from_host, copy_slot_from close the token in every layer.
-  cache.set_length(1, 3);
-  EXPECT_FALSE(cache.pending(1, 0));
-  EXPECT_FALSE(cache.pending(1, 1));
-  expect_invalid([&] { cache.pending(3, 0); }, "slot");
-  expect_invalid([&] { cache.pending(0, 2); }, "layer");
+  cache.append(s(), 0, kn, vn, std::vector<std::int64_t>{2, 2, 2});
+  // A layer imported with fewer tokens than the length: the next token is refused until it is
+  // written again (write_from_host with the same count for every layer).
+  std::vector<float> h4(2 * 4 * 32, 1.0f), h6(2 * 6 * 32, 1.0f);
+  cache.write_from_host(s(), 1, 0, h4, h4, 4);
+  cache.write_from_host(s(), 1, 1, h6, h6, 6);
+  EXPECT_EQ(cache.length(1), 6);
+  EXPECT_EQ(cache.length(1, 0), 4);
+  expect_invalid([&] { cache.append(s(), 1, kn, vn, std::vector<std::int64_t>{3, 6, 3}); }, "positions[1]", "6");
+  expect_invalid([&] { cache.append(s(), 0, kn, vn, std::vector<std::int64_t>{3, 5, 3}); }, "positions[1]", "5");
+  cache.write_from_host(s(), 1, 0, h6, h6, 6);
+  cache.append(s(), 0, kn, vn, std::vector<std::int64_t>{3, 6, 3});
+  // set_length sets every layer.
+  cache.set_length(2, 3);
+  EXPECT_EQ(cache.length(2, 0), 3);
+  EXPECT_EQ(cache.length(2, 1), 3);
+  expect_invalid([&] { cache.length(3, 0); }, "slot");
+  expect_invalid([&] { cache.length(0, 2); }, "layer");
 }
 
 // rope refuses every bad argument with InvalidArgument naming it, and leaves q and k untouched;
@@ -1235,7 +1257,21 @@ TEST_P(Attention, KvCacheGrowKeepsContentsAndCopySlotWorks) {
     std::vector<float> hk(2 * 2 * 32, 3.0f);
     c2.write_from_host(s2, 0, 0, hk, hk, 2);
     const auto in_use = small->memory_stats().in_use;
-    EXPECT_THROW(c2.grow(s2, 5), OutOfMemory);
+    try {
+      c2.grow(s2, 5);
+      ADD_FAILURE() << "grow beyond the capacity succeeded";
+    } catch (const OutOfMemory& e) {  // the whole request, and what was available before it
+      EXPECT_EQ(e.requested(), 2ull * 2 * 5 * 2 * 8 * 32 * 4) << e.what();
+      EXPECT_EQ(e.available(), o.memory_capacity - in_use) << e.what();
+      EXPECT_NE(std::string(e.what()).find("growing a KvCache to 5 slots"), std::string::npos) << e.what();
+    }
+    try {  // a cache that does not fit: reported as one request
+      KvCache too_big(small, small_config());
+      ADD_FAILURE() << "a second cache fit";
+    } catch (const OutOfMemory& e) {
+      EXPECT_EQ(e.requested(), c2.bytes()) << e.what();
+      EXPECT_EQ(e.available(), o.memory_capacity - in_use) << e.what();
+    }
     EXPECT_EQ(c2.slots(), 3);
     EXPECT_EQ(c2.length(0), 2);
     EXPECT_EQ(small->memory_stats().in_use, in_use);

@@ -3,6 +3,7 @@
 // parameter, its value and the limit, raised before anything is enqueued.
 
 #include <cstdint>
+#include <cstdio>
 #include <initializer_list>
 #include <string>
 #include <string_view>
@@ -31,12 +32,18 @@ void check_on(std::string_view where, std::string_view name, const Buffer<T>& b,
             "the stream's device " + s.device().id().str());
 }
 
+inline std::string hex_address(std::uintptr_t a) {
+  char buf[2 + 2 * sizeof(a) + 1];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(a));
+  return buf;
+}
+
 // The decode kernels read q, the caches and the new tokens as 16-byte vectors (load4,
 // cp.async): a wrapped pointer must be 16-byte aligned (allocated buffers always are).
 template <class T>
 void check_aligned16(std::string_view where, std::string_view name, const Buffer<T>& b) {
   const auto addr = reinterpret_cast<std::uintptr_t>(b.data().get());
-  LOCKSTEP_CHECK_ARG(addr % 16 == 0, where, std::string(name) + ".data()", "address " + std::to_string(addr),
+  LOCKSTEP_CHECK_ARG(addr % 16 == 0, where, std::string(name) + ".data()", "address " + hex_address(addr),
             "a multiple of 16 bytes");
 }
 

@@ -47,44 +47,111 @@ KvCache::KvCache(std::shared_ptr<Device> device, const KvCacheConfig& c) : devic
   LOCKSTEP_CHECK_ARG(c.slots <= 0x7fffffff, w, "slots", c.slots, "<= 2147483647");
   const auto per_layer = layer_elems(c, w);
   checked_mul(checked_mul(per_layer, 8, w, "bytes"), std::uint64_t(c.num_layers), w, "bytes");
-  for (std::int64_t l = 0; l < c.num_layers; ++l) {
-    k_.emplace_back(device_, per_layer);
-    v_.emplace_back(device_, per_layer);
-  }
+  allocate_layers(per_layer, k_, v_, "a KvCache: K and V of " + std::to_string(c.num_layers) +
+                                         " layers, " + std::to_string(per_layer * 4) + " bytes each");
   len_.assign(std::size_t(c.slots), 0);
   done_.assign(std::size_t(c.slots), false);
-  pending_.assign(std::size_t(c.slots * c.num_layers), 0);
+  layer_len_.assign(std::size_t(c.slots * c.num_layers), 0);
+  behind_.assign(std::size_t(c.slots), 0);
 }
 
-// Note [open token]
-// The slots' lengths are shared by the layers: in a decode step, layer 0 appends token p = length
-// (the length becomes p + 1) and every later layer appends the same position, p = length - 1.
-// To tell that from a token written twice in one layer (which would overwrite a committed
-// token), each (slot, layer) has a pending flag: a new token sets it in every other layer, an
-// append of length - 1 clears it in its layer and needs it set, and every other operation that
-// sets a length (reset, rollback, set_length, write_from_host, copy_slot_from) clears it in
-// every layer: after a rollback the token at the new length - 1 is committed, and re-appending
-// it is refused. A layer may take the new token first: any layer order works within a step.
+// Note [layer lengths]
+// A slot's length is shared by the layers' attention, but each layer writes its own K and V: in
+// a decode step, one layer appends the step's token at p = length (a new token: the length
+// becomes p + 1) and every other layer appends the same position, p = length - 1. So that a
+// mistake here is an error and not a cache that silently holds garbage, the cache keeps, per
+// (slot, layer), the number of tokens that layer holds (length(slot, layer)), and per slot how
+// many layers are behind the slot's length:
+// - a new token (p = length) is accepted only in a slot where every layer holds every token: a
+//   layer that has not yet appended the previous step's token, a positions array re-read after
+//   the first layer (which would skip a token in the later layers), or a token written twice in
+//   one layer is refused, with nothing written;
+// - p = length - 1 is accepted only in a layer that holds length - 1 tokens;
+// - write_from_host sets its layer's count (and the slot's length); rollback cuts every layer
+//   to the new length; set_length, copy_slot_from and reset set every layer to the length; a
+//   flash_decoding call with device positions marks its layer complete for every slot (the host
+//   does not know what it wrote).
+// Any layer order works within a step.
 void KvCache::appended(std::int64_t layer, const std::vector<std::int32_t>& pos) {
   const std::size_t L = std::size_t(cfg_.num_layers);
   for (std::size_t s = 0; s < pos.size(); ++s) {
     if (pos[s] < 0) continue;
-    std::uint8_t* pend = pending_.data() + s * L;
-    if (pos[s] == len_[s]) {  // a new token: pending in the other layers
-      std::fill(pend, pend + L, std::uint8_t{1});
+    std::int64_t* ll = layer_len_.data() + s * L;
+    if (pos[s] == len_[s]) {  // a new token: every other layer is now one behind
       len_[s] = pos[s] + 1;
+      behind_[s] = static_cast<std::int32_t>(L - 1);
+    } else {  // the step's token in one more layer
+      --behind_[s];
     }
-    pend[std::size_t(layer)] = 0;
+    ll[std::size_t(layer)] = pos[s] + 1;
   }
 }
-void KvCache::close(std::int64_t slot) {
+void KvCache::appended_on_device(std::int64_t layer) {
   const std::size_t L = std::size_t(cfg_.num_layers);
-  std::fill_n(pending_.begin() + std::ptrdiff_t(std::size_t(slot) * L), L, std::uint8_t{0});
+  for (std::size_t s = 0; s < len_.size(); ++s) {
+    std::int64_t& ll = layer_len_[s * L + std::size_t(layer)];
+    if (ll < len_[s]) {
+      ll = len_[s];
+      --behind_[s];
+    }
+  }
 }
-bool KvCache::pending(std::int64_t slot, std::int64_t layer) const {
-  check_slot("KvCache::pending", slot);
-  check_layer("KvCache::pending", layer);
-  return pending_[std::size_t(slot * cfg_.num_layers + layer)] != 0;
+void KvCache::set_layers(std::int64_t slot, std::int64_t n) {
+  const std::size_t L = std::size_t(cfg_.num_layers);
+  std::fill_n(layer_len_.begin() + std::ptrdiff_t(std::size_t(slot) * L), L, n);
+  behind_[std::size_t(slot)] = 0;
+}
+void KvCache::recount(std::int64_t slot) {
+  const std::size_t L = std::size_t(cfg_.num_layers);
+  const std::int64_t* ll = layer_len_.data() + std::size_t(slot) * L;
+  std::int32_t n = 0;
+  for (std::size_t l = 0; l < L; ++l) n += ll[l] < len_[std::size_t(slot)] ? 1 : 0;
+  behind_[std::size_t(slot)] = n;
+}
+std::string KvCache::expected_position_text(std::int64_t slot, std::int64_t layer) const {
+  // Read after "must be " (Note [layer lengths]).
+  const std::size_t L = std::size_t(cfg_.num_layers);
+  const std::int64_t* ll = layer_len_.data() + std::size_t(slot) * L;
+  const std::int64_t len = len_[std::size_t(slot)], have = ll[layer];
+  const std::string holds = "layer " + std::to_string(layer) + " holds " + std::to_string(have) +
+                            " of the slot's " + std::to_string(len) + " tokens";
+  if (have == len - 1)
+    return std::to_string(len - 1) + ", the step's token, which this layer does not hold yet (" + holds + ")";
+  if (have == len && behind_[std::size_t(slot)] == 0)
+    return std::to_string(len) + ", a new token (" + holds + "; each layer appends a token once)";
+  if (have == len) {
+    std::size_t j = 0;
+    while (j < L && ll[j] >= len) ++j;
+    return "preceded by the step's token in every layer, and layer " + std::to_string(j) + " holds " +
+           std::to_string(ll[j]) + " of the slot's " + std::to_string(len) +
+           " tokens: no new token yet (take a step's positions once, before its first layer; " + holds + ")";
+  }
+  return "preceded by this layer's missing tokens (" + holds +
+         "): write every layer with the same count (write_from_host), or use copy_slot_from or set_length";
+}
+std::int64_t KvCache::length(std::int64_t slot, std::int64_t layer) const {
+  check_slot("KvCache::length", slot);
+  check_layer("KvCache::length", layer);
+  return layer_len_[std::size_t(slot * cfg_.num_layers + layer)];
+}
+
+// K and V buffers of `per_layer` floats for every layer. An allocation that fails is reported
+// for the whole request: its total bytes, and the bytes available before it (the buffers already
+// allocated are released as the exception leaves).
+void KvCache::allocate_layers(std::uint64_t per_layer, std::vector<Buffer<float>>& k,
+                              std::vector<Buffer<float>>& v, const std::string& what) {
+  std::uint64_t done = 0;
+  try {
+    for (std::int64_t l = 0; l < cfg_.num_layers; ++l) {
+      k.emplace_back(device_, per_layer);
+      done += per_layer * 4;
+      v.emplace_back(device_, per_layer);
+      done += per_layer * 4;
+    }
+  } catch (const OutOfMemory& e) {
+    throw OutOfMemory(device_->id().str(), 2 * std::uint64_t(cfg_.num_layers) * per_layer * 4,
+                      e.available() + done, what);
+  }
 }
 
 void KvCache::check_slot(std::string_view where, std::int64_t slot) const {
@@ -123,19 +190,25 @@ void KvCache::reset(std::int64_t slot) {
   check_slot("KvCache::reset", slot);
   len_[std::size_t(slot)] = 0;
   done_[std::size_t(slot)] = false;
-  close(slot);
+  set_layers(slot, 0);
 }
 void KvCache::reset_all() {
   std::fill(len_.begin(), len_.end(), 0);
   std::fill(done_.begin(), done_.end(), false);
-  std::fill(pending_.begin(), pending_.end(), std::uint8_t{0});
+  std::fill(layer_len_.begin(), layer_len_.end(), 0);
+  std::fill(behind_.begin(), behind_.end(), 0);
 }
 void KvCache::rollback(std::int64_t slot, std::int64_t position) {
   check_slot("KvCache::rollback", slot);
   LOCKSTEP_CHECK_ARG(position >= 0 && position <= len_[std::size_t(slot)], "KvCache::rollback", "position",
             position, "in [0, length = " + std::to_string(len_[std::size_t(slot)]) + "]");
   len_[std::size_t(slot)] = position;
-  close(slot);
+  const std::size_t L = std::size_t(cfg_.num_layers);
+  for (std::size_t l = 0; l < L; ++l) {
+    std::int64_t& ll = layer_len_[std::size_t(slot) * L + l];
+    ll = std::min(ll, position);
+  }
+  recount(slot);
 }
 void KvCache::set_length(std::int64_t slot, std::int64_t n) {
   check_slot("KvCache::set_length", slot);
@@ -143,7 +216,7 @@ void KvCache::set_length(std::int64_t slot, std::int64_t n) {
             "in [0, max_len = " + std::to_string(cfg_.max_len) + "]");
   len_[std::size_t(slot)] = n;
   done_[std::size_t(slot)] = false;
-  close(slot);
+  set_layers(slot, n);
 }
 void KvCache::mark_done(std::int64_t slot, bool d) {
   check_slot("KvCache::mark_done", slot);
@@ -151,31 +224,28 @@ void KvCache::mark_done(std::int64_t slot, bool d) {
 }
 
 // Validates positions for an append into `layer` of every slot; returns them as int32 (-1: done
-// slot). A position is the slot's length (a new token), or length - 1 when that token was
-// appended in this step by another layer and not yet by this one (Note [open token]).
-static std::vector<std::int32_t> checked_positions(std::string_view where, const KvCache& c,
-                                                    std::int64_t layer,
-                                                    std::span<const std::int64_t> positions) {
-  LOCKSTEP_CHECK_ARG(std::int64_t(positions.size()) == c.slots(), where, "positions.size()",
-            positions.size(), "slots = " + std::to_string(c.slots()));
+// slot). A position is the slot's length (a new token, when every layer holds the slot's
+// tokens), or length - 1 in a layer that holds length - 1 tokens (Note [layer lengths]).
+std::vector<std::int32_t> KvCache::checked_positions(std::string_view where, std::int64_t layer,
+                                                     std::span<const std::int64_t> positions) const {
+  LOCKSTEP_CHECK_ARG(std::int64_t(positions.size()) == cfg_.slots, where, "positions.size()",
+            positions.size(), "slots = " + std::to_string(cfg_.slots));
+  const std::size_t L = std::size_t(cfg_.num_layers);
   std::vector<std::int32_t> out(positions.size());
   for (std::size_t s = 0; s < positions.size(); ++s) {
-    if (c.done(std::int64_t(s))) {
+    if (done_[s]) {
       out[s] = -1;
       continue;
     }
-    const std::int64_t p = positions[s], len = c.length(std::int64_t(s));
-    const std::string name = "positions[" + std::to_string(s) + "]";
-    LOCKSTEP_CHECK_ARG(p < c.max_len(), where, name, p,
-              "< max_len = " + std::to_string(c.max_len()) + " (the slot is full)");
-    const bool open = len > 0 && p == len - 1 && c.pending(std::int64_t(s), layer);
-    LOCKSTEP_CHECK_ARG(p == len || open, where, name, p,
-              "the slot's length " + std::to_string(len) + " (a new token)" +
-                  (len > 0 ? " or " + std::to_string(len - 1) +
-                                 " while that token, appended in this step by another layer, is not yet in layer " +
-                                 std::to_string(layer)
-                           : std::string()) +
-                  "; writing a token twice in a layer, or any other order, is refused");
+    const std::int64_t p = positions[s], len = len_[s];
+    // Built only when a check fails (LOCKSTEP_CHECK_ARG evaluates its message lazily): a
+    // string per slot and call would cost microseconds of host time at 128 slots.
+    const auto name = [s] { return "positions[" + std::to_string(s) + "]"; };
+    LOCKSTEP_CHECK_ARG(p < cfg_.max_len, where, name(), p,
+              "< max_len = " + std::to_string(cfg_.max_len) + " (the slot is full)");
+    const std::int64_t have = layer_len_[s * L + std::size_t(layer)];
+    const bool ok = (p == len && behind_[s] == 0) || (p == len - 1 && have == len - 1);
+    LOCKSTEP_CHECK_ARG(ok, where, name(), p, expected_position_text(std::int64_t(s), layer));
     out[s] = static_cast<std::int32_t>(p);
   }
   return out;
@@ -241,7 +311,7 @@ void KvCache::append(Stream& stream, std::int64_t layer, const Buffer<float>& k_
             "the cache's device " + device_->id().str());
   check_token_buffer(w, "k_new", k_new, stream, cfg_, cfg_.num_kv_heads);
   check_token_buffer(w, "v_new", v_new, stream, cfg_, cfg_.num_kv_heads);
-  const auto pos = checked_positions(w, *this, layer, positions);
+  const auto pos = checked_positions(w, layer, positions);
   const StagedPositions st = stage_positions(stream, pos, 0);
   kernels::KvScatterParams p = scatter_params(*this, layer, k_new, v_new, st.ints);
   p.inline_positions = st.inline_ints;
@@ -306,7 +376,7 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
   constexpr std::string_view w = "flash_decoding";
   const auto& c = cache.config();
   check_flash_args(w, stream, cache, layer, q, k_new, v_new, out);
-  const auto pos = checked_positions(w, cache, layer, positions);
+  const auto pos = cache.checked_positions(w, layer, positions);
   // The positions (-1 for done slots) in the launch's parameters (Note [inline positions]), or
   // one staging copy when there are more slots; a slot attends position + 1 tokens.
   std::int64_t longest = 1;
@@ -342,6 +412,7 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
   kernels::DecodeParams p = flash_params(cache, layer, q, out, positions.data().get(), 1);
   with_append(p, cache, layer, k_new, v_new, status != nullptr ? status->data().get() : nullptr);
   detail::launch_decode(stream, p, st.floats, c.head_dim, c.max_len);
+  cache.appended_on_device(layer);
 }
 
 void KvCache::copy_slot_from(Stream& stream, std::int64_t slot, const KvCache& src,
@@ -372,7 +443,7 @@ void KvCache::copy_slot_from(Stream& stream, std::int64_t slot, const KvCache& s
   }
   len_[std::size_t(slot)] = n;
   done_[std::size_t(slot)] = false;
-  close(slot);
+  set_layers(slot, n);
 }
 
 void KvCache::write_from_host(Stream& stream, std::int64_t slot, std::int64_t layer,
@@ -393,9 +464,17 @@ void KvCache::write_from_host(Stream& stream, std::int64_t slot, std::int64_t la
     k_[std::size_t(layer)].copy_from_host(stream, k.subspan(std::size_t(h) * row, row), off);
     v_[std::size_t(layer)].copy_from_host(stream, v.subspan(std::size_t(h) * row, row), off);
   }
+  // The slot's length becomes count; the layer holds count tokens, the others at most that many
+  // (Note [layer lengths]: a layer imported with fewer is behind, and the next token is refused
+  // until every layer holds the length).
   len_[std::size_t(slot)] = count;
   done_[std::size_t(slot)] = false;
-  close(slot);
+  const std::size_t L = std::size_t(cfg_.num_layers);
+  for (std::size_t l = 0; l < L; ++l) {
+    std::int64_t& ll = layer_len_[std::size_t(slot) * L + l];
+    ll = std::int64_t(l) == layer ? count : std::min(ll, count);
+  }
+  recount(slot);
 }
 
 void KvCache::grow(Stream& stream, std::int64_t new_slots) {
@@ -409,10 +488,9 @@ void KvCache::grow(Stream& stream, std::int64_t new_slots) {
   nc.slots = new_slots;
   const auto per_layer = layer_elems(nc, w);
   std::vector<Buffer<float>> nk, nv;  // allocate everything first: an OOM changes nothing
-  for (std::int64_t l = 0; l < cfg_.num_layers; ++l) {
-    nk.emplace_back(device_, per_layer);
-    nv.emplace_back(device_, per_layer);
-  }
+  allocate_layers(per_layer, nk, nv, "growing a KvCache to " + std::to_string(new_slots) + " slots: K and V of " +
+                                         std::to_string(cfg_.num_layers) + " layers, " +
+                                         std::to_string(per_layer * 4) + " bytes each");
   // Slots are the outermost dimension: the old contents are a prefix of the new layout.
   for (std::int64_t l = 0; l < cfg_.num_layers; ++l) {
     detail::StreamAccess::copy_d2d(stream, nk[std::size_t(l)].data().get(), k_[std::size_t(l)].data().get(),
@@ -425,7 +503,8 @@ void KvCache::grow(Stream& stream, std::int64_t new_slots) {
   cfg_ = nc;
   len_.resize(std::size_t(new_slots), 0);
   done_.resize(std::size_t(new_slots), false);
-  pending_.resize(std::size_t(new_slots * cfg_.num_layers), 0);
+  layer_len_.resize(std::size_t(new_slots * cfg_.num_layers), 0);
+  behind_.resize(std::size_t(new_slots), 0);
 }
 
 void rope(Stream& stream, Buffer<float>* q, Buffer<float>* k, std::span<const std::int64_t> positions,

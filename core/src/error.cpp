@@ -31,11 +31,12 @@ InvalidArgument::InvalidArgument(std::string_view where, std::string_view parame
       limit_(limit) {}
 
 OutOfMemory::OutOfMemory(std::string_view device, std::uint64_t requested,
-                         std::uint64_t available)
+                         std::uint64_t available, std::string_view what)
     : Error(ErrorCode::kOutOfMemory,
             "lockstep: out of memory on " + std::string(device) + ": requested " +
-                std::to_string(requested) + " bytes, " + std::to_string(available) +
-                " bytes available"),
+                std::to_string(requested) + " bytes" +
+                (what.empty() ? std::string() : " (" + std::string(what) + ")") + ", " +
+                std::to_string(available) + " bytes available"),
       requested_(requested),
       available_(available) {}
 

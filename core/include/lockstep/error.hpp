@@ -44,7 +44,10 @@ class InvalidArgument : public Error {
 // An allocation would exceed the device's memory (or its configured capacity).
 class OutOfMemory : public Error {
  public:
-  OutOfMemory(std::string_view device, std::uint64_t requested, std::uint64_t available);
+  // `what`, when given, names what the request was for (e.g. a whole KV cache whose buffers
+  // are allocated one by one: the request is the total, the available bytes those before it).
+  OutOfMemory(std::string_view device, std::uint64_t requested, std::uint64_t available,
+              std::string_view what = {});
   std::uint64_t requested() const noexcept { return requested_; }
   std::uint64_t available() const noexcept { return available_; }
 

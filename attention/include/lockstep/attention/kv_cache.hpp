@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "lockstep/buffer.hpp"
@@ -43,10 +44,9 @@ class KvCache {
   std::int64_t length(std::int64_t slot) const;
   const std::vector<std::int64_t>& lengths() const noexcept { return len_; }
   bool done(std::int64_t slot) const;
-  // Whether `layer` may still append the slot's last token (position length - 1): that token was
-  // appended in this step by another layer, and not yet by this one (Note [open token] in
-  // kv_cache.cpp). Every other operation that sets a length closes the token in every layer.
-  bool pending(std::int64_t slot, std::int64_t layer) const;
+  // Tokens of the slot that `layer` holds: the slot's length, or one less while the step's token
+  // is not yet in this layer (Note [layer lengths] in kv_cache.cpp; docs/api.md).
+  std::int64_t length(std::int64_t slot, std::int64_t layer) const;
 
   // Device memory held: exactly 2 * layers * slots * kv_heads * max_len * head_dim * 4 bytes.
   std::uint64_t bytes() const noexcept;
@@ -55,34 +55,35 @@ class KvCache {
 
   // Writes one token's K and V, [rows, kv_heads, head_dim] with rows == slots(), into `layer` at
   // positions[s] of every slot s that is not done, in one launch. A position is either the slot's
-  // length (a new token; the length grows by one) or length - 1 while that token is pending in
-  // this layer (another layer appended it in this step: pending(s, layer)). Past max_len, or out
-  // of order (a token written twice in a layer included): InvalidArgument, nothing written.
+  // length (a new token, when every layer holds the slot's tokens; the length grows by one) or
+  // length - 1 in a layer that does not hold it yet (length(s, layer) == length - 1: another
+  // layer appended it in this step). Past max_len, or out of order (a token written twice in a
+  // layer, a layer left behind): InvalidArgument, nothing written.
   void append(Stream& stream, std::int64_t layer, const Buffer<float>& k_new,
               const Buffer<float>& v_new, std::span<const std::int64_t> positions);
 
   // Copies slot `src_slot` of `src` (all layers, its tokens) into slot `slot` and sets the length
-  // (device to device; e.g. a prefill cache into a batch slot). Geometry must match except
-  // max_len and slots.
+  // (of every layer), not done (device to device; e.g. a prefill cache into a batch slot).
+  // Geometry must match except max_len and slots.
   void copy_slot_from(Stream& stream, std::int64_t slot, const KvCache& src,
                       std::int64_t src_slot = 0);
 
   // Writes tokens [0, count) of `layer` in `slot` from host memory [kv_heads, count, head_dim]
   // (k and v) and sets the slot's length to count, not done (e.g. importing a prefill; the length
-  // is shared by all layers, so write every layer with the same count).
+  // is shared by all layers, so write every layer with the same count: a layer left with fewer
+  // tokens refuses the next append until it is written again).
   void write_from_host(Stream& stream, std::int64_t slot, std::int64_t layer,
                        std::span<const float> k, std::span<const float> v, std::int64_t count);
 
   // Forgets a slot's tokens (length 0, not done) / every slot's.
   void reset(std::int64_t slot);
   void reset_all();
-  // Sets the host-side length of a slot (0 <= n <= max_len; the slot is no longer done), e.g.
-  // after steps run with device-side positions, which the host does not see. Nothing is
-  // enqueued.
+  // Sets the host-side length of a slot and of each of its layers (0 <= n <= max_len; the slot is
+  // no longer done), e.g. at a step boundary after steps run with device-side positions, which
+  // the host does not see. Nothing is enqueued.
   void set_length(std::int64_t slot, std::int64_t n);
-  // Speculative decoding: the slot's length becomes `position` (<= length). Entries past it are
-  // never read again and are overwritten by the next appends; the token before it is committed
-  // (closed in every layer).
+  // Speculative decoding: the slot's length becomes `position` (<= length), and no layer holds
+  // more. Entries past it are never read again and are overwritten by the next appends.
   void rollback(std::int64_t slot, std::int64_t position);
   // A done slot costs nothing in attention (its output is zeros) and appends skip it.
   void mark_done(std::int64_t slot, bool done = true);
@@ -99,19 +100,32 @@ class KvCache {
   friend void flash_decoding(Stream&, KvCache&, std::int64_t, const Buffer<float>&,
                              const Buffer<float>&, const Buffer<float>&,
                              std::span<const std::int64_t>, Buffer<float>&);
+  friend void flash_decoding(Stream&, KvCache&, std::int64_t, const Buffer<float>&,
+                             const Buffer<float>&, const Buffer<float>&, const Buffer<std::int32_t>&,
+                             Buffer<float>&, Buffer<std::int32_t>*);
   void check_slot(std::string_view where, std::int64_t slot) const;
   void check_layer(std::string_view where, std::int64_t layer) const;
-  // Host state after an append into `layer` at `pos` (-1: skipped), and after any other
-  // operation that sets a slot's length (the last token closed in every layer).
+  void allocate_layers(std::uint64_t per_layer, std::vector<Buffer<float>>& k,
+                       std::vector<Buffer<float>>& v, const std::string& what);
+  // Note [layer lengths] (kv_cache.cpp): the host state after an append into `layer` at `pos`
+  // (-1: skipped), after a device-position call, and when an operation sets a slot's length.
   void appended(std::int64_t layer, const std::vector<std::int32_t>& pos);
-  void close(std::int64_t slot);
+  void appended_on_device(std::int64_t layer);
+  void set_layers(std::int64_t slot, std::int64_t n);
+  void recount(std::int64_t slot);
+  // The positions of an append into `layer`, validated (-1: a done slot), and the text of the
+  // position a slot expects when one is refused.
+  std::vector<std::int32_t> checked_positions(std::string_view where, std::int64_t layer,
+                                              std::span<const std::int64_t> positions) const;
+  std::string expected_position_text(std::int64_t slot, std::int64_t layer) const;
 
   std::shared_ptr<Device> device_;
   KvCacheConfig cfg_;
   std::vector<Buffer<float>> k_, v_;
   std::vector<std::int64_t> len_;
   std::vector<bool> done_;
-  std::vector<std::uint8_t> pending_;  // [slots, num_layers]: 1 = may still append length - 1
+  std::vector<std::int64_t> layer_len_;  // [slots, num_layers]: tokens each layer holds
+  std::vector<std::int32_t> behind_;     // [slots]: layers holding fewer than the slot's length
 };
 
 // Flash-Decoding over every slot of `cache` (docs/api.md): writes k_new / v_new into `layer` at
