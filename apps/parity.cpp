@@ -50,6 +50,9 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return r;
 }
 
+// The child's exit code when it cannot open the device (the parent reports a skipped rerun).
+constexpr int kChildNoDevice = 3;
+
 // Runs this program again as `parity` over the decode entries with LOCKSTEP_DECODE_ONE_GRID=1;
 // returns its exit code.
 int rerun_one_grid(const Options& o, const std::vector<std::string>& names,
@@ -68,15 +71,16 @@ int rerun_one_grid(const Options& o, const std::vector<std::string>& names,
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   std::string knob = "LOCKSTEP_DECODE_ONE_GRID=1";
-  std::vector<char*> envp;
-  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+  std::vector<char*> envp;  // this environment, the knob replaced
+  for (char** e = environ; *e != nullptr; ++e)
+    if (std::strncmp(*e, "LOCKSTEP_DECODE_ONE_GRID=", 25) != 0) envp.push_back(*e);
   envp.push_back(knob.data());
   envp.push_back(nullptr);
   std::fflush(stdout);
   std::fflush(stderr);
   pid_t pid = 0;
-  if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), envp.data()) != 0) {
-    std::printf("parity: could not start the one-grid rerun (%s)\n", std::strerror(errno));
+  if (const int err = posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), envp.data()); err != 0) {
+    std::printf("parity: could not start the one-grid rerun (%s)\n", std::strerror(err));  // returned, not errno
     return 1;
   }
   int status = 0;
@@ -88,14 +92,21 @@ int rerun_one_grid(const Options& o, const std::vector<std::string>& names,
 
 int run(const Options& o) {
   const auto t0 = std::chrono::steady_clock::now();
+  const bool child = !o.label.empty();
   std::vector<std::shared_ptr<Device>> others;
-  if (o.device == "all") {
-    for (const auto& b : devices())
-      if (b.usable && b.kind != DeviceKind::kCpu)
-        for (const auto& d : b.devices) others.push_back(open(d.id));
-  } else if (DeviceSpec::parse(o.device).is_auto || DeviceSpec::parse(o.device).id.kind != DeviceKind::kCpu) {
-    auto d = open(o.device);
-    if (d->id().kind != DeviceKind::kCpu) others.push_back(d);
+  try {
+    if (o.device == "all") {
+      for (const auto& b : devices())
+        if (b.usable && b.kind != DeviceKind::kCpu)
+          for (const auto& d : b.devices) others.push_back(open(d.id));
+    } else if (DeviceSpec::parse(o.device).is_auto || DeviceSpec::parse(o.device).id.kind != DeviceKind::kCpu) {
+      auto d = open(o.device);
+      if (d->id().kind != DeviceKind::kCpu) others.push_back(d);
+    }
+  } catch (const Error& e) {
+    if (!child) throw;
+    std::printf("parity, one grid: %s\n", e.what());  // the parent holds the device
+    return kChildNoDevice;
   }
   auto cpu = open("cpu");
   // The CPU device's portable SIMD variant too (where the host runs a wider one), so that a host
@@ -107,7 +118,6 @@ int run(const Options& o) {
     auto variant = make_cpu_device(co);
     if (variant->caps().simd_target != cpu->caps().simd_target) others.push_back(variant);
   }
-  const bool child = !o.label.empty();
   std::map<std::string, std::uint64_t> expected;
   for (const auto& kv : split(o.expect_digests, ',')) {
     const auto eq = kv.find('=');
@@ -205,11 +215,18 @@ int run(const Options& o) {
     }
   }
   if (!child && !decode_names.empty()) {
-    if (const char* v = std::getenv("LOCKSTEP_DECODE_ONE_GRID"); v != nullptr) {
+    // As the library reads the knob: a value > 0 selects the one grid.
+    if (const char* v = std::getenv("LOCKSTEP_DECODE_ONE_GRID"); v != nullptr && std::atoi(v) > 0) {
       std::printf("\nLOCKSTEP_DECODE_ONE_GRID=%s is set: the decode entries above ran with it; no rerun.\n", v);
     } else {
       const int rc = rerun_one_grid(o, decode_names, digests);
-      ok = ok && rc == 0;
+      if (rc == kChildNoDevice) {
+        std::printf("\nparity: the one-grid rerun was skipped: its process could not open %s (a GPU in an "
+                    "exclusive compute mode?); rerun with LOCKSTEP_DECODE_ONE_GRID=1 instead\n",
+                    o.device.c_str());
+      } else {
+        ok = ok && rc == 0;
+      }
     }
   }
   const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -277,6 +277,11 @@ class DevicePositionsCase final : public Case {
   OracleReport check(const Run& r) const override {
     OracleReport rep;
     const std::size_t nout = w_.q.size();
+    if (r.out.size() < nout + 1) {  // a malformed run: no output, status or tokens to read
+      add_violation(rep, "the run returned " + std::to_string(r.out.size()) + " values, expected at least " +
+                             std::to_string(nout + 1));
+      return rep;
+    }
     for (std::int64_t m = 0; m < w_.shape.slots; ++m) w_.check_slot(rep, m, written_[std::size_t(m)], r.out.data());
     std::int32_t status;
     std::memcpy(&status, r.out.data() + nout, 4);
