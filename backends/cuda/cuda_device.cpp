@@ -315,6 +315,14 @@ double CudaEvent::elapsed_ms(const Event& start) const {
 class CudaBackend final : public lockstep::detail::Backend {
  public:
   DeviceKind kind() const override { return DeviceKind::kCuda; }
+  // Why no device can be counted, as `lockstep devices` and open() both say it.
+  static std::string count_error_reason(cudaError_t e) {
+    if (e == cudaErrorNoDevice) return "no device (no CUDA GPU is visible)";
+    if (e == cudaErrorInsufficientDriver)
+      return "no driver (or the driver is older than this CUDA runtime): " + std::string(cudaGetErrorString(e));
+    return std::string("CUDA runtime: ") + cudaGetErrorName(e) + ": " + cudaGetErrorString(e);
+  }
+
   BackendInfo info() override {
     BackendInfo b;
     b.kind = DeviceKind::kCuda;
@@ -323,12 +331,7 @@ class CudaBackend final : public lockstep::detail::Backend {
     const cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
-      b.reason = e == cudaErrorNoDevice ? "no device (no CUDA GPU is visible)"
-                 : e == cudaErrorInsufficientDriver
-                     ? "no driver (or the driver is older than this CUDA runtime): " +
-                           std::string(cudaGetErrorString(e))
-                     : std::string("CUDA runtime: ") + cudaGetErrorName(e) + ": " +
-                           cudaGetErrorString(e);
+      b.reason = count_error_reason(e);
       return b;
     }
     if (n == 0) {
@@ -348,7 +351,7 @@ class CudaBackend final : public lockstep::detail::Backend {
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
       throw DeviceUnavailable("lockstep: cannot open cuda:" + std::to_string(index) + ": " +
-                              cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+                              count_error_reason(e) + " [" + cudaGetErrorName(e) + "]");
     }
     if (index < 0 || index >= n)
       throw DeviceUnavailable("lockstep: cannot open cuda:" + std::to_string(index) + ": this "
