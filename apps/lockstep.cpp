@@ -84,17 +84,18 @@ int main(int argc, char** argv) {
   std::string demo_device = "auto";
   demo::Options demo_opts;
   auto* demo_cmd = app.add_subcommand("demo", "run the main job on a device and check it against the CPU");
-  demo_cmd->add_option("--device", demo_device, "cpu, cpu:N, cuda, cuda:N or auto");
-  demo_cmd->add_option("--layers", demo_opts.layers, "transformer layers")->check(CLI::PositiveNumber);
-  demo_cmd->add_option("--slots", demo_opts.slots, "sequences decoded together")->check(CLI::PositiveNumber);
-  demo_cmd->add_option("--steps", demo_opts.steps, "decode steps")->check(CLI::PositiveNumber);
-  demo_cmd->add_option("--seed", demo_opts.seed, "random weights and inputs");
+  demo_cmd->add_option("--device", demo_device, "cpu, cpu:N, cuda, cuda:N or auto")->capture_default_str();
+  // Ranges with readable messages ("Value 0 not in range 1 to 4096"); defaults shown in --help.
+  demo_cmd->add_option("--layers", demo_opts.layers, "transformer layers")->check(CLI::Range(1, 4096))->capture_default_str();
+  demo_cmd->add_option("--slots", demo_opts.slots, "sequences decoded together")->check(CLI::Range(1, 4096))->capture_default_str();
+  demo_cmd->add_option("--steps", demo_opts.steps, "decode steps")->check(CLI::Range(1, 100000))->capture_default_str();
+  demo_cmd->add_option("--seed", demo_opts.seed, "random weights and inputs")->capture_default_str();
 
   parity::Options par;
   auto* par_cmd = app.add_subcommand("parity", "every kernel on random shapes (and fixed large ones) on every device, compared bitwise with the CPU and with a float64 oracle");
-  par_cmd->add_option("--device", par.device, "device to compare with the CPU (all: every usable GPU)");
-  par_cmd->add_option("--cases", par.cases, "random cases per kernel")->check(CLI::PositiveNumber);
-  par_cmd->add_option("--seed", par.seed, "random seed");
+  par_cmd->add_option("--device", par.device, "device to compare with the CPU (all: every usable GPU)")->capture_default_str();
+  par_cmd->add_option("--cases", par.cases, "random cases per kernel")->check(CLI::Range(1, 1000000))->capture_default_str();
+  par_cmd->add_option("--seed", par.seed, "random seed")->capture_default_str();
   // The one-grid rerun's (a child process of parity; apps/parity.cpp).
   par_cmd->add_option("--only", par.only)->group("");
   par_cmd->add_option("--expect-digests", par.expect_digests)->group("");
@@ -104,7 +105,7 @@ int main(int argc, char** argv) {
   std::uint64_t stride = 1;
   auto* acc_cmd = app.add_subcommand("mathacc", "accuracy of the strict math library over float bit patterns");
   acc_cmd->add_option("--device", acc_device, "device evaluating the functions");
-  acc_cmd->add_option("--stride", stride, "every stride-th bit pattern (1: all 2^32)")->check(CLI::PositiveNumber);
+  acc_cmd->add_option("--stride", stride, "every stride-th bit pattern (1: all 2^32)")->check(CLI::Range(1, 1 << 30))->capture_default_str();
 
   CLI11_PARSE(app, argc, argv);
   try {

@@ -89,6 +89,11 @@ Buffer<float> random_buffer(const std::shared_ptr<Device>& dev, std::size_t n, s
 using namespace lockstep;
 using namespace lockstep::bench;
 
+namespace {
+int run(const std::string& device_arg, const std::string& json_path, const std::string& filter,
+        bool quick, int reps);
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"lockstep-bench: kernel benchmarks with ceilings measured in the same run"};
   std::string device_arg = "all", json_path, filter = ".*";
@@ -98,9 +103,37 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "write results as JSON to this file");
   app.add_option("--filter", filter, "regex on benchmark names");
   app.add_flag("--quick", quick, "tiny sizes, one repetition (CI smoke test)");
-  app.add_option("--reps", reps, "timed repetitions (default: 20 on CUDA, 5 on CPU)");
+  app.add_option("--reps", reps, "timed repetitions (default: 20 on CUDA, 5 on CPU)")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
+  try {
+    return run(device_arg, json_path, filter, quick, reps);
+  } catch (const lockstep::Error& e) {  // bad device, unusable device, a failed benchmark
+    std::fprintf(stderr, "lockstep-bench: %s\n", e.what());
+    return 2;
+  } catch (const std::regex_error& e) {
+    std::fprintf(stderr, "lockstep-bench: --filter '%s' is not a valid regular expression (%s)\n",
+                 filter.c_str(), e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "lockstep-bench: %s\n", e.what());
+    return 2;
+  }
+}
 
+namespace {
+int run(const std::string& device_arg, const std::string& json_path, const std::string& filter,
+        bool quick, int reps) {
+  // The JSON file is opened first: a path that cannot be written fails before minutes of
+  // measurements, not silently after them.
+  std::ofstream json_file;
+  if (!json_path.empty()) {
+    json_file.open(json_path);
+    if (!json_file) {
+      std::fprintf(stderr, "lockstep-bench: --json %s: cannot open the file for writing\n", json_path.c_str());
+      return 2;
+    }
+  }
   std::vector<std::shared_ptr<Device>> devs;
   if (device_arg == "all") {
     for (const auto& b : devices())
@@ -134,6 +167,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "   ceilings: copy %.1f GB/s, read %.1f GB/s (%s), fp32 fma %.1f GFLOP/s (%s)\n",
                  ctx.ceil.copy_gbps, ctx.ceil.read_gbps, ctx.ceil.read_source.c_str(),
                  ctx.ceil.fma_gflops, ctx.ceil.fma_source.c_str());
+    if (quick)
+      std::fprintf(stderr, "   (--quick: tiny sizes, one repetition: a smoke test; these ceilings and the fractions below mean nothing)\n");
     if (ctx.ceil.read_lanes_gbps > 0)
       std::fprintf(stderr, "   (the read_sum kernel through the lanes: %.1f GB/s)\n", ctx.ceil.read_lanes_gbps);
     for (const auto& b : registry()) {
@@ -150,10 +185,19 @@ int main(int argc, char** argv) {
     }
     out["devices"].push_back(dj);
   }
+  if (all.empty()) {
+    std::fprintf(stderr, "lockstep-bench: no benchmark matches --filter '%s'\n", filter.c_str());
+    return 2;
+  }
   print_table(all);
-  if (!json_path.empty()) {
-    std::ofstream f(json_path);
-    f << out.dump(2) << "\n";
+  if (json_file.is_open()) {
+    json_file << out.dump(2) << "\n";
+    json_file.close();
+    if (!json_file) {
+      std::fprintf(stderr, "lockstep-bench: --json %s: writing the file failed\n", json_path.c_str());
+      return 2;
+    }
   }
   return 0;
 }
+}  // namespace

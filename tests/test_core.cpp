@@ -341,6 +341,57 @@ TEST(CpuDevice, CapacityExhaustionIsOutOfMemoryAndLeaksNothing) {
   EXPECT_EQ(dev->memory_stats().in_use, 1000u * 1024);
 }
 
+// A stream made by create_stream keeps its device alive: destroying the caller's last handle to
+// the device first (a class that declares its stream before its device) is safe, and queued work
+// still completes. (It was a double free.)
+TEST(CpuDevice, AStreamMayOutliveItsDeviceHandle) {
+  std::unique_ptr<Stream> s;
+  std::vector<float> host(1 << 16, 0.0f);
+  {
+    CpuDeviceOptions o;
+    o.index = 9;
+    auto d = make_cpu_device(o);
+    s = d->create_stream();
+    Buffer<float> b(d, host.size());
+    b.fill(*s, 2.5f);
+    b.copy_to_host(*s, host);
+  }  // the device handle and the buffer are gone; the stream is not
+  s->synchronize();
+  EXPECT_TRUE(s->query());
+  EXPECT_EQ(host[12345], 2.5f);
+  EXPECT_EQ(s->device().id().index, 9);
+  s.reset();
+}
+
+// An empty Buffer (moved from) and an out-of-range device index are typed errors naming the
+// parameter, not internal assertions.
+TEST(CpuDevice, EmptyBuffersAndBadIndicesAreInvalidArguments) {
+  auto d = open("cpu");
+  Buffer<float> a(d, 16), b;
+  b = std::move(a);
+  try {
+    a.fill(d->default_stream(), 1.0f);
+    ADD_FAILURE() << "fill on a moved-from Buffer";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.parameter(), "buffer") << e.what();
+  }
+  EXPECT_THROW((void)a.device(), InvalidArgument);
+  CpuDeviceOptions o;
+  o.index = 64;
+  EXPECT_THROW(make_cpu_device(o), InvalidArgument);
+  o.index = -1;
+  EXPECT_THROW(make_cpu_device(o), InvalidArgument);
+  // Two devices with one id: the message says why the stream does not fit.
+  o.index = 0;
+  auto twin = make_cpu_device(o);
+  try {
+    b.fill(twin->default_stream(), 1.0f);
+    ADD_FAILURE() << "a stream of another device";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("make_cpu_device"), std::string::npos) << e.what();
+  }
+}
+
 TEST(CpuDevice, DevicesAreIndependent) {
   auto d1 = make_cpu_device({});
   auto d2 = make_cpu_device({});

@@ -231,6 +231,18 @@ TEST_P(Kernels, BadInputIsTypedAndLeavesOutputsUntouched) {
   expect([&] { ops::gemm(s(), a, a, a, 1, 10, 10, 10); }, "c");
   expect([&] { ops::transpose(s(), a, out, 1, 10, 11); }, "in.size()");
   expect([&] { ops::interleaved_to_batched(s(), a, out, 5, 0, 20); }, "heads");
+  // Not in place: the same buffer, or wrapped pointers that overlap, are refused (they gave
+  // wrong numbers), and out keeps its bytes.
+  expect([&] { ops::transpose(s(), out, out, 1, 10, 10); }, "out");
+  expect([&] { ops::interleaved_to_batched(s(), out, out, 5, 2, 10); }, "out");
+  {
+    auto in_view = Buffer<float>::wrap(dev, out.data().get(), 60);
+    auto out_view = Buffer<float>::wrap(dev, out.data().get() + 40, 60);
+    expect([&] { ops::batched_to_interleaved(s(), in_view, out_view, 3, 2, 10); }, "out");
+    auto a_view = Buffer<float>::wrap(dev, out.data().get(), 4);
+    auto c_view = Buffer<float>::wrap(dev, out.data().get() + 2, 4);
+    expect([&] { ops::gemm(s(), a_view, a_view, c_view, 1, 2, 2, 2); }, "c");
+  }
   auto other = dev->id().kind == DeviceKind::kCpu ? open("cpu:3") : open("cpu");
   Buffer<float> foreign(other, 100);
   expect([&] { ops::scale(s(), foreign, out, 2.0f); }, "in.device");

@@ -29,7 +29,10 @@ void check_on(std::string_view where, std::string_view name, const Buffer<T>& b,
   LOCKSTEP_CHECK_ARG(!b.empty() || b.shared_device() != nullptr, where, name, "an empty Buffer",
             "an allocated buffer");
   LOCKSTEP_CHECK_ARG(&b.device() == &s.device(), where, std::string(name) + ".device", b.device().id().str(),
-            "the stream's device " + s.device().id().str());
+            "the stream's device " + s.device().id().str() +
+                (b.device().id() == s.device().id()
+                     ? " (another device with the same id: a device made by make_cpu_device is not open(\"cpu:N\"))"
+                     : std::string()));
 }
 
 inline std::string hex_address(std::uintptr_t a) {
@@ -45,6 +48,19 @@ void check_aligned16(std::string_view where, std::string_view name, const Buffer
   const auto addr = reinterpret_cast<std::uintptr_t>(b.data().get());
   LOCKSTEP_CHECK_ARG(addr % 16 == 0, where, std::string(name) + ".data()", "address " + hex_address(addr),
             "a multiple of 16 bytes");
+}
+
+// `out` must not share memory with `in` (an operation that reads `in` while writing `out` in
+// another order; allocated buffers never overlap unless they are the same, wrapped ones may).
+template <class T>
+void check_no_overlap(std::string_view where, std::string_view out_name, const Buffer<T>& out,
+                      std::string_view in_name, const Buffer<T>& in) {
+  const auto o = reinterpret_cast<std::uintptr_t>(out.data().get()),
+             i = reinterpret_cast<std::uintptr_t>(in.data().get());
+  const bool overlap = out.size_bytes() > 0 && in.size_bytes() > 0 && o < i + in.size_bytes() &&
+                       i < o + out.size_bytes();
+  LOCKSTEP_CHECK_ARG(!overlap, where, out_name, "memory that overlaps " + std::string(in_name),
+            "a buffer distinct from " + std::string(in_name) + " (this operation is not in place)");
 }
 
 // Buffer `b` must hold exactly `expected` elements (the product of the named dims).

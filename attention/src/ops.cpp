@@ -155,8 +155,9 @@ void check_layout(std::string_view w, Stream& stream, const Buffer<float>& in,
   detail::check_positive(w, "dim", dim);
   detail::check_on(w, "in", in, stream);
   detail::check_on(w, "out", out, stream);
-  detail::check_size(w, "in", in, in_elems, "");
-  detail::check_size(w, "out", out, out_elems, "");
+  detail::check_size(w, "in", in, in_elems, "seq * heads * dim" + std::string(in_elems < out_elems ? " / heads" : ""));
+  detail::check_size(w, "out", out, out_elems, "seq * heads * dim" + std::string(out_elems < in_elems ? " / heads" : ""));
+  detail::check_no_overlap(w, "out", out, "in", in);
 }
 }  // namespace
 
@@ -222,6 +223,7 @@ void transpose(Stream& stream, const Buffer<float>& in, Buffer<float>& out, std:
                                  w, "batch * rows * cols");
   detail::check_size(w, "in", in, n, "batch * rows * cols");
   detail::check_size(w, "out", out, n, "batch * rows * cols");
+  detail::check_no_overlap(w, "out", out, "in", in);
   detail::launch_transpose(stream, in.data().get(), out.data().get(), batch, rows, cols);
 }
 
@@ -239,7 +241,8 @@ void gemm(Stream& stream, const Buffer<float>& a, const Buffer<float>& b, Buffer
   detail::check_size(w, "a", a, checked_product({ub, std::uint64_t(m), std::uint64_t(k)}, w, "batch * m * k"), "batch * m * k");
   detail::check_size(w, "b", b, checked_product({ub, std::uint64_t(k), std::uint64_t(n)}, w, "batch * k * n"), "batch * k * n");
   detail::check_size(w, "c", c, checked_product({ub, std::uint64_t(m), std::uint64_t(n)}, w, "batch * m * n"), "batch * m * n");
-  LOCKSTEP_CHECK_ARG(&c != &a && &c != &b, w, "c", "the same buffer as a or b", "a distinct output buffer");
+  detail::check_no_overlap(w, "c", c, "a", a);
+  detail::check_no_overlap(w, "c", c, "b", b);
   detail::launch_gemm(stream, a.data().get(), b.data().get(), c.data().get(), batch, m, n, k, k, n,
                       n, m * k, k * n, m * n, alpha);
 }

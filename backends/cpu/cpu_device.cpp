@@ -332,7 +332,11 @@ class CpuDevice final : public Device {
     return MemoryStats{in_use_, peak_, opts_.memory_capacity};
   }
   Stream& default_stream() override { return *default_stream_; }
-  std::unique_ptr<Stream> create_stream() override { return std::make_unique<CpuStream>(*this); }
+  std::unique_ptr<Stream> create_stream() override {
+    auto s = std::make_unique<CpuStream>(*this);
+    detail::StreamAccess::keep_device_alive(*s, weak_from_this().lock());
+    return s;
+  }
   std::unique_ptr<Event> create_event(bool timing) override {
     return std::make_unique<CpuEvent>(*this, timing);
   }

@@ -139,7 +139,9 @@ class CudaDevice final : public Device {
     activate();
     cudaStream_t s;
     check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-    return std::make_unique<CudaStream>(*this, s, true);
+    auto r = std::make_unique<CudaStream>(*this, s, true);
+    detail::StreamAccess::keep_device_alive(*r, weak_from_this().lock());
+    return r;
   }
   std::unique_ptr<Event> create_event(bool timing) override {
     return std::make_unique<CudaEvent>(*this, timing);
@@ -378,6 +380,8 @@ Backend* cuda_backend() {
 std::unique_ptr<Stream> cuda_wrap_stream(Device& device, void* cuda_stream) {
   auto* d = dynamic_cast<cuda::CudaDevice*>(&device);
   LOCKSTEP_CHECK_ARG(d != nullptr, "cuda_wrap_stream", "device", device.id().str(), "a CUDA device");
-  return std::make_unique<cuda::CudaStream>(*d, static_cast<cudaStream_t>(cuda_stream), false);
+  auto s = std::make_unique<cuda::CudaStream>(*d, static_cast<cudaStream_t>(cuda_stream), false);
+  StreamAccess::keep_device_alive(*s, d->weak_from_this().lock());
+  return s;
 }
 }  // namespace lockstep::detail

@@ -1,4 +1,5 @@
 // Out-of-line members of the core interface.
+#include <string>
 #include "lockstep/device.hpp"
 
 #include <algorithm>
@@ -24,7 +25,16 @@ Block& block_for(std::vector<Block>& blocks, Device& dev, std::size_t bytes, std
   if (!fresh) return blocks.back();
   std::size_t size = min_size;
   while (size < bytes) size *= 2;
-  blocks.push_back(Block{&dev, detail::DeviceAccess::allocate(dev, size), size});
+  void* p = nullptr;
+  try {
+    p = detail::DeviceAccess::allocate(dev, size);
+  } catch (const OutOfMemory& e) {  // say what it was for: the caller asked for fewer bytes
+    throw OutOfMemory(dev.id().str(), e.requested(), e.available(),
+                      "a stream scratch block for a call's temporaries, " + std::to_string(bytes) +
+                          " bytes rounded up to a power-of-two multiple of " + std::to_string(min_size) +
+                          ", kept until the stream is destroyed");
+  }
+  blocks.push_back(Block{&dev, p, size});
   return blocks.back();
 }
 }  // namespace

@@ -78,8 +78,9 @@ class Buffer {
   std::size_t size_bytes() const noexcept { return bytes_; }
   bool empty() const noexcept { return count_ == 0; }
   bool owning() const noexcept { return owning_; }
+  // The buffer's device; InvalidArgument for an empty Buffer (default-constructed or moved from).
   Device& device() const {
-    LOCKSTEP_ASSERT(device_ != nullptr, "use of an empty Buffer");
+    check_not_empty("Buffer::device");
     return *device_;
   }
   const std::shared_ptr<Device>& shared_device() const noexcept { return device_; }
@@ -126,9 +127,18 @@ class Buffer {
   }
 
  private:
+  void check_not_empty(std::string_view where) const {
+    LOCKSTEP_CHECK_ARG(device_ != nullptr, where, "buffer", "an empty Buffer (default-constructed or moved from)",
+              "a Buffer with a device");
+  }
   void check_stream(std::string_view where, Stream& stream) const {
+    check_not_empty(where);
     LOCKSTEP_CHECK_ARG(&stream.device() == device_.get(), where, "stream.device",
-              stream.device().id().str(), "the buffer's device " + device().id().str());
+              stream.device().id().str(),
+              "the buffer's device " + device_->id().str() +
+                  (stream.device().id() == device_->id()
+                       ? " (another device with the same id: a device made by make_cpu_device is not open(\"cpu:N\"))"
+                       : std::string()));
   }
   void check_range(std::string_view where, Stream& stream, std::size_t offset,
                    std::size_t n) const {

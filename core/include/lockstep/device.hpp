@@ -131,6 +131,11 @@ class Stream {
   friend struct detail::StreamAccess;
 
  private:
+  // A stream made by create_stream (or wrapped) keeps its device alive: it may outlive the
+  // caller's handle to the device (e.g. a class that declares its stream before its device).
+  // Declared first, so released last, after the derived destructor has drained the stream and
+  // the scratch has been returned to the device. Null for a device's default stream.
+  std::shared_ptr<Device> owner_;
   // Note [stream scratch]: device memory for temporaries of calls enqueued on this stream (split-K
   // partials, attention workspaces). Work on one stream is ordered, so consecutive calls may
   // share it; a larger request allocates a new block and keeps the old one (queued work may still
@@ -217,6 +222,8 @@ struct DeviceAccess {
   static void release(Device& d, void* p, std::size_t bytes) noexcept { d.release(p, bytes); }
 };
 struct StreamAccess {
+  // For create_stream: the stream keeps `device` alive (null when it is not shared-owned).
+  static void keep_device_alive(Stream& s, std::shared_ptr<Device> device) { s.owner_ = std::move(device); }
   static void copy_h2d(Stream& s, void* dst, const void* src, std::size_t n) {
     s.copy_h2d(dst, src, n);
   }
