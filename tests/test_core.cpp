@@ -392,6 +392,23 @@ TEST(CpuDevice, EmptyBuffersAndBadIndicesAreInvalidArguments) {
   }
 }
 
+// As on CUDA: an event is recorded on its own device's streams; another device's stream may wait
+// on it.
+TEST(CpuDevice, EventsAreRecordedOnTheirOwnDevice) {
+  auto a = open("cpu:0"), b = open("cpu:1");
+  auto ev = a->create_event();
+  try {
+    ev->record(b->default_stream());
+    ADD_FAILURE() << "recorded on another device's stream";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.parameter(), "stream.device") << e.what();
+  }
+  ev->record(a->default_stream());
+  b->default_stream().wait(*ev);
+  b->default_stream().synchronize();
+  EXPECT_TRUE(ev->query());
+}
+
 TEST(CpuDevice, DevicesAreIndependent) {
   auto d1 = make_cpu_device({});
   auto d2 = make_cpu_device({});

@@ -248,6 +248,10 @@ class CpuEvent final : public Event {
     auto* s = dynamic_cast<CpuStream*>(&stream);
     LOCKSTEP_CHECK_ARG(s != nullptr, "Event::record", "stream", stream.device().id().str(),
               "a stream of a CPU device");
+    // As on CUDA (cudaEventRecord): an event is recorded on a stream of its own device. (A stream
+    // may wait on an event of another device.)
+    LOCKSTEP_CHECK_ARG(&stream.device() == &dev_, "Event::record", "stream.device", stream.device().id().str(),
+              "the event's device " + dev_.id().str());
     std::uint64_t g;
     {
       std::lock_guard<std::mutex> lk(st_->mu);
@@ -372,7 +376,11 @@ class CpuDevice final : public Device {
     if (p == nullptr) {
       std::lock_guard<std::mutex> lk(alloc_mu_);
       in_use_ -= bytes;
-      throw OutOfMemory(id_.str(), bytes, 0);
+      // The host's free physical memory: what an uncapped device could still hand out.
+      const long avail = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+      throw OutOfMemory(id_.str(), bytes,
+                        avail > 0 && page > 0 ? std::uint64_t(avail) * std::uint64_t(page) : 0,
+                        "host memory for an uncapped CPU device");
     }
     if (opts_.poison) {
       auto* w = static_cast<std::uint32_t*>(p);
