@@ -124,16 +124,31 @@ int main(int argc, char** argv) {
 namespace {
 int run(const std::string& device_arg, const std::string& json_path, const std::string& filter,
         bool quick, int reps) {
-  // The JSON file is opened first: a path that cannot be written fails before minutes of
-  // measurements, not silently after them.
+  // A filter that matches nothing, and a JSON path that cannot be written, fail before minutes of
+  // measurements, not after them. The results go to <path>.tmp, renamed over <path> only when
+  // the run succeeds: a failed run leaves an earlier results file as it was.
+  const std::regex re(filter);
+  if (std::none_of(registry().begin(), registry().end(),
+                   [&](const auto& b) { return std::regex_search(b.name, re); })) {
+    std::fprintf(stderr, "lockstep-bench: no benchmark matches --filter '%s'\n", filter.c_str());
+    return 2;
+  }
+  const std::string json_tmp = json_path + ".tmp";
   std::ofstream json_file;
   if (!json_path.empty()) {
-    json_file.open(json_path);
+    json_file.open(json_tmp);
     if (!json_file) {
-      std::fprintf(stderr, "lockstep-bench: --json %s: cannot open the file for writing\n", json_path.c_str());
+      std::fprintf(stderr, "lockstep-bench: --json %s: cannot write there\n", json_path.c_str());
       return 2;
     }
   }
+  struct RemoveTmp {  // on any early exit
+    const std::string& path;
+    bool keep = false;
+    ~RemoveTmp() {
+      if (!keep && !path.empty()) std::remove(path.c_str());
+    }
+  } remove_tmp{json_path.empty() ? json_path : json_tmp};
   std::vector<std::shared_ptr<Device>> devs;
   if (device_arg == "all") {
     for (const auto& b : devices())
@@ -142,7 +157,6 @@ int run(const std::string& device_arg, const std::string& json_path, const std::
   } else {
     devs.push_back(open(device_arg));
   }
-  const std::regex re(filter);
   nlohmann::json out;
   out["quick"] = quick;
   std::vector<Result> all;
@@ -186,17 +200,18 @@ int run(const std::string& device_arg, const std::string& json_path, const std::
     out["devices"].push_back(dj);
   }
   if (all.empty()) {
-    std::fprintf(stderr, "lockstep-bench: no benchmark matches --filter '%s'\n", filter.c_str());
+    std::fprintf(stderr, "lockstep-bench: no benchmark ran (no usable device?)\n");
     return 2;
   }
   print_table(all);
   if (json_file.is_open()) {
     json_file << out.dump(2) << "\n";
     json_file.close();
-    if (!json_file) {
+    if (!json_file || std::rename(json_tmp.c_str(), json_path.c_str()) != 0) {
       std::fprintf(stderr, "lockstep-bench: --json %s: writing the file failed\n", json_path.c_str());
       return 2;
     }
+    remove_tmp.keep = true;
   }
   return 0;
 }

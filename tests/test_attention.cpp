@@ -852,6 +852,24 @@ TEST_P(Attention, KvCacheKeepsEveryLayerAtTheSlotsLength) {
   cache.set_length(2, 3);
   EXPECT_EQ(cache.length(2, 0), 3);
   EXPECT_EQ(cache.length(2, 1), 3);
+  // Re-importing one layer of a used slot starts a new sequence: the other layer holds nothing of
+  // it, and the next token is refused until that layer is imported too.
+  cache.write_from_host(s(), 2, 0, h4, h4, 4);
+  EXPECT_EQ(cache.length(2, 0), 4);
+  EXPECT_EQ(cache.length(2, 1), 0);
+  cache.write_from_host(s(), 2, 1, h4, h4, 4);
+  EXPECT_EQ(cache.length(2, 1), 4);
+  // copy_slot_from takes each layer's length from the source: a source in the middle of a step
+  // stays there.
+  auto one = small_config();
+  one.slots = 1;
+  KvCache src(dev, one);
+  auto kn1 = filled(2 * 32, 1.0f), vn1 = filled(2 * 32, 2.0f);
+  src.append(s(), 0, kn1, vn1, std::vector<std::int64_t>{0});
+  cache.copy_slot_from(s(), 0, src);
+  EXPECT_EQ(cache.length(0), 1);
+  EXPECT_EQ(cache.length(0, 0), 1);
+  EXPECT_EQ(cache.length(0, 1), 0);
   expect_invalid([&] { cache.length(3, 0); }, "slot");
   expect_invalid([&] { cache.length(0, 2); }, "layer");
 }

@@ -53,6 +53,7 @@ KvCache::KvCache(std::shared_ptr<Device> device, const KvCacheConfig& c) : devic
   done_.assign(std::size_t(c.slots), false);
   layer_len_.assign(std::size_t(c.slots * c.num_layers), 0);
   behind_.assign(std::size_t(c.slots), 0);
+  importing_.assign(std::size_t(c.slots), 0);
 }
 
 // Note [layer lengths]
@@ -67,8 +68,10 @@ KvCache::KvCache(std::shared_ptr<Device> device, const KvCacheConfig& c) : devic
 //   the first layer (which would skip a token in the later layers), or a token written twice in
 //   one layer is refused, with nothing written;
 // - p = length - 1 is accepted only in a layer that holds length - 1 tokens;
-// - write_from_host sets its layer's count (and the slot's length); rollback cuts every layer
-//   to the new length; set_length, copy_slot_from and reset set every layer to the length; a
+// - write_from_host sets its layer's count and the slot's length; the first call of a run of
+//   them on a slot drops the other layers to 0 (their tokens are another sequence's), the next
+//   ones keep what the run wrote; rollback cuts every layer to the new length; set_length and
+//   reset set every layer to the length; copy_slot_from takes the source's layers; a
 //   flash_decoding call with device positions marks its layer complete for every slot (the host
 //   does not know what it wrote).
 // Any layer order works within a step.
@@ -77,6 +80,7 @@ void KvCache::appended(std::int64_t layer, const std::vector<std::int32_t>& pos)
   for (std::size_t s = 0; s < pos.size(); ++s) {
     if (pos[s] < 0) continue;
     std::int64_t* ll = layer_len_.data() + s * L;
+    importing_[s] = 0;
     if (pos[s] == len_[s]) {  // a new token: every other layer is now one behind
       len_[s] = pos[s] + 1;
       behind_[s] = static_cast<std::int32_t>(L - 1);
@@ -89,6 +93,7 @@ void KvCache::appended(std::int64_t layer, const std::vector<std::int32_t>& pos)
 void KvCache::appended_on_device(std::int64_t layer) {
   const std::size_t L = std::size_t(cfg_.num_layers);
   for (std::size_t s = 0; s < len_.size(); ++s) {
+    importing_[s] = 0;
     std::int64_t& ll = layer_len_[s * L + std::size_t(layer)];
     if (ll < len_[s]) {
       ll = len_[s];
@@ -100,6 +105,7 @@ void KvCache::set_layers(std::int64_t slot, std::int64_t n) {
   const std::size_t L = std::size_t(cfg_.num_layers);
   std::fill_n(layer_len_.begin() + std::ptrdiff_t(std::size_t(slot) * L), L, n);
   behind_[std::size_t(slot)] = 0;
+  importing_[std::size_t(slot)] = 0;
 }
 void KvCache::recount(std::int64_t slot) {
   const std::size_t L = std::size_t(cfg_.num_layers);
@@ -197,6 +203,7 @@ void KvCache::reset_all() {
   std::fill(done_.begin(), done_.end(), false);
   std::fill(layer_len_.begin(), layer_len_.end(), 0);
   std::fill(behind_.begin(), behind_.end(), 0);
+  std::fill(importing_.begin(), importing_.end(), 0);
 }
 void KvCache::rollback(std::int64_t slot, std::int64_t position) {
   check_slot("KvCache::rollback", slot);
@@ -208,6 +215,7 @@ void KvCache::rollback(std::int64_t slot, std::int64_t position) {
     std::int64_t& ll = layer_len_[std::size_t(slot) * L + l];
     ll = std::min(ll, position);
   }
+  importing_[std::size_t(slot)] = 0;
   recount(slot);
 }
 void KvCache::set_length(std::int64_t slot, std::int64_t n) {
@@ -443,7 +451,13 @@ void KvCache::copy_slot_from(Stream& stream, std::int64_t slot, const KvCache& s
   }
   len_[std::size_t(slot)] = n;
   done_[std::size_t(slot)] = false;
-  set_layers(slot, n);
+  // Each layer holds what it held in the source (a source in the middle of a step, or with a
+  // layer imported short, stays so here: Note [layer lengths]).
+  const std::size_t L = std::size_t(cfg_.num_layers);
+  for (std::size_t l = 0; l < L; ++l)
+    layer_len_[std::size_t(slot) * L + l] = src.layer_len_[std::size_t(src_slot) * L + l];
+  importing_[std::size_t(slot)] = 0;
+  recount(slot);
 }
 
 void KvCache::write_from_host(Stream& stream, std::int64_t slot, std::int64_t layer,
@@ -467,13 +481,18 @@ void KvCache::write_from_host(Stream& stream, std::int64_t slot, std::int64_t la
   // The slot's length becomes count; the layer holds count tokens, the others at most that many
   // (Note [layer lengths]: a layer imported with fewer is behind, and the next token is refused
   // until every layer holds the length).
+  // An import is a run of write_from_host calls on the slot: the first one starts a new sequence
+  // (the other layers' tokens are another sequence's: they hold none), the next ones keep what
+  // the run's earlier calls wrote (at most count). Any other operation on the slot ends the run.
   len_[std::size_t(slot)] = count;
   done_[std::size_t(slot)] = false;
   const std::size_t L = std::size_t(cfg_.num_layers);
+  const bool continuing = importing_[std::size_t(slot)] != 0;
   for (std::size_t l = 0; l < L; ++l) {
     std::int64_t& ll = layer_len_[std::size_t(slot) * L + l];
-    ll = std::int64_t(l) == layer ? count : std::min(ll, count);
+    ll = std::int64_t(l) == layer ? count : continuing ? std::min(ll, count) : 0;
   }
+  importing_[std::size_t(slot)] = 1;
   recount(slot);
 }
 
@@ -505,6 +524,7 @@ void KvCache::grow(Stream& stream, std::int64_t new_slots) {
   done_.resize(std::size_t(new_slots), false);
   layer_len_.resize(std::size_t(new_slots * cfg_.num_layers), 0);
   behind_.resize(std::size_t(new_slots), 0);
+  importing_.resize(std::size_t(new_slots), 0);
 }
 
 void rope(Stream& stream, Buffer<float>* q, Buffer<float>* k, std::span<const std::int64_t> positions,

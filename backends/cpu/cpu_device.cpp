@@ -342,7 +342,9 @@ class CpuDevice final : public Device {
     return s;
   }
   std::unique_ptr<Event> create_event(bool timing) override {
-    return std::make_unique<CpuEvent>(*this, timing);
+    auto e = std::make_unique<CpuEvent>(*this, timing);
+    detail::StreamAccess::keep_device_alive(*e, weak_from_this().lock());
+    return e;
   }
   void synchronize() override {
     std::lock_guard<std::mutex> lk(streams_mu_);

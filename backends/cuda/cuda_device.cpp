@@ -144,7 +144,9 @@ class CudaDevice final : public Device {
     return r;
   }
   std::unique_ptr<Event> create_event(bool timing) override {
-    return std::make_unique<CudaEvent>(*this, timing);
+    auto e = std::make_unique<CudaEvent>(*this, timing);
+    detail::StreamAccess::keep_device_alive(*e, weak_from_this().lock());
+    return e;
   }
   void synchronize() override {
     activate();

@@ -63,7 +63,7 @@ std::shared_ptr<Device> open(std::string_view spec) {
 }
 
 std::shared_ptr<Device> make_cpu_device(const CpuDeviceOptions& options) {
-  // The id must be one DeviceId::parse accepts (cpu:N, N < 64), so that messages can name it.
+  // The ids open() accepts for CPU devices (cpu:N, N < 64), so that messages name a real id.
   LOCKSTEP_CHECK_ARG(options.index >= 0 && options.index < 64, "make_cpu_device", "options.index",
                      options.index, "in [0, 64)");
   return detail::make_cpu_device(options);

@@ -137,7 +137,7 @@ class Buffer {
               stream.device().id().str(),
               "the buffer's device " + device_->id().str() +
                   (stream.device().id() == device_->id()
-                       ? " (another device with the same id: a device made by make_cpu_device is not open(\"cpu:N\"))"
+                       ? " (another device with the same id, e.g. one made by make_cpu_device)"
                        : std::string()));
   }
   void check_range(std::string_view where, Stream& stream, std::size_t offset,

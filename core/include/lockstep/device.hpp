@@ -175,6 +175,10 @@ class Event {
 
  protected:
   Event() = default;
+  friend struct detail::StreamAccess;
+
+ private:
+  std::shared_ptr<Device> owner_;  // as Stream::owner_: an event keeps its device alive
 };
 
 // --- the registry -----------------------------------------------------------------------------
@@ -224,6 +228,7 @@ struct DeviceAccess {
 struct StreamAccess {
   // For create_stream: the stream keeps `device` alive (null when it is not shared-owned).
   static void keep_device_alive(Stream& s, std::shared_ptr<Device> device) { s.owner_ = std::move(device); }
+  static void keep_device_alive(Event& e, std::shared_ptr<Device> device) { e.owner_ = std::move(device); }
   static void copy_h2d(Stream& s, void* dst, const void* src, std::size_t n) {
     s.copy_h2d(dst, src, n);
   }

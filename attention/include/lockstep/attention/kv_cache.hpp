@@ -44,8 +44,9 @@ class KvCache {
   std::int64_t length(std::int64_t slot) const;
   const std::vector<std::int64_t>& lengths() const noexcept { return len_; }
   bool done(std::int64_t slot) const;
-  // Tokens of the slot that `layer` holds: the slot's length, or one less while the step's token
-  // is not yet in this layer (Note [layer lengths] in kv_cache.cpp; docs/api.md).
+  // Tokens of the slot that `layer` holds, at most the slot's length: one less while the step's
+  // token is not yet in this layer, fewer while an import has not reached it (Note [layer
+  // lengths] in kv_cache.cpp; docs/api.md).
   std::int64_t length(std::int64_t slot, std::int64_t layer) const;
 
   // Device memory held: exactly 2 * layers * slots * kv_heads * max_len * head_dim * 4 bytes.
@@ -62,16 +63,17 @@ class KvCache {
   void append(Stream& stream, std::int64_t layer, const Buffer<float>& k_new,
               const Buffer<float>& v_new, std::span<const std::int64_t> positions);
 
-  // Copies slot `src_slot` of `src` (all layers, its tokens) into slot `slot` and sets the length
-  // (of every layer), not done (device to device; e.g. a prefill cache into a batch slot).
+  // Copies slot `src_slot` of `src` (all layers, its tokens) into slot `slot` with its length and
+  // each layer's, not done (device to device; e.g. a prefill cache into a batch slot).
   // Geometry must match except max_len and slots.
   void copy_slot_from(Stream& stream, std::int64_t slot, const KvCache& src,
                       std::int64_t src_slot = 0);
 
   // Writes tokens [0, count) of `layer` in `slot` from host memory [kv_heads, count, head_dim]
-  // (k and v) and sets the slot's length to count, not done (e.g. importing a prefill; the length
-  // is shared by all layers, so write every layer with the same count: a layer left with fewer
-  // tokens refuses the next append until it is written again).
+  // (k and v) and sets the slot's length to count, not done (e.g. importing a prefill). Import
+  // every layer with the same count, one call after another: the first call of such a run makes
+  // the other layers hold nothing (their tokens were another sequence's), and a layer left with
+  // fewer tokens refuses the next append until it is written.
   void write_from_host(Stream& stream, std::int64_t slot, std::int64_t layer,
                        std::span<const float> k, std::span<const float> v, std::int64_t count);
 
@@ -126,6 +128,7 @@ class KvCache {
   std::vector<bool> done_;
   std::vector<std::int64_t> layer_len_;  // [slots, num_layers]: tokens each layer holds
   std::vector<std::int32_t> behind_;     // [slots]: layers holding fewer than the slot's length
+  std::vector<std::uint8_t> importing_;  // [slots]: the last operation was write_from_host
 };
 
 // Flash-Decoding over every slot of `cache` (docs/api.md): writes k_new / v_new into `layer` at
