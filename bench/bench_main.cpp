@@ -142,13 +142,12 @@ int run(const std::string& device_arg, const std::string& json_path, const std::
       return 2;
     }
   }
-  struct RemoveTmp {  // on any early exit
-    const std::string& path;
-    bool keep = false;
+  struct RemoveTmp {  // on any early exit: the temporary file, if one was opened
+    std::string path;
     ~RemoveTmp() {
-      if (!keep && !path.empty()) std::remove(path.c_str());
+      if (!path.empty()) std::remove(path.c_str());
     }
-  } remove_tmp{json_path.empty() ? json_path : json_tmp};
+  } remove_tmp{json_path.empty() ? std::string() : json_tmp};
   std::vector<std::shared_ptr<Device>> devs;
   if (device_arg == "all") {
     for (const auto& b : devices())
@@ -211,7 +210,7 @@ int run(const std::string& device_arg, const std::string& json_path, const std::
       std::fprintf(stderr, "lockstep-bench: --json %s: writing the file failed\n", json_path.c_str());
       return 2;
     }
-    remove_tmp.keep = true;
+    remove_tmp.path.clear();  // renamed: nothing to remove
   }
   return 0;
 }

@@ -29,10 +29,7 @@ void check_on(std::string_view where, std::string_view name, const Buffer<T>& b,
   LOCKSTEP_CHECK_ARG(!b.empty() || b.shared_device() != nullptr, where, name, "an empty Buffer",
             "an allocated buffer");
   LOCKSTEP_CHECK_ARG(&b.device() == &s.device(), where, std::string(name) + ".device", b.device().id().str(),
-            "the stream's device " + s.device().id().str() +
-                (b.device().id() == s.device().id()
-                     ? " (another device with the same id, e.g. one made by make_cpu_device)"
-                     : std::string()));
+            "the stream's device " + detail::device_limit(s.device(), b.device()));
 }
 
 inline std::string hex_address(std::uintptr_t a) {

@@ -608,6 +608,11 @@ class CpuExec {
     static_assert(PW == 32, "warp passes only");
     base_ = 32 * w;
   }
+  // Called by every block-wide operation (sync, shared memory, votes, signals, tickets): it does
+  // not compile in a warp pass (instantiated only where a kernel uses one of them).
+  void block_wide() const {
+    static_assert(PW == N, "block-wide operation in a warp pass: the kernel is not warp-independent");
+  }
   // Diagnostics (Note [decode timeline] in kernels/decode.hpp): a steady clock, and one
   // "multiprocessor".
   std::uint64_t timestamp_ns() const {
@@ -631,16 +636,14 @@ class CpuExec {
   // --- shared memory: carved in call order from the launch's dynamic shared bytes ---
   template <class T>
   T* shared(std::size_t count) {
-    static_assert(PW == N, "shared memory in a warp pass: the kernel is not warp-independent");
+    block_wide();
     smem_off_ = (smem_off_ + 31) & ~std::size_t{31};
     T* p = reinterpret_cast<T*>(smem_ + smem_off_);
     smem_off_ += count * sizeof(T);
     if (smem_off_ > smem_cap_) shared_overflow(smem_off_, smem_cap_);
     return p;
   }
-  void sync() const {  // lockstep: every thread already reached this statement
-    static_assert(PW == N, "sync() in a warp pass: the kernel is not warp-independent");
-  }
+  void sync() const { block_wide(); }  // lockstep: every thread already reached this statement
 
   // --- global and shared memory ---
   // One value every thread reads (a block-uniform scalar, e.g. a sequence length).
@@ -811,11 +814,11 @@ class CpuExec {
   // Note [one grid], may yield for them); the atomics order blocks of one launch, which run in
   // parallel.
   void signal(std::int32_t* c) const {
-    static_assert(PW == N, "block-wide operation in a warp pass: the kernel is not warp-independent");
+    block_wide();
     std::atomic_ref<std::int32_t>(*c).fetch_add(1, std::memory_order_acq_rel);
   }
-  bool signal_last(std::int32_t* c, int target) const {
-    static_assert(PW == N, "block-wide operation in a warp pass: the kernel is not warp-independent");  // Note [folded merge]
+  bool signal_last(std::int32_t* c, int target) const {  // Note [folded merge]
+    block_wide();
     std::atomic_ref<std::int32_t> a(*c);
     const bool last = a.fetch_add(1, std::memory_order_acq_rel) == target - 1;
     if (last) a.store(0, std::memory_order_relaxed);
@@ -828,7 +831,7 @@ class CpuExec {
   // have signalled (they hold lower tickets and never wait, so they finish), and a count that is
   // still short after a minute is reported as the same bug.
   int wait_signals(std::int32_t* c, int target, bool same_grid = false) const {
-    static_assert(PW == N, "block-wide operation in a warp pass: the kernel is not warp-independent");
+    block_wide();
     std::atomic_ref<std::int32_t> a(c[0]);
     std::int32_t count = a.load(std::memory_order_acquire);
     if (same_grid && count < target) count = wait_for_count(a, target);
@@ -839,7 +842,7 @@ class CpuExec {
   void proxy_fence_global() const {}
   // Note [one grid]: the block's ticket (*c before the add); ticket total - 1 resets *c.
   int block_ticket(std::int32_t* c, int total) const {
-    static_assert(PW == N, "block-wide operation in a warp pass: the kernel is not warp-independent");
+    block_wide();
     std::atomic_ref<std::int32_t> a(*c);
     const std::int32_t t = a.fetch_add(1, std::memory_order_acq_rel);
     if (t == total - 1) a.store(0, std::memory_order_relaxed);
@@ -848,7 +851,7 @@ class CpuExec {
   // The CPU device runs kernels one after another: no grid overlaps the next.
   int block_ticket_before_wait(std::int32_t* c, int total) const { return block_ticket(c, total); }
   void release_signals(std::int32_t* c, int ticket, int readers) const {
-    static_assert(PW == N, "block-wide operation in a warp pass: the kernel is not warp-independent");
+    block_wide();
     if (ticket != readers - 1) return;
     std::atomic_ref<std::int32_t>(c[1]).store(0, std::memory_order_release);
     std::atomic_ref<std::int32_t>(c[0]).store(0, std::memory_order_release);
@@ -1145,7 +1148,7 @@ class CpuExec {
   // Block-wide vote (CUDA __syncthreads_or / __syncthreads_and); also a barrier.
   template <class M>
   bool any(const M& m) const {
-    static_assert(PW == N, "block-wide operation in a warp pass: the kernel is not warp-independent");
+    block_wide();
     const auto& w = wrap<bool>(m);
     for (int c = 0; c < PW / kL; ++c)
       if (!hn::AllFalse(DI(), w.eval(c).m)) return true;
@@ -1153,7 +1156,7 @@ class CpuExec {
   }
   template <class M>
   bool all(const M& m) const {
-    static_assert(PW == N, "block-wide operation in a warp pass: the kernel is not warp-independent");
+    block_wide();
     const auto& w = wrap<bool>(m);
     for (int c = 0; c < PW / kL; ++c)
       if (!hn::AllTrue(DI(), w.eval(c).m)) return false;

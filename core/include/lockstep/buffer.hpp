@@ -135,10 +135,7 @@ class Buffer {
     check_not_empty(where);
     LOCKSTEP_CHECK_ARG(&stream.device() == device_.get(), where, "stream.device",
               stream.device().id().str(),
-              "the buffer's device " + device_->id().str() +
-                  (stream.device().id() == device_->id()
-                       ? " (another device with the same id, e.g. one made by make_cpu_device)"
-                       : std::string()));
+              "the buffer's device " + detail::device_limit(*device_, stream.device()));
   }
   void check_range(std::string_view where, Stream& stream, std::size_t offset,
                    std::size_t n) const {

@@ -221,6 +221,12 @@ std::shared_ptr<Device> make_cpu_device(const CpuDeviceOptions& options = {});
 inline constexpr std::uint32_t kPoisonPattern = 0x7FBADBADu;
 
 namespace detail {
+// The limit text of a "must be <expected> device" check: its id, and why two devices that print
+// alike are not the same one.
+inline std::string device_limit(const Device& expected, const Device& got) {
+  return expected.id().str() +
+         (expected.id() == got.id() ? " (another device with the same id, e.g. one made by make_cpu_device)" : "");
+}
 struct DeviceAccess {
   static void* allocate(Device& d, std::size_t bytes) { return d.allocate(bytes); }
   static void release(Device& d, void* p, std::size_t bytes) noexcept { d.release(p, bytes); }
