@@ -35,17 +35,20 @@ int cmd_devices(bool json) {
                            {"usable", b.usable},
                            {"reason", b.reason},
                            {"devices", nlohmann::json::array()}};
+      // "id", "name" and every DeviceCaps field under its C++ name (printed in key order).
       for (const auto& d : b.devices)
         bj["devices"].push_back({{"id", d.id.str()},
                                  {"name", d.name},
-                                 {"memory_bytes", d.caps.total_memory},
                                  {"multiprocessors", d.caps.multiprocessors},
                                  {"max_threads_per_block", d.caps.max_threads_per_block},
+                                 {"warp_size", d.caps.warp_size},
                                  {"max_shared_bytes_per_block", d.caps.max_shared_bytes_per_block},
+                                 {"total_memory", d.caps.total_memory},
                                  {"tensor_cores", d.caps.tensor_cores},
                                  {"bit_faithful", d.caps.bit_faithful},
                                  {"simd_target", d.caps.simd_target},
-                                 {"compute_capability", d.caps.compute_capability}});
+                                 {"compute_capability", d.caps.compute_capability},
+                                 {"l2_bytes", d.caps.l2_bytes}});
       j.push_back(bj);
     }
     std::cout << j.dump(2) << "\n";

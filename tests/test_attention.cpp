@@ -1244,6 +1244,92 @@ TEST_P(Attention, DecodeRejectsMisalignedWrappedBuffers) {
   for (float x : out.to_vector(s())) ASSERT_EQ(x, 1.0f);
 }
 
+// No attention call is in place: an output sharing memory with an input (the same buffer, or a
+// wrapped pointer into it) is InvalidArgument naming the output, and nothing is written.
+TEST_P(Attention, OutputsMayNotShareMemoryWithInputs) {
+  auto view = [&](Buffer<float>& b, std::size_t offset, std::size_t n) {
+    return Buffer<float>::wrap(dev, b.data().get() + offset, n);
+  };
+  // incremental_attention: out over q, or inside a cache.
+  {
+    const DecodeShape sh{4, 2, 32, 8};
+    auto q = filled(4 * 32, 0.5f), kc = filled(2 * 8 * 32, 1.0f), vc = filled(2 * 8 * 32, 2.0f);
+    auto in_v = view(vc, 64, 4 * 32);
+    expect_invalid([&] { incremental_attention(s(), q, kc, vc, 4, q, sh); }, "out", "memory that overlaps q");
+    expect_invalid([&] { incremental_attention(s(), q, kc, vc, 4, in_v, sh); }, "out", "memory that overlaps v_cache");
+    expect_all(q, 0.5f);
+    expect_all(vc, 2.0f);
+    // kv_cache_scatter: src inside the cache.
+    auto src = view(kc, 2 * 8 * 32 - 64, 64);
+    expect_invalid([&] { kv_cache_scatter(s(), src, kc, 0, sh); }, "cache", "memory that overlaps src");
+    expect_all(kc, 1.0f);
+  }
+  // multihead_attention: out over v (partly).
+  {
+    auto q = filled(4 * 64, 0.25f), k = filled(4 * 64, 0.5f), v = filled(4 * 64 + 32, 1.0f);
+    auto v0 = view(v, 0, 4 * 64), out = view(v, 32, 4 * 64);
+    expect_invalid([&] { multihead_attention(s(), q, k, v0, out, MhaShape{4, 2, 32}); }, "out",
+                   "memory that overlaps v");
+    expect_invalid([&] { multihead_attention(s(), q, k, v0, q, MhaShape{4, 2, 32}); }, "out", "memory that overlaps q");
+    expect_all(v, 1.0f);
+    expect_all(q, 0.25f);
+  }
+  // Fused attention: out over q or k, log-sum-exp over out; in both precisions.
+  for (auto precision : {AttentionPrecision::kExact, AttentionPrecision::kTensorCore}) {
+    const AttentionShape sh{.batch = 1, .heads = 2, .kv_heads = 1, .seq_q = 3, .seq_kv = 5, .head_dim = 32};
+    auto q = filled(2 * 3 * 32, 0.5f), k = filled(5 * 32, 0.25f), v = filled(5 * 32, 1.0f);
+    auto out = filled(2 * 3 * 32 + 6, 42.0f);
+    auto out0 = view(out, 0, 2 * 3 * 32), lse_in_out = view(out, 2 * 3 * 32 - 1, 6);
+    AttentionOptions o;
+    o.precision = precision;
+    expect_invalid([&] { attention(s(), q, k, v, q, sh, o); }, "out", "memory that overlaps q");
+    auto q5 = view(q, 0, 5 * 32);
+    const AttentionShape sh5{.batch = 1, .heads = 1, .kv_heads = 1, .seq_q = 5, .seq_kv = 5, .head_dim = 32};
+    expect_invalid([&] { attention(s(), q5, k, v, k, sh5, o); }, "out", "memory that overlaps k");
+    o.lse = &lse_in_out;
+    expect_invalid([&] { attention(s(), q, k, v, out0, sh, o); }, "lse", "memory that overlaps out");
+    auto k6 = view(k, 0, 6);
+    o.lse = &k6;
+    expect_invalid([&] { attention(s(), q, k, v, out0, sh, o); }, "lse", "memory that overlaps k");
+    expect_all(out, 42.0f);
+    expect_all(q, 0.5f);
+    expect_all(k, 0.25f);
+  }
+  // flash_decoding, both overloads: out over q; status over positions.
+  {
+    const KvCacheConfig c{.num_layers = 1, .num_heads = 4, .num_kv_heads = 2, .head_dim = 32, .max_len = 8, .slots = 2};
+    KvCache cache(dev, c);
+    auto q = filled(2 * 4 * 32, 0.5f), kn = filled(2 * 2 * 32, 1.0f), vn = filled(2 * 2 * 32, 2.0f);
+    auto out = filled(2 * 4 * 32, 42.0f);
+    const std::vector<std::int64_t> pos{0, 0};
+    expect_invalid([&] { flash_decoding(s(), cache, 0, q, kn, vn, pos, q); }, "out", "memory that overlaps q");
+    Buffer<std::int32_t> dpos(dev, 2);
+    dpos.copy_from_host(s(), std::vector<std::int32_t>{0, 0});
+    auto status = Buffer<std::int32_t>::wrap(dev, dpos.data().get() + 1, 1);
+    expect_invalid([&] { flash_decoding(s(), cache, 0, q, kn, vn, dpos, out, &status); }, "status",
+                   "memory that overlaps positions");
+    auto status_in_q = Buffer<std::int32_t>::wrap(dev, reinterpret_cast<std::int32_t*>(q.data().get()), 1);
+    expect_invalid([&] { flash_decoding(s(), cache, 0, q, kn, vn, dpos, out, &status_in_q); }, "status",
+                   "memory that overlaps q");
+    expect_all(out, 42.0f);
+    expect_all(q, 0.5f);
+    EXPECT_EQ(cache.length(0), 0);
+    EXPECT_EQ(cache.length(1), 0);
+    flash_decoding(s(), cache, 0, q, kn, vn, pos, out);  // distinct buffers are accepted
+    EXPECT_EQ(cache.length(0), 1);
+    for (float x : out.to_vector(s())) ASSERT_EQ(x, 2.0f);
+  }
+  // rope: q and k rotated in place, so they may not share memory.
+  {
+    auto qk = filled(2 * 4 * 8, 0.75f);
+    auto k = view(qk, 2 * 4 * 8 - 2 * 2 * 8, 2 * 2 * 8);
+    const std::vector<std::int64_t> pos{1, 2};
+    expect_invalid([&] { rope(s(), &qk, &k, pos, RopeConfig{4, 2, 8, 10000.0f, RopeStyle::kNorm}); }, "k",
+                   "memory that overlaps q");
+    expect_all(qk, 0.75f);
+  }
+}
+
 TEST_P(Attention, KvCacheGrowKeepsContentsAndCopySlotWorks) {
   KvCache cache(dev, small_config());
   const std::size_t tok = 3 * 2 * 32;

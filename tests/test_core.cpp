@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <limits>
 #include <numeric>
 #include <thread>
 #include <vector>
@@ -339,6 +340,62 @@ TEST(CpuDevice, CapacityExhaustionIsOutOfMemoryAndLeaksNothing) {
   EXPECT_EQ(dev->memory_stats().peak, 600u * 1024);
   Buffer<char> c(dev, 400 * 1024);  // what is left still works
   EXPECT_EQ(dev->memory_stats().in_use, 1000u * 1024);
+}
+
+// An out-of-memory error says what the request was for at each layer: a stream's scratch block
+// keeps the device's own reason (here: host memory of an uncapped CPU device).
+TEST(CpuDevice, OutOfMemoryKeepsTheDevicesReason) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer aborts on a 2^60-byte allocation instead of returning null";
+#else
+  CpuDeviceOptions o;
+  o.index = 11;
+  auto dev = make_cpu_device(o);
+  const std::size_t huge = std::size_t(1) << 60;
+  try {
+    Buffer<char> b(dev, huge);
+    ADD_FAILURE() << "a 2^60-byte allocation succeeded";
+  } catch (const OutOfMemory& e) {
+    EXPECT_EQ(e.requested(), huge);
+    EXPECT_EQ(e.purpose(), "host memory for an uncapped CPU device");
+  }
+  try {
+    (void)detail::StreamAccess::scratch(dev->default_stream(), huge);
+    ADD_FAILURE() << "a 2^60-byte scratch block succeeded";
+  } catch (const OutOfMemory& e) {
+    EXPECT_EQ(e.requested(), huge);
+    EXPECT_NE(e.purpose().find("a stream scratch block"), std::string::npos) << e.what();
+    EXPECT_NE(e.purpose().find("; host memory for an uncapped CPU device"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(e.purpose()), std::string::npos);
+  }
+  EXPECT_EQ(dev->memory_stats().in_use, 0u);
+#endif
+}
+
+// Buffers take the API's signed sizes: a negative count is InvalidArgument naming count and its
+// value, never a huge unsigned request.
+TEST(CpuDevice, BufferCountsMayBeSigned) {
+  auto dev = open("cpu");
+  const std::int64_t n = 5;
+  Buffer<float> b(dev, n);
+  EXPECT_EQ(b.size(), 5u);
+  for (std::int64_t bad : {std::int64_t(-1), std::numeric_limits<std::int64_t>::min()}) {
+    try {
+      Buffer<float> x(dev, bad);
+      ADD_FAILURE() << "accepted count " << bad;
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(e.parameter(), "count");
+      EXPECT_EQ(e.value(), std::to_string(bad));
+    }
+  }
+  try {
+    (void)Buffer<float>::wrap(dev, b.data().get(), -3);
+    ADD_FAILURE() << "wrap accepted count -3";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.parameter(), "count");
+    EXPECT_EQ(e.value(), "-3");
+  }
+  EXPECT_EQ(Buffer<float>::wrap(dev, b.data().get(), 4).size(), 4u);
 }
 
 // A stream made by create_stream keeps its device alive: destroying the caller's last handle to

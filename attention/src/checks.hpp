@@ -49,9 +49,9 @@ void check_aligned16(std::string_view where, std::string_view name, const Buffer
 
 // `out` must not share memory with `in` (an operation that reads `in` while writing `out` in
 // another order; allocated buffers never overlap unless they are the same, wrapped ones may).
-template <class T>
+template <class T, class U>
 void check_no_overlap(std::string_view where, std::string_view out_name, const Buffer<T>& out,
-                      std::string_view in_name, const Buffer<T>& in) {
+                      std::string_view in_name, const Buffer<U>& in) {
   const auto o = reinterpret_cast<std::uintptr_t>(out.data().get()),
              i = reinterpret_cast<std::uintptr_t>(in.data().get());
   const bool overlap = out.size_bytes() > 0 && in.size_bytes() > 0 && o < i + in.size_bytes() &&

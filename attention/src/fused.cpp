@@ -210,6 +210,15 @@ void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
     detail::check_on(w, "lse", *o.lse, stream);
     detail::check_size(w, "lse", *o.lse, B * H * Sq, "batch * heads * seq_q");
   }
+  detail::check_no_overlap(w, "out", out, "q", q);
+  detail::check_no_overlap(w, "out", out, "k", k);
+  detail::check_no_overlap(w, "out", out, "v", v);
+  if (o.lse != nullptr) {
+    detail::check_no_overlap(w, "lse", *o.lse, "q", q);
+    detail::check_no_overlap(w, "lse", *o.lse, "k", k);
+    detail::check_no_overlap(w, "lse", *o.lse, "v", v);
+    detail::check_no_overlap(w, "lse", *o.lse, "out", out);
+  }
   kernels::FusedAttentionParams p{};
   const bool heads_first = o.layout == AttentionLayout::kHeadsFirst;
   auto strides = [&](std::int64_t heads, std::int64_t seq, std::int64_t& sb, std::int64_t& ss,

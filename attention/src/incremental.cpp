@@ -27,6 +27,9 @@ void incremental_attention(Stream& stream, const Buffer<float>& q, const Buffer<
   const auto cache = checked_product({Hk, L, D}, w, "n_kv_heads * max_seq_len * head_dim");
   detail::check_size(w, "k_cache", k_cache, cache, "n_kv_heads * max_seq_len * head_dim");
   detail::check_size(w, "v_cache", v_cache, cache, "n_kv_heads * max_seq_len * head_dim");
+  detail::check_no_overlap(w, "out", out, "q", q);
+  detail::check_no_overlap(w, "out", out, "k_cache", k_cache);
+  detail::check_no_overlap(w, "out", out, "v_cache", v_cache);
 
   const std::size_t ws_floats = detail::decode_workspace_floats(1, shape.n_heads, shape.head_dim,
                                                                 std::max<std::int64_t>(seq_len, 1));
@@ -65,6 +68,7 @@ void kv_cache_scatter(Stream& stream, const Buffer<float>& src, Buffer<float>& c
   detail::check_size(w, "cache", cache, checked_product({Hk, L, D}, w, "n_kv_heads * max_seq_len * head_dim"),
                      "n_kv_heads * max_seq_len * head_dim");
   check_fits(L * D, kMaxLaneOffset, w, "max_seq_len * head_dim");
+  detail::check_no_overlap(w, "cache", cache, "src", src);
   kernels::KvScatterParams p{};
   p.src_k = src.data().get();
   p.src_v = nullptr;

@@ -156,7 +156,8 @@ void KvCache::allocate_layers(std::uint64_t per_layer, std::vector<Buffer<float>
     }
   } catch (const OutOfMemory& e) {
     throw OutOfMemory(device_->id().str(), 2 * std::uint64_t(cfg_.num_layers) * per_layer * 4,
-                      e.available() + done, what);
+                      e.available() + done,
+                      what + (e.purpose().empty() ? std::string() : "; " + e.purpose()));
   }
 }
 
@@ -344,6 +345,9 @@ void check_flash_args(std::string_view w, Stream& stream, const KvCache& cache, 
   detail::check_aligned16(w, "q", q);  // 16-byte loads and copies (not out: scalar stores)
   detail::check_aligned16(w, "k_new", k_new);
   detail::check_aligned16(w, "v_new", v_new);
+  detail::check_no_overlap(w, "out", out, "q", q);
+  detail::check_no_overlap(w, "out", out, "k_new", k_new);
+  detail::check_no_overlap(w, "out", out, "v_new", v_new);
 }
 // Split-K attention of q over every slot of `layer`, `lengths` (+ length_bias) tokens per slot.
 kernels::DecodeParams flash_params(const KvCache& cache, std::int64_t layer, const Buffer<float>& q,
@@ -411,6 +415,14 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
   if (status != nullptr) {
     detail::check_on(w, "status", *status, stream);
     detail::check_size(w, "status", *status, 1, "one int32");
+  }
+  detail::check_no_overlap(w, "out", out, "positions", positions);
+  if (status != nullptr) {
+    detail::check_no_overlap(w, "status", *status, "q", q);
+    detail::check_no_overlap(w, "status", *status, "k_new", k_new);
+    detail::check_no_overlap(w, "status", *status, "v_new", v_new);
+    detail::check_no_overlap(w, "status", *status, "out", out);
+    detail::check_no_overlap(w, "status", *status, "positions", positions);
   }
   // The workspace for max_len (the lengths are on the device): the same size every call.
   const std::size_t ws_floats = detail::decode_workspace_floats(c.slots, c.num_heads, c.head_dim, c.max_len);
@@ -553,6 +565,7 @@ void rope(Stream& stream, Buffer<float>* q, Buffer<float>* k, std::span<const st
     detail::check_on(w, "k", *k, stream);
     detail::check_size(w, "k", *k, checked_product({std::uint64_t(rows), std::uint64_t(c.n_kv_heads), std::uint64_t(c.head_dim)}, w, "rows * n_kv_heads * head_dim"), "positions.size() * n_kv_heads * head_dim");
   }
+  if (q != nullptr && k != nullptr) detail::check_no_overlap(w, "k", *k, "q", *q);  // both rotated in place
   LOCKSTEP_CHECK_ARG(c.n_heads <= 65535, w, "n_heads", c.n_heads, "<= 65535");
   LOCKSTEP_CHECK_ARG(c.n_kv_heads <= 65535, w, "n_kv_heads", c.n_kv_heads, "<= 65535");
   check_fits(std::uint64_t(std::max(c.n_heads, c.n_kv_heads)) * std::uint64_t(c.head_dim), kMaxLaneOffset, w, "heads * head_dim");

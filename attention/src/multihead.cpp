@@ -51,6 +51,9 @@ MhaReport multihead_attention(Stream& stream, const Buffer<float>& q, const Buff
   for (auto* b : {&q, &k, &v})
     detail::check_size(w, b == &q ? "q" : b == &k ? "k" : "v", *b, n, "seq_len * n_heads * head_dim");
   detail::check_size(w, "out", out, n, "seq_len * n_heads * head_dim");
+  detail::check_no_overlap(w, "out", out, "q", q);
+  detail::check_no_overlap(w, "out", out, "k", k);
+  detail::check_no_overlap(w, "out", out, "v", v);
   const auto scores = checked_product({std::uint64_t(H), std::uint64_t(S), std::uint64_t(S)}, w,
                                       "n_heads * seq_len * seq_len");
   check_fits(std::uint64_t(S) * 64, kMaxLaneOffset, w, "64 * seq_len");

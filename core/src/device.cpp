@@ -32,7 +32,8 @@ Block& block_for(std::vector<Block>& blocks, Device& dev, std::size_t bytes, std
     throw OutOfMemory(dev.id().str(), e.requested(), e.available(),
                       "a stream scratch block for a call's temporaries, " + std::to_string(bytes) +
                           " bytes rounded up to a power-of-two multiple of " + std::to_string(min_size) +
-                          ", kept until the stream is destroyed");
+                          ", kept until the stream is destroyed" +
+                          (e.purpose().empty() ? std::string() : "; " + e.purpose()));
   }
   blocks.push_back(Block{&dev, p, size});
   return blocks.back();

@@ -38,7 +38,8 @@ OutOfMemory::OutOfMemory(std::string_view device, std::uint64_t requested,
                 (what.empty() ? std::string() : " (" + std::string(what) + ")") + ", " +
                 std::to_string(available) + " bytes available"),
       requested_(requested),
-      available_(available) {}
+      available_(available),
+      purpose_(what) {}
 
 Unsupported::Unsupported(std::string_view where, std::string_view parameter,
                          std::string_view value, std::string_view supported)

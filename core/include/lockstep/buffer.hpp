@@ -8,6 +8,7 @@
 // kernel or copy ever touches freed memory, on either backend. Releasing from inside a stream's
 // own work is not supported (it would wait for itself).
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -47,6 +48,11 @@ class Buffer {
     if (bytes_ > 0) data_ = static_cast<T*>(detail::DeviceAccess::allocate(*device_, bytes_));
     owning_ = true;
   }
+  // The same from a signed count (the API's shapes are int64): a negative count is
+  // InvalidArgument naming `count`, not a huge unsigned request.
+  template <std::signed_integral I>
+  Buffer(std::shared_ptr<Device> device, I count)
+      : Buffer(std::move(device), unsigned_count("Buffer", count)) {}
   // Wraps memory owned elsewhere (e.g. a CUDA pointer from another library) without taking
   // ownership: destroying the Buffer frees nothing. The caller keeps the memory alive.
   static Buffer wrap(std::shared_ptr<Device> device, T* device_pointer, std::size_t count) {
@@ -60,6 +66,10 @@ class Buffer {
     b.data_ = device_pointer;
     b.owning_ = false;
     return b;
+  }
+  template <std::signed_integral I>
+  static Buffer wrap(std::shared_ptr<Device> device, T* device_pointer, I count) {
+    return wrap(std::move(device), device_pointer, unsigned_count("Buffer::wrap", count));
   }
 
   ~Buffer() { reset(); }
@@ -127,6 +137,11 @@ class Buffer {
   }
 
  private:
+  template <std::signed_integral I>
+  static std::size_t unsigned_count(std::string_view where, I count) {
+    LOCKSTEP_CHECK_ARG(count >= 0, where, "count", std::int64_t(count), ">= 0");
+    return static_cast<std::size_t>(count);
+  }
   void check_not_empty(std::string_view where) const {
     LOCKSTEP_CHECK_ARG(device_ != nullptr, where, "buffer", "an empty Buffer (default-constructed or moved from)",
               "a Buffer with a device");

@@ -50,9 +50,12 @@ class OutOfMemory : public Error {
               std::string_view what = {});
   std::uint64_t requested() const noexcept { return requested_; }
   std::uint64_t available() const noexcept { return available_; }
+  // What the request was for (empty when not given).
+  const std::string& purpose() const noexcept { return purpose_; }
 
  private:
   std::uint64_t requested_, available_;
+  std::string purpose_;
 };
 
 // A valid request that this build, backend or kernel does not implement (e.g. a head_dim
