@@ -4,8 +4,10 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <string>
+#include <string_view>
 
 #include "demo.hpp"
 #include "mathacc.hpp"
@@ -70,7 +72,20 @@ int cmd_devices(bool json) {
                   caps.c_str());
     }
   }
-  std::printf("auto -> %s (LOCKSTEP_DEVICE overrides)\n", resolve_auto().str().c_str());
+  // What auto resolves to, and whether that device can be opened (LOCKSTEP_DEVICE may name one
+  // that cannot: then say why, rather than list it as if it could).
+  const DeviceId a = resolve_auto();
+  const char* env = std::getenv("LOCKSTEP_DEVICE");
+  const bool from_env = env != nullptr && *env != '\0' && std::string_view(env) != "auto";
+  std::string problem;
+  try {
+    (void)open(a);
+  } catch (const Error& e) {
+    problem = e.what();
+  }
+  std::printf("auto -> %s (%s)%s%s\n", a.str().c_str(),
+              from_env ? "from LOCKSTEP_DEVICE" : "LOCKSTEP_DEVICE overrides",
+              problem.empty() ? "" : ", which cannot be opened: ", problem.c_str());
   return 0;
 }
 
@@ -110,6 +125,16 @@ int main(int argc, char** argv) {
   acc_cmd->add_option("--device", acc_device, "device evaluating the functions");
   acc_cmd->add_option("--stride", stride, "every stride-th bit pattern (1: all 2^32)")->check(CLI::Range(1, 1 << 30))->capture_default_str();
 
+  // An unknown first word: name it (CLI11 said only "A subcommand is required").
+  if (argc >= 2 && argv[1][0] != '-') {
+    bool known = false;
+    for (const auto* c : app.get_subcommands([](CLI::App*) { return true; })) known = known || c->check_name(argv[1]);
+    if (!known) {
+      std::fprintf(stderr, "lockstep: unknown command \"%s\" (commands: devices, demo, parity, mathacc; see --help)\n",
+                   argv[1]);
+      return static_cast<int>(CLI::ExitCodes::ExtrasError);
+    }
+  }
   CLI11_PARSE(app, argc, argv);
   try {
     if (*dev_cmd) return cmd_devices(json);

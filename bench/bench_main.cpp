@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
   app.add_option("--filter", filter, "regex on benchmark names");
   app.add_flag("--quick", quick, "tiny sizes, one repetition (CI smoke test)");
   app.add_option("--reps", reps, "timed repetitions (default: 20 on CUDA, 5 on CPU)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 1000000));  // PositiveNumber said "not in range 0 to 1.79e308" (309 digits)
   CLI11_PARSE(app, argc, argv);
   try {
     return run(device_arg, json_path, filter, quick, reps);

@@ -982,6 +982,67 @@ TEST_P(Attention, KvCacheWriteFromHostClearsDone) {
   EXPECT_EQ(cache.length(2), 3);
 }
 
+// write_from_device imports the same bytes as write_from_host (the cache's K and V, and so the
+// attention over them), mixes with it in one import run, refuses bad input with nothing written,
+// and an unfinished import is named as such when the next token is refused.
+TEST_P(Attention, KvCacheWriteFromDeviceIsWriteFromHostWithoutTheRoundTrip) {
+  const KvCacheConfig c{.num_layers = 2, .num_heads = 4, .num_kv_heads = 2, .head_dim = 32, .max_len = 16, .slots = 2};
+  KvCache a(dev, c), b(dev, c);
+  Lcg rng(7);
+  const std::int64_t count = 11;
+  const std::size_t n = std::size_t(2 * count * 32);
+  std::vector<std::vector<float>> hk, hv;
+  for (int l = 0; l < 2; ++l) {
+    hk.push_back(rng.floats(n, 1.0f));
+    hv.push_back(rng.floats(n, 1.0f));
+  }
+  Buffer<float> dk(dev, n), dv(dev, n);
+  for (std::int64_t l = 0; l < 2; ++l) a.write_from_host(s(), 1, l, hk[std::size_t(l)], hv[std::size_t(l)], count);
+  dk.copy_from_host(s(), hk[0]);
+  dv.copy_from_host(s(), hv[0]);
+  b.write_from_device(s(), 1, 0, dk, dv, count);
+  // Layer 1 not yet written: the next token is refused, and the message says why.
+  auto q = filled(2 * 4 * 32, 0.5f), kn = filled(2 * 2 * 32, 0.25f), vn = filled(2 * 2 * 32, -1.0f);
+  auto out_a = filled(2 * 4 * 32, 42.0f), out_b = filled(2 * 4 * 32, 42.0f);
+  const std::vector<std::int64_t> pos{-1, count};
+  b.mark_done(0);
+  a.mark_done(0);
+  try {
+    flash_decoding(s(), b, 0, q, kn, vn, pos, out_b);
+    ADD_FAILURE() << "a token after an unfinished import was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.limit()).find("layer 1's missing tokens: it holds 0 of the slot's 11"), std::string::npos)
+        << e.what();
+  }
+  expect_all(out_b, 42.0f);
+  // The run continues with a host import of layer 1 (mixed), as `a` was written.
+  b.write_from_host(s(), 1, 1, hk[1], hv[1], count);
+  EXPECT_EQ(b.length(1, 0), count);
+  EXPECT_EQ(b.length(1, 1), count);
+  for (std::int64_t l = 0; l < 2; ++l) {
+    EXPECT_TRUE(same(a.k(l).to_vector(s()), b.k(l).to_vector(s()))) << l;
+    EXPECT_TRUE(same(a.v(l).to_vector(s()), b.v(l).to_vector(s()))) << l;
+    flash_decoding(s(), a, l, q, kn, vn, pos, out_a);
+    flash_decoding(s(), b, l, q, kn, vn, pos, out_b);
+    EXPECT_TRUE(same(out_a.to_vector(s()), out_b.to_vector(s()))) << l;
+  }
+  // Bad input: nothing written, lengths kept.
+  const auto before = b.k(0).to_vector(s());
+  Buffer<float> short_k(dev, n - 1);
+  expect_invalid([&] { b.write_from_device(s(), 0, 0, short_k, dv, count); }, "k.size()", std::to_string(n - 1));
+  expect_invalid([&] { b.write_from_device(s(), 0, 2, dk, dv, count); }, "layer", "2");
+  expect_invalid([&] { b.write_from_device(s(), 2, 0, dk, dv, count); }, "slot", "2");
+  expect_invalid([&] { b.write_from_device(s(), 0, 0, dk, dv, 17); }, "count", "17");
+  auto other = dev->id().kind == DeviceKind::kCpu ? open("cpu:3") : open("cpu");
+  Buffer<float> far(other, n);
+  expect_invalid([&] { b.write_from_device(s(), 0, 0, far, dv, count); }, "k.device");
+  auto inside = Buffer<float>::wrap(dev, const_cast<float*>(b.k(0).data().get()) + 16 * 32, n);
+  expect_invalid([&] { b.write_from_device(s(), 0, 0, inside, dv, count); }, "the cache", "memory that overlaps k");
+  EXPECT_TRUE(same(before, b.k(0).to_vector(s())));
+  EXPECT_EQ(b.length(0), 0);
+  EXPECT_EQ(b.length(1), count + 1);
+}
+
 // A done slot is not attended: its tokens (NaN here) never reach the output, which is zeros, and
 // nothing is appended to it.
 TEST_P(Attention, KvCacheDoneSlotsAreNotReadAndGiveZeros) {
@@ -1228,6 +1289,13 @@ TEST_P(Attention, DecodeRejectsMisalignedWrappedBuffers) {
   Buffer<float> q0 = Buffer<float>::wrap(dev, q.data().get(), 4 * 32);
   const std::vector<std::int64_t> pos{0};
   expect_invalid([&] { flash_decoding(s(), cache, 0, q1, k0, v0, pos, out); }, "q.data()");
+  try {  // the size a new token's K must have, with the kv heads named
+    flash_decoding(s(), cache, 0, q0, q0, v0, pos, out);
+    ADD_FAILURE() << "accepted a k_new of num_heads rows";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.parameter(), "k_new.size()");
+    EXPECT_EQ(e.limit(), "64 (slots * num_kv_heads * head_dim)");
+  }
   expect_invalid([&] { flash_decoding(s(), cache, 0, q0, k1, v0, pos, out); }, "k_new.data()");
   expect_invalid([&] { flash_decoding(s(), cache, 0, q0, k0, v1, pos, out); }, "v_new.data()");
   expect_all(out, 42.0f);
@@ -1527,6 +1595,9 @@ TEST_P(Attention, FusedRejectsBadInputByNameAndWritesNothing) {
     bad(edit([](AttentionShape& b) { b.seq_kv = -3; }), "seq_kv", "-3");
     bad(edit([](AttentionShape& b) { b.seq_q = std::int64_t{1} << 31; }), "seq_q", "2147483648");
     bad(edit([](AttentionShape& b) { b.seq_kv = std::int64_t{1} << 31; }), "seq_kv", "2147483648");
+    // A head_dim below 1 is bad input, not a size without a kernel (that is Unsupported).
+    bad(edit([](AttentionShape& b) { b.head_dim = 0; }), "head_dim", "0");
+    bad(edit([](AttentionShape& b) { b.head_dim = -64; }), "head_dim", "-64");
     auto v_short = filled(2 * 6 * 32 - 1, 2.0f), out_short = filled(4 * 8 * 32 - 1, 0.0f);
     auto lse_short = filled(4 * 8 - 1, 0.0f);
     expect_invalid([&] { attention(s(), q, k, v_short, out, sh, o); }, "v.size()", std::to_string(2 * 6 * 32 - 1));

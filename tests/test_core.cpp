@@ -372,6 +372,26 @@ TEST(CpuDevice, OutOfMemoryKeepsTheDevicesReason) {
 #endif
 }
 
+// LOCKSTEP_CPU_MEMORY caps a CPU device opened by `open`; a value that is not a byte count is
+// InvalidArgument naming the variable (strtoull read "abc" and "-5" as no cap at all).
+TEST(CpuDevice, MemoryCapFromTheEnvironmentIsCheckedWhenOpened) {
+  for (const char* bad : {"abc", "-5", "12k", "99999999999999999999"}) {
+    ::setenv("LOCKSTEP_CPU_MEMORY", bad, 1);
+    try {
+      (void)open("cpu:41");
+      ADD_FAILURE() << "opened with LOCKSTEP_CPU_MEMORY=" << bad;
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(e.parameter(), "LOCKSTEP_CPU_MEMORY");
+      EXPECT_EQ(e.value(), bad);
+    }
+  }
+  ::setenv("LOCKSTEP_CPU_MEMORY", "4096", 1);
+  auto dev = open("cpu:41");
+  ::unsetenv("LOCKSTEP_CPU_MEMORY");
+  EXPECT_EQ(dev->memory_stats().capacity, 4096u);
+  EXPECT_THROW(Buffer<char>(dev, 4097), OutOfMemory);
+}
+
 // Buffers take the API's signed sizes: a negative count is InvalidArgument naming count and its
 // value, never a huge unsigned request.
 TEST(CpuDevice, BufferCountsMayBeSigned) {

@@ -20,6 +20,7 @@ inline void check_nonneg(std::string_view where, std::string_view name, std::int
 }
 // The head dimensions every attention kernel is instantiated for (Unsupported otherwise).
 inline void check_head_dim(std::string_view where, std::int64_t d) {
+  LOCKSTEP_CHECK_ARG(d > 0, where, "head_dim", d, ">= 1");  // not a value a kernel could support
   if (d != 32 && d != 64 && d != 96 && d != 128 && d != 256)
     throw Unsupported(where, "head_dim", std::to_string(d), "32, 64, 96, 128, 256");
 }

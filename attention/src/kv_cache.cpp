@@ -68,8 +68,8 @@ KvCache::KvCache(std::shared_ptr<Device> device, const KvCacheConfig& c) : devic
 //   the first layer (which would skip a token in the later layers), or a token written twice in
 //   one layer is refused, with nothing written;
 // - p = length - 1 is accepted only in a layer that holds length - 1 tokens;
-// - write_from_host sets its layer's count and the slot's length; the first call of a run of
-//   them on a slot drops the other layers to 0 (their tokens are another sequence's), the next
+// - write_from_host (and write_from_device) sets its layer's count and the slot's length; the
+//   first call of a run of them on a slot drops the other layers to 0 (their tokens are another sequence's), the next
 //   ones keep what the run wrote; rollback cuts every layer to the new length; set_length and
 //   reset set every layer to the length; copy_slot_from takes the source's layers; a
 //   flash_decoding call with device positions marks its layer complete for every slot (the host
@@ -128,12 +128,18 @@ std::string KvCache::expected_position_text(std::int64_t slot, std::int64_t laye
   if (have == len) {
     std::size_t j = 0;
     while (j < L && ll[j] >= len) ++j;
+    if (ll[j] < len - 1)  // not a step's token: tokens an import has not written yet
+      return "preceded by layer " + std::to_string(j) + "'s missing tokens: it holds " + std::to_string(ll[j]) +
+             " of the slot's " + std::to_string(len) +
+             " (an import not finished? write every layer with the same count (write_from_host or "
+             "write_from_device), or use copy_slot_from or set_length; " + holds + ")";
     return "preceded by the step's token in every layer, and layer " + std::to_string(j) + " holds " +
            std::to_string(ll[j]) + " of the slot's " + std::to_string(len) +
            " tokens: no new token yet (take a step's positions once, before its first layer; " + holds + ")";
   }
   return "preceded by this layer's missing tokens (" + holds +
-         "): write every layer with the same count (write_from_host), or use copy_slot_from or set_length";
+         "): write every layer with the same count (write_from_host or write_from_device), or use "
+         "copy_slot_from or set_length";
 }
 std::int64_t KvCache::length(std::int64_t slot, std::int64_t layer) const {
   check_slot("KvCache::length", slot);
@@ -260,13 +266,16 @@ std::vector<std::int32_t> KvCache::checked_positions(std::string_view where, std
   return out;
 }
 
+// `heads` is the config's num_heads or num_kv_heads, named `heads_name` in the message.
 static void check_token_buffer(std::string_view where, std::string_view name, const Buffer<float>& b,
-                               Stream& s, const KvCacheConfig& c, std::int64_t heads) {
+                               Stream& s, const KvCacheConfig& c, std::int64_t heads,
+                               std::string_view heads_name) {
+  const std::string shape = "slots * " + std::string(heads_name) + " * head_dim";
   detail::check_on(where, name, b, s);
   detail::check_size(where, name, b,
                      checked_product({std::uint64_t(c.slots), std::uint64_t(heads), std::uint64_t(c.head_dim)},
-                                     where, "slots * heads * head_dim"),
-                     "slots * heads * head_dim");
+                                     where, shape),
+                     shape);
 }
 
 // Per-slot positions for a launch: in its parameters for up to kInlineRows slots (Note [inline
@@ -318,8 +327,8 @@ void KvCache::append(Stream& stream, std::int64_t layer, const Buffer<float>& k_
   check_layer(w, layer);
   LOCKSTEP_CHECK_ARG(&stream.device() == device_.get(), w, "stream.device", stream.device().id().str(),
             "the cache's device " + device_->id().str());
-  check_token_buffer(w, "k_new", k_new, stream, cfg_, cfg_.num_kv_heads);
-  check_token_buffer(w, "v_new", v_new, stream, cfg_, cfg_.num_kv_heads);
+  check_token_buffer(w, "k_new", k_new, stream, cfg_, cfg_.num_kv_heads, "num_kv_heads");
+  check_token_buffer(w, "v_new", v_new, stream, cfg_, cfg_.num_kv_heads, "num_kv_heads");
   const auto pos = checked_positions(w, layer, positions);
   const StagedPositions st = stage_positions(stream, pos, 0);
   kernels::KvScatterParams p = scatter_params(*this, layer, k_new, v_new, st.ints);
@@ -338,10 +347,10 @@ void check_flash_args(std::string_view w, Stream& stream, const KvCache& cache, 
             "in [0, num_layers = " + std::to_string(c.num_layers) + ")");
   LOCKSTEP_CHECK_ARG(&stream.device() == &cache.device(), w, "stream.device", stream.device().id().str(),
             "the cache's device " + cache.device().id().str());
-  check_token_buffer(w, "q", q, stream, c, c.num_heads);
-  check_token_buffer(w, "out", out, stream, c, c.num_heads);
-  check_token_buffer(w, "k_new", k_new, stream, c, c.num_kv_heads);
-  check_token_buffer(w, "v_new", v_new, stream, c, c.num_kv_heads);
+  check_token_buffer(w, "q", q, stream, c, c.num_heads, "num_heads");
+  check_token_buffer(w, "out", out, stream, c, c.num_heads, "num_heads");
+  check_token_buffer(w, "k_new", k_new, stream, c, c.num_kv_heads, "num_kv_heads");
+  check_token_buffer(w, "v_new", v_new, stream, c, c.num_kv_heads, "num_kv_heads");
   detail::check_aligned16(w, "q", q);  // 16-byte loads and copies (not out: scalar stores)
   detail::check_aligned16(w, "k_new", k_new);
   detail::check_aligned16(w, "v_new", v_new);
@@ -472,9 +481,9 @@ void KvCache::copy_slot_from(Stream& stream, std::int64_t slot, const KvCache& s
   recount(slot);
 }
 
-void KvCache::write_from_host(Stream& stream, std::int64_t slot, std::int64_t layer,
-                              std::span<const float> k, std::span<const float> v, std::int64_t count) {
-  constexpr std::string_view w = "KvCache::write_from_host";
+// The checks write_from_host and write_from_device share; returns the elements k and v hold.
+std::size_t KvCache::check_import(std::string_view w, Stream& stream, std::int64_t slot, std::int64_t layer,
+                                  std::size_t k_size, std::size_t v_size, std::int64_t count) const {
   check_slot(w, slot);
   check_layer(w, layer);
   LOCKSTEP_CHECK_ARG(&stream.device() == device_.get(), w, "stream.device", stream.device().id().str(),
@@ -482,14 +491,46 @@ void KvCache::write_from_host(Stream& stream, std::int64_t slot, std::int64_t la
   LOCKSTEP_CHECK_ARG(count >= 0 && count <= cfg_.max_len, w, "count", count,
             "in [0, max_len = " + std::to_string(cfg_.max_len) + "]");
   const std::size_t n = std::size_t(cfg_.num_kv_heads * count * cfg_.head_dim);
-  LOCKSTEP_CHECK_ARG(k.size() == n, w, "k.size()", k.size(), std::to_string(n) + " (kv_heads * count * head_dim)");
-  LOCKSTEP_CHECK_ARG(v.size() == n, w, "v.size()", v.size(), std::to_string(n) + " (kv_heads * count * head_dim)");
+  LOCKSTEP_CHECK_ARG(k_size == n, w, "k.size()", k_size, std::to_string(n) + " (kv_heads * count * head_dim)");
+  LOCKSTEP_CHECK_ARG(v_size == n, w, "v.size()", v_size, std::to_string(n) + " (kv_heads * count * head_dim)");
+  return n;
+}
+
+void KvCache::write_from_host(Stream& stream, std::int64_t slot, std::int64_t layer,
+                              std::span<const float> k, std::span<const float> v, std::int64_t count) {
+  check_import("KvCache::write_from_host", stream, slot, layer, k.size(), v.size(), count);
   const std::size_t row = std::size_t(count * cfg_.head_dim);
   for (std::int64_t h = 0; h < cfg_.num_kv_heads; ++h) {
     const std::size_t off = std::size_t(((slot * cfg_.num_kv_heads) + h) * cfg_.max_len * cfg_.head_dim);
     k_[std::size_t(layer)].copy_from_host(stream, k.subspan(std::size_t(h) * row, row), off);
     v_[std::size_t(layer)].copy_from_host(stream, v.subspan(std::size_t(h) * row, row), off);
   }
+  imported(slot, layer, count);
+}
+
+void KvCache::write_from_device(Stream& stream, std::int64_t slot, std::int64_t layer,
+                                const Buffer<float>& k, const Buffer<float>& v, std::int64_t count) {
+  constexpr std::string_view w = "KvCache::write_from_device";
+  detail::check_on(w, "k", k, stream);
+  detail::check_on(w, "v", v, stream);
+  check_import(w, stream, slot, layer, k.size(), v.size(), count);
+  for (const auto* b : {&k_[std::size_t(layer)], &v_[std::size_t(layer)]}) {  // a wrapped view of the cache
+    detail::check_no_overlap(w, "the cache", *b, "k", k);
+    detail::check_no_overlap(w, "the cache", *b, "v", v);
+  }
+  const std::size_t row = std::size_t(count * cfg_.head_dim);
+  float* kd = const_cast<float*>(k_[std::size_t(layer)].data().get());
+  float* vd = const_cast<float*>(v_[std::size_t(layer)].data().get());
+  for (std::int64_t h = 0; h < cfg_.num_kv_heads && row > 0; ++h) {
+    const std::size_t off = std::size_t(((slot * cfg_.num_kv_heads) + h) * cfg_.max_len * cfg_.head_dim);
+    detail::StreamAccess::copy_d2d(stream, kd + off, k.data().get() + std::size_t(h) * row, row * sizeof(float));
+    detail::StreamAccess::copy_d2d(stream, vd + off, v.data().get() + std::size_t(h) * row, row * sizeof(float));
+  }
+  imported(slot, layer, count);
+}
+
+// The host state after an import of `count` tokens into `layer` of `slot`.
+void KvCache::imported(std::int64_t slot, std::int64_t layer, std::int64_t count) {
   // The slot's length becomes count; the layer holds count tokens, the others at most that many
   // (Note [layer lengths]: a layer imported with fewer is behind, and the next token is refused
   // until every layer holds the length).

@@ -485,7 +485,15 @@ CpuDeviceOptions options_from_env(int index) {
   CpuDeviceOptions o;
   o.index = index;
   if (const char* v = env("LOCKSTEP_CPU_POISON")) o.poison = std::string(v) != "0";
-  if (const char* v = env("LOCKSTEP_CPU_MEMORY")) o.memory_capacity = std::strtoull(v, nullptr, 10);
+  if (const char* v = env("LOCKSTEP_CPU_MEMORY")) {
+    // Decimal digits only (strtoull took "abc" and "-5" as 0 and 2^64-5: no cap, silently).
+    const std::string s(v);
+    const bool digits = s.size() <= 19 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (!digits)
+      throw InvalidArgument("open cpu device", "LOCKSTEP_CPU_MEMORY", s,
+                            "a byte count in decimal digits below 10^19 (0: no cap)");
+    o.memory_capacity = std::strtoull(v, nullptr, 10);
+  }
   if (const char* v = env("LOCKSTEP_CPU_SIMD")) o.simd = v;
   return o;
 }

@@ -11,6 +11,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "lockstep/buffer.hpp"
@@ -76,6 +77,10 @@ class KvCache {
   // fewer tokens refuses the next append until it is written.
   void write_from_host(Stream& stream, std::int64_t slot, std::int64_t layer,
                        std::span<const float> k, std::span<const float> v, std::int64_t count);
+  // The same from device buffers on the cache's device (k and v [kv_heads, count, head_dim], e.g.
+  // a heads-first prefill's K and V of one sequence): device-to-device copies, no host round trip.
+  void write_from_device(Stream& stream, std::int64_t slot, std::int64_t layer, const Buffer<float>& k,
+                         const Buffer<float>& v, std::int64_t count);
 
   // Forgets a slot's tokens (length 0, not done) / every slot's.
   void reset(std::int64_t slot);
@@ -115,6 +120,9 @@ class KvCache {
   void appended_on_device(std::int64_t layer);
   void set_layers(std::int64_t slot, std::int64_t n);
   void recount(std::int64_t slot);
+  std::size_t check_import(std::string_view where, Stream& stream, std::int64_t slot, std::int64_t layer,
+                           std::size_t k_size, std::size_t v_size, std::int64_t count) const;
+  void imported(std::int64_t slot, std::int64_t layer, std::int64_t count);
   // The positions of an append into `layer`, validated (-1: a done slot), and the text of the
   // position a slot expects when one is refused.
   std::vector<std::int32_t> checked_positions(std::string_view where, std::int64_t layer,
@@ -128,7 +136,7 @@ class KvCache {
   std::vector<bool> done_;
   std::vector<std::int64_t> layer_len_;  // [slots, num_layers]: tokens each layer holds
   std::vector<std::int32_t> behind_;     // [slots]: layers holding fewer than the slot's length
-  std::vector<std::uint8_t> importing_;  // [slots]: the last operation was write_from_host
+  std::vector<std::uint8_t> importing_;  // [slots]: the last operation was an import (write_from_*)
 };
 
 // Flash-Decoding over every slot of `cache` (docs/api.md): writes k_new / v_new into `layer` at
