@@ -224,10 +224,17 @@ const std::vector<Bench>& registry() {
 void print_table(const std::vector<Result>& rs) {
   std::printf("\n| device | benchmark | shape | median ms | GB/s | GFLOP/s | %% copy ceil | %% read ceil | %% fma ceil |\n");
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
-  for (const auto& r : rs)
+  bool above = false;
+  for (const auto& r : rs) {
     std::printf("| %s | %s | %s | %.4f | %.1f | %.1f | %.0f%% | %.0f%% | %.1f%% |\n", r.device.c_str(),
                 r.name.c_str(), r.shape.c_str(), r.median_ms, r.gbps(), r.gflops(),
                 100 * r.frac_copy, 100 * r.frac_read, 100 * r.frac_fma);
+    above = above || r.frac_copy > 1.0 || r.frac_read > 1.0 || r.frac_fma > 1.0;
+  }
+  if (above)  // the ceilings are medians measured once per device in this run, not hardware limits
+    std::printf("\nA fraction above 100%% means the benchmark ran faster than the ceiling measured in this "
+                "run: a ceiling measured on a busy or noisy machine (or one a kernel's cache reuse beats); "
+                "rerun on an idle machine before reading it as a limit.\n");
 }
 
 }  // namespace lockstep::bench
