@@ -14,8 +14,13 @@ add_compile_options(
   $<$<COMPILE_LANGUAGE:CUDA>:--ftz=false>
   $<$<COMPILE_LANGUAGE:CUDA>:--prec-div=true>
   $<$<COMPILE_LANGUAGE:CUDA>:--prec-sqrt=true>)
+# Every place a flag can come from at configure time: the language flags and each build type's.
+set(_lockstep_all_flags "${CMAKE_CXX_FLAGS} ${CMAKE_CUDA_FLAGS}")
+foreach(config DEBUG RELEASE RELWITHDEBINFO MINSIZEREL)
+  string(APPEND _lockstep_all_flags " ${CMAKE_CXX_FLAGS_${config}} ${CMAKE_CUDA_FLAGS_${config}}")
+endforeach()
 foreach(flag -ffast-math -Ofast -funsafe-math-optimizations --use_fast_math)
-  string(FIND "${CMAKE_CXX_FLAGS} ${CMAKE_CUDA_FLAGS}" "${flag}" pos)
+  string(FIND "${_lockstep_all_flags}" "${flag}" pos)
   if(NOT pos EQUAL -1)
     message(FATAL_ERROR "lockstep: ${flag} breaks the numerics contract (docs/numerics.md)")
   endif()

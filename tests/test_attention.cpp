@@ -1379,6 +1379,13 @@ TEST_P(Attention, OutputsMayNotShareMemoryWithInputs) {
     auto status_in_q = Buffer<std::int32_t>::wrap(dev, reinterpret_cast<std::int32_t*>(q.data().get()), 1);
     expect_invalid([&] { flash_decoding(s(), cache, 0, q, kn, vn, dpos, out, &status_in_q); }, "status",
                    "memory that overlaps q");
+    // A wrapped view of the cache itself, as out or status.
+    auto out_in_k = Buffer<float>::wrap(dev, cache.k(0).data().get() + 64, 2 * 4 * 32);
+    expect_invalid([&] { flash_decoding(s(), cache, 0, q, kn, vn, pos, out_in_k); }, "out",
+                   "memory that overlaps the cache's K");
+    auto status_in_v = Buffer<std::int32_t>::wrap(dev, reinterpret_cast<std::int32_t*>(cache.v(0).data().get()), 1);
+    expect_invalid([&] { flash_decoding(s(), cache, 0, q, kn, vn, dpos, out, &status_in_v); }, "status",
+                   "memory that overlaps the cache's V");
     expect_all(out, 42.0f);
     expect_all(q, 0.5f);
     EXPECT_EQ(cache.length(0), 0);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "lockstep/attention/ops.hpp"
+#include "lockstep/interop.hpp"
 #include "lockstep/kernels/launch.hpp"
 #include "support/backends.hpp"
 
@@ -370,6 +371,18 @@ TEST(CpuDevice, OutOfMemoryKeepsTheDevicesReason) {
   }
   EXPECT_EQ(dev->memory_stats().in_use, 0u);
 #endif
+}
+
+// cuda_wrap_stream in a library without the CUDA backend is Unsupported, whatever the arguments
+// (interop.hpp); with the backend, a CPU device is InvalidArgument.
+TEST(CpuDevice, CudaInteropWithoutTheBackendIsUnsupported) {
+  int dummy = 0;
+  bool cuda_built = false;
+  for (const auto& b : devices()) cuda_built = cuda_built || (b.kind == DeviceKind::kCuda && b.built);
+  if (cuda_built)
+    EXPECT_THROW(cuda_wrap_stream(open("cpu"), &dummy), InvalidArgument);
+  else
+    EXPECT_THROW(cuda_wrap_stream(open("cpu"), &dummy), Unsupported);
 }
 
 // LOCKSTEP_CPU_MEMORY caps a CPU device opened by `open`; a value that is not a byte count is

@@ -357,6 +357,8 @@ void check_flash_args(std::string_view w, Stream& stream, const KvCache& cache, 
   detail::check_no_overlap(w, "out", out, "q", q);
   detail::check_no_overlap(w, "out", out, "k_new", k_new);
   detail::check_no_overlap(w, "out", out, "v_new", v_new);
+  detail::check_no_overlap(w, "out", out, "the cache's K", cache.k(layer));  // a wrapped view of it
+  detail::check_no_overlap(w, "out", out, "the cache's V", cache.v(layer));
 }
 // Split-K attention of q over every slot of `layer`, `lengths` (+ length_bias) tokens per slot.
 kernels::DecodeParams flash_params(const KvCache& cache, std::int64_t layer, const Buffer<float>& q,
@@ -432,6 +434,8 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
     detail::check_no_overlap(w, "status", *status, "v_new", v_new);
     detail::check_no_overlap(w, "status", *status, "out", out);
     detail::check_no_overlap(w, "status", *status, "positions", positions);
+    detail::check_no_overlap(w, "status", *status, "the cache's K", cache.k(layer));
+    detail::check_no_overlap(w, "status", *status, "the cache's V", cache.v(layer));
   }
   // The workspace for max_len (the lengths are on the device): the same size every call.
   const std::size_t ws_floats = detail::decode_workspace_floats(c.slots, c.num_heads, c.head_dim, c.max_len);

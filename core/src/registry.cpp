@@ -71,6 +71,9 @@ std::shared_ptr<Device> make_cpu_device(const CpuDeviceOptions& options) {
 
 std::unique_ptr<Stream> cuda_wrap_stream(const std::shared_ptr<Device>& device,
                                          void* cuda_stream) {
+  // Without the backend no argument could be right: say that first (interop.hpp).
+  if (detail::cuda_backend() == nullptr)
+    throw Unsupported("lockstep: cuda_wrap_stream: the CUDA backend is not built into this library");
   LOCKSTEP_CHECK_ARG(device != nullptr, "cuda_wrap_stream", "device", "null", "an open CUDA device");
   LOCKSTEP_CHECK_ARG(device->id().kind == DeviceKind::kCuda, "cuda_wrap_stream", "device",
             device->id().str(), "a CUDA device");

@@ -17,6 +17,8 @@ sel = [c for c in calls if want is None or len(c['b']) == want]
 c = sel[-1] if sel else calls[-1]
 B = c['b']
 print(c['hdr'], 'blocks', len(B), 'calls in file', len(calls))
+if not B:  # the CPU's row-major path and the STAGES knobs mark only the start (Note [decode timeline])
+    sys.exit('no block of this call has every mark (a CPU run, or a LOCKSTEP_DECODE_STAGES variant): nothing to summarize')
 # per block: t0 start, t1 first tile, t2 scores done, t3 softmax done, t4 PV done, t5 partials stored
 end = max(b[3+5] for b in B)
 print('kernel span (first start to last partials) us %.2f' % (end / 1e3))

@@ -1,6 +1,6 @@
 #pragma once
 // Buffer<T>: owning, typed device memory that knows its device and element count. Copies to and
-// from host spans are stream operations (docs/api.md, "Buffers").
+// from host spans are stream operations (docs/api.md, "Devices, streams, events, buffers").
 //
 // Note [buffer release]
 // Destroying a Buffer while work that uses it is still queued is defined: the release waits for

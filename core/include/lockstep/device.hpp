@@ -53,7 +53,7 @@ struct LaunchConfig {
 };
 
 namespace detail {
-// What the type-erased launch carries (see lockstep/launch.hpp).
+// What the type-erased launch carries (see lockstep/kernels/launch.hpp).
 struct KernelLaunch {
   int kernel_index = -1;
   const char* kernel_name = "";
@@ -217,7 +217,7 @@ struct CpuDeviceOptions {
 std::shared_ptr<Device> make_cpu_device(const CpuDeviceOptions& options = {});
 
 // The 32-bit pattern new CPU allocations are filled with: a signalling-NaN payload as float, so
-// that memory nothing wrote is visible (docs/architecture.md, "Poison").
+// that memory nothing wrote is visible (docs/architecture.md, "The CPU device", Memory).
 inline constexpr std::uint32_t kPoisonPattern = 0x7FBADBADu;
 
 namespace detail {

@@ -12,7 +12,8 @@
 
 namespace lockstep {
 
-// a * b, or InvalidArgument("<where>: <what> = a·b overflows 64 bits").
+// a * b, or InvalidArgument naming `what` with the value "a * b" and the limit "representable in
+// 64 bits (the product overflows)".
 std::uint64_t checked_mul(std::uint64_t a, std::uint64_t b, std::string_view where,
                           std::string_view what);
 

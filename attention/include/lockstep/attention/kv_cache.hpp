@@ -1,5 +1,5 @@
 #pragma once
-// A device-resident KV cache for batched decoding (docs/api.md, "KV cache").
+// A device-resident KV cache for batched decoding (docs/api.md, "The KV cache").
 //
 // Per layer, K and V are [slots, n_kv_heads, max_len, head_dim] fp32. Every slot holds one
 // sequence with its own length (shared by all layers). Lengths, done flags and the slot count are
@@ -142,7 +142,7 @@ class KvCache {
 // Flash-Decoding over every slot of `cache` (docs/api.md): writes k_new / v_new into `layer` at
 // `positions` (as KvCache::append), then out = split-K attention of q over each slot's tokens.
 // q [slots, num_heads, head_dim], k_new / v_new [slots, num_kv_heads, head_dim], out [slots,
-// num_heads, head_dim]. Done slots and slots of length 0 give zeros. The split size is fixed
+// num_heads, head_dim]. Done slots give zeros (a slot of length 0 appends its token and attends it). The split size is fixed
 // (Note [fixed split size]), so each slot's output is bitwise independent of the others. Two
 // launches, the chunk kernel, which also appends (Note [fused append]), and the merge; one where
 // the merge is small and the chunk kernel does it (Note [folded merge]); up to 128
@@ -170,7 +170,7 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
                     Buffer<std::int32_t>* status = nullptr);
 
 // Rotary position embedding in place on q [rows, n_heads, head_dim] and k [rows, n_kv_heads,
-// head_dim] (either may be empty), row r at positions[r], in one launch.
+// head_dim] (either may be nullptr), row r at positions[r], in one launch.
 enum class RopeStyle { kNorm, kNeox };
 struct RopeConfig {
   std::int64_t n_heads = 0, n_kv_heads = 0, head_dim = 0;

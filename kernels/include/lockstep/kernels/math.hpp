@@ -10,7 +10,7 @@
 //   integral value), conversion of small integers to float.
 // No division, no hardware approximation (ex2.approx, __expf, rsqrt), no libm.
 //
-// Accuracy is measured against correctly rounded references in docs/numerics.md (tools/mathacc).
+// Accuracy is measured against correctly rounded references in docs/numerics.md (`lockstep mathacc`, apps/mathacc.cpp).
 
 #include <cstdint>
 #include <cstring>
