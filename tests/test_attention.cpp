@@ -1043,6 +1043,19 @@ TEST_P(Attention, KvCacheWriteFromDeviceIsWriteFromHostWithoutTheRoundTrip) {
   EXPECT_EQ(b.length(1), count + 1);
 }
 
+// copy_slot_from names the stream when it is the stream that is on another device (it named
+// src.device, with the cache's own id as the value).
+TEST_P(Attention, KvCacheCopySlotFromNamesAStreamOnAnotherDevice) {
+  KvCache a(dev, small_config()), b(dev, small_config());
+  std::vector<float> k(2 * 3 * 32, 1.0f), v(2 * 3 * 32, 2.0f);
+  for (std::int64_t l = 0; l < 2; ++l) b.write_from_host(s(), 0, l, k, v, 3);
+  auto other = dev->id().kind == DeviceKind::kCpu ? open("cpu:9") : open("cpu");
+  expect_invalid([&] { a.copy_slot_from(other->default_stream(), 1, b, 0); }, "stream.device", other->id().str());
+  EXPECT_EQ(a.length(1), 0);
+  a.copy_slot_from(s(), 1, b, 0);
+  EXPECT_EQ(a.length(1), 3);
+}
+
 // A done slot is not attended: its tokens (NaN here) never reach the output, which is zeros, and
 // nothing is appended to it.
 TEST_P(Attention, KvCacheDoneSlotsAreNotReadAndGiveZeros) {

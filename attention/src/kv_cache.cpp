@@ -462,8 +462,10 @@ void KvCache::copy_slot_from(Stream& stream, std::int64_t slot, const KvCache& s
                 ", head_dim " + std::to_string(sc.head_dim),
             "equal to this cache's (layers " + std::to_string(cfg_.num_layers) + ", kv heads " +
                 std::to_string(cfg_.num_kv_heads) + ", head_dim " + std::to_string(cfg_.head_dim) + ")");
-  LOCKSTEP_CHECK_ARG(&src.device() == device_.get() && &stream.device() == device_.get(), w, "src.device",
-            src.device().id().str(), "this cache's device " + device_->id().str());
+  LOCKSTEP_CHECK_ARG(&src.device() == device_.get(), w, "src.device", src.device().id().str(),
+            "this cache's device " + detail::device_limit(*device_, src.device()));
+  LOCKSTEP_CHECK_ARG(&stream.device() == device_.get(), w, "stream.device", stream.device().id().str(),
+            "this cache's device " + detail::device_limit(*device_, stream.device()));
   const std::int64_t n = src.length(src_slot);
   LOCKSTEP_CHECK_ARG(n <= cfg_.max_len, w, "src length", n, "<= max_len = " + std::to_string(cfg_.max_len));
   const std::int64_t D = cfg_.head_dim, Hk = cfg_.num_kv_heads;
