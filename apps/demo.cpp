@@ -153,7 +153,7 @@ int run(const std::string& device, const Options& o) {
   std::printf("lockstep demo on %s: %s\n", dev->id().str().c_str(), dev->name().c_str());
   std::printf("  %d layers, %d slots, GQA %lld query / %lld kv heads x %lld, RoPE (NEOX), %d steps\n",
               o.layers, o.slots, (long long)m.heads, (long long)m.kv_heads, (long long)m.dim, o.steps);
-  const Result a = run_loop(dev, m, o, true);
+  Result a = run_loop(dev, m, o, true);  // not const: --inject-fault may flip a bit
   std::printf("  %lld tokens in %.3f s: %.0f tokens/s\n", (long long)a.tokens, a.seconds,
               double(a.tokens) / a.seconds);
   // The reference: the CPU device (for a CPU run, its portable SIMD variant).
@@ -167,6 +167,17 @@ int run(const std::string& device, const Options& o) {
     ref = open("cpu");
   }
   const Result b = run_loop(ref, m, o, false);
+  if (o.inject_fault == "hidden" && !a.hidden.empty()) {
+    std::uint32_t w;
+    std::memcpy(&w, &a.hidden[0], 4);
+    w ^= 1u;
+    std::memcpy(&a.hidden[0], &w, 4);
+  } else if (o.inject_fault == "rollback" && !a.after_spec.empty()) {
+    std::uint32_t w;
+    std::memcpy(&w, &a.after_spec[0], 4);
+    w ^= 1u;
+    std::memcpy(&a.after_spec[0], &w, 4);
+  }
   const bool same = a.hidden.size() == b.hidden.size() &&
                     std::memcmp(a.hidden.data(), b.hidden.data(), a.hidden.size() * 4) == 0;
   double sum = 0;

@@ -8,6 +8,10 @@ struct Options {
   int slots = 4;
   int steps = 32;
   std::uint64_t seed = 7;
+  // A self-test of the demo's checks (hidden option --inject-fault): "hidden" flips one bit of
+  // the run's final hidden states, "rollback" one of the step after the rollback, before they
+  // are compared; the demo must then report the mismatch and exit 1 (a ctest holds it to that).
+  std::string inject_fault;
 };
 // The main job on `device`; returns the process exit code.
 int run(const std::string& device, const Options& o);

@@ -108,6 +108,9 @@ int main(int argc, char** argv) {
   demo_cmd->add_option("--slots", demo_opts.slots, "sequences decoded together")->check(CLI::Range(1, 4096))->capture_default_str();
   demo_cmd->add_option("--steps", demo_opts.steps, "decode steps")->check(CLI::Range(1, 100000))->capture_default_str();
   demo_cmd->add_option("--seed", demo_opts.seed, "random weights and inputs")->capture_default_str();
+  demo_cmd->add_option("--inject-fault", demo_opts.inject_fault)  // a self-test of the checks (demo.hpp)
+      ->check(CLI::IsMember({"hidden", "rollback"}))
+      ->group("");
 
   parity::Options par;
   auto* par_cmd = app.add_subcommand("parity", "every kernel on random shapes (and fixed large ones) on every device, compared bitwise with the CPU and with a float64 oracle");
