@@ -1019,15 +1019,26 @@ TEST_P(Attention, KvCacheWriteFromDeviceIsWriteFromHostWithoutTheRoundTrip) {
   b.write_from_host(s(), 1, 1, hk[1], hv[1], count);
   EXPECT_EQ(b.length(1, 0), count);
   EXPECT_EQ(b.length(1, 1), count);
+  // Slot 1's tokens [0, n) of each kv head (the rest of a layer is memory nobody wrote).
+  auto written = [&](const Buffer<float>& layer, std::int64_t n) {
+    const auto h = layer.to_vector(s());
+    std::vector<float> w;
+    for (std::size_t hk = 0; hk < 2; ++hk) {
+      const auto* base = h.data() + ((1 * 2 + hk) * 16) * 32;
+      w.insert(w.end(), base, base + n * 32);
+    }
+    return w;
+  };
   for (std::int64_t l = 0; l < 2; ++l) {
-    EXPECT_TRUE(same(a.k(l).to_vector(s()), b.k(l).to_vector(s()))) << l;
-    EXPECT_TRUE(same(a.v(l).to_vector(s()), b.v(l).to_vector(s()))) << l;
+    EXPECT_TRUE(same(written(a.k(l), count), written(b.k(l), count))) << l;
+    EXPECT_TRUE(same(written(a.v(l), count), written(b.v(l), count))) << l;
+    EXPECT_FALSE(same(written(a.k(l), count), written(b.k(1 - l), count))) << l;  // not trivially equal
     flash_decoding(s(), a, l, q, kn, vn, pos, out_a);
     flash_decoding(s(), b, l, q, kn, vn, pos, out_b);
     EXPECT_TRUE(same(out_a.to_vector(s()), out_b.to_vector(s()))) << l;
   }
   // Bad input: nothing written, lengths kept.
-  const auto before = b.k(0).to_vector(s());
+  const auto before = written(b.k(0), count + 1);
   Buffer<float> short_k(dev, n - 1);
   expect_invalid([&] { b.write_from_device(s(), 0, 0, short_k, dv, count); }, "k.size()", std::to_string(n - 1));
   expect_invalid([&] { b.write_from_device(s(), 0, 2, dk, dv, count); }, "layer", "2");
@@ -1036,11 +1047,25 @@ TEST_P(Attention, KvCacheWriteFromDeviceIsWriteFromHostWithoutTheRoundTrip) {
   auto other = dev->id().kind == DeviceKind::kCpu ? open("cpu:3") : open("cpu");
   Buffer<float> far(other, n);
   expect_invalid([&] { b.write_from_device(s(), 0, 0, far, dv, count); }, "k.device");
-  auto inside = Buffer<float>::wrap(dev, const_cast<float*>(b.k(0).data().get()) + 16 * 32, n);
-  expect_invalid([&] { b.write_from_device(s(), 0, 0, inside, dv, count); }, "the cache", "memory that overlaps k");
-  EXPECT_TRUE(same(before, b.k(0).to_vector(s())));
+  // A source over the rows it is written to (slot 0's first kv head), in either of k and v; a
+  // source elsewhere in the cache (slot 1 of layer 0, into slot 0 of layer 1) is a plain copy.
+  auto over_dest = Buffer<float>::wrap(dev, b.k(0).data().get() + 8 * 32, n);
+  expect_invalid([&] { b.write_from_device(s(), 0, 0, over_dest, dv, count); }, "k",
+                 "memory that overlaps the rows it is written to");
+  auto v_over_dest = Buffer<float>::wrap(dev, b.v(0).data().get() + 16 * 32 + 5 * 32, n);
+  expect_invalid([&] { b.write_from_device(s(), 0, 0, dk, v_over_dest, count); }, "v",
+                 "memory that overlaps the rows it is written to");
+  EXPECT_TRUE(same(before, written(b.k(0), count + 1)));
   EXPECT_EQ(b.length(0), 0);
   EXPECT_EQ(b.length(1), count + 1);
+  // From elsewhere in the cache: n floats from slot 1's rows of layer 0 into slot 0 of layer 1.
+  auto from_k = Buffer<float>::wrap(dev, b.k(0).data().get() + 2 * 16 * 32, n);
+  auto from_v = Buffer<float>::wrap(dev, b.v(0).data().get() + 2 * 16 * 32, n);
+  b.write_from_device(s(), 0, 1, from_k, from_v, count);
+  EXPECT_EQ(b.length(0), count);
+  const auto src = b.k(0).to_vector(s()), dst = b.k(1).to_vector(s());
+  for (std::size_t i = 0; i < std::size_t(count * 32); ++i)  // kv head 0's rows
+    ASSERT_EQ(bits(dst[i]), bits(src[2 * 16 * 32 + i])) << i;
 }
 
 // copy_slot_from names the stream when it is the stream that is on another device (it named
@@ -1399,6 +1424,17 @@ TEST_P(Attention, OutputsMayNotShareMemoryWithInputs) {
     auto status_in_v = Buffer<std::int32_t>::wrap(dev, reinterpret_cast<std::int32_t*>(cache.v(0).data().get()), 1);
     expect_invalid([&] { flash_decoding(s(), cache, 0, q, kn, vn, dpos, out, &status_in_v); }, "status",
                    "memory that overlaps the cache's V");
+    // Inputs inside the cache the call writes: the new tokens (also for append), q, positions.
+    auto kn_in_v = Buffer<float>::wrap(dev, cache.v(0).data().get() + 32, 2 * 2 * 32);
+    expect_invalid([&] { flash_decoding(s(), cache, 0, q, kn_in_v, vn, pos, out); }, "k_new",
+                   "memory that overlaps the cache's V");
+    expect_invalid([&] { cache.append(s(), 0, kn, kn_in_v, pos); }, "v_new", "memory that overlaps the cache's V");
+    auto q_in_k = Buffer<float>::wrap(dev, cache.k(0).data().get(), 2 * 4 * 32);
+    expect_invalid([&] { flash_decoding(s(), cache, 0, q_in_k, kn, vn, pos, out); }, "q",
+                   "memory that overlaps the cache's K");
+    auto dpos_in_k = Buffer<std::int32_t>::wrap(dev, reinterpret_cast<std::int32_t*>(cache.k(0).data().get()), 2);
+    expect_invalid([&] { flash_decoding(s(), cache, 0, q, kn, vn, dpos_in_k, out); }, "positions",
+                   "memory that overlaps the cache's K");
     expect_all(out, 42.0f);
     expect_all(q, 0.5f);
     EXPECT_EQ(cache.length(0), 0);

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <limits>
 #include <numeric>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -388,6 +389,30 @@ TEST(CpuDevice, CudaInteropWithoutTheBackendIsUnsupported) {
 // LOCKSTEP_CPU_MEMORY caps a CPU device opened by `open`; a value that is not a byte count is
 // InvalidArgument naming the variable (strtoull read "abc" and "-5" as no cap at all).
 TEST(CpuDevice, MemoryCapFromTheEnvironmentIsCheckedWhenOpened) {
+  // The variables as they were, restored at the end (a run under a cap keeps it).
+  struct Saved {
+    const char* name;
+    std::string value;
+    bool set;
+    explicit Saved(const char* n) : name(n), set(std::getenv(n) != nullptr) {
+      if (set) value = std::getenv(n);
+    }
+    ~Saved() {
+      if (set)
+        ::setenv(name, value.c_str(), 1);
+      else
+        ::unsetenv(name);
+    }
+  } saved_memory("LOCKSTEP_CPU_MEMORY"), saved_simd("LOCKSTEP_CPU_SIMD");
+  ::setenv("LOCKSTEP_CPU_SIMD", "bogus", 1);
+  try {
+    (void)open("cpu:40");
+    ADD_FAILURE() << "opened with LOCKSTEP_CPU_SIMD=bogus";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.parameter(), "LOCKSTEP_CPU_SIMD");
+    EXPECT_EQ(e.value(), "bogus");
+  }
+  ::unsetenv("LOCKSTEP_CPU_SIMD");
   for (const char* bad : {"abc", "-5", "12k", "99999999999999999999"}) {
     ::setenv("LOCKSTEP_CPU_MEMORY", bad, 1);
     try {
@@ -400,7 +425,6 @@ TEST(CpuDevice, MemoryCapFromTheEnvironmentIsCheckedWhenOpened) {
   }
   ::setenv("LOCKSTEP_CPU_MEMORY", "4096", 1);
   auto dev = open("cpu:41");
-  ::unsetenv("LOCKSTEP_CPU_MEMORY");
   EXPECT_EQ(dev->memory_stats().capacity, 4096u);
   EXPECT_THROW(Buffer<char>(dev, 4097), OutOfMemory);
 }

@@ -51,12 +51,15 @@ void check_aligned16(std::string_view where, std::string_view name, const Buffer
 // `out` must not share memory with `in` (an operation that reads `in` while writing `out` in
 // another order; allocated buffers never overlap unless they are the same, wrapped ones may).
 template <class T, class U>
+bool overlaps(const Buffer<T>& a, const Buffer<U>& b) {
+  const auto x = reinterpret_cast<std::uintptr_t>(a.data().get()),
+             y = reinterpret_cast<std::uintptr_t>(b.data().get());
+  return a.size_bytes() > 0 && b.size_bytes() > 0 && x < y + b.size_bytes() && y < x + a.size_bytes();
+}
+template <class T, class U>
 void check_no_overlap(std::string_view where, std::string_view out_name, const Buffer<T>& out,
                       std::string_view in_name, const Buffer<U>& in) {
-  const auto o = reinterpret_cast<std::uintptr_t>(out.data().get()),
-             i = reinterpret_cast<std::uintptr_t>(in.data().get());
-  const bool overlap = out.size_bytes() > 0 && in.size_bytes() > 0 && o < i + in.size_bytes() &&
-                       i < o + out.size_bytes();
+  const bool overlap = overlaps(out, in);
   LOCKSTEP_CHECK_ARG(!overlap, where, out_name, "memory that overlaps " + std::string(in_name),
             "a buffer distinct from " + std::string(in_name) + " (this operation is not in place)");
 }

@@ -266,6 +266,14 @@ std::vector<std::int32_t> KvCache::checked_positions(std::string_view where, std
   return out;
 }
 
+// A wrapped view of `layer`'s own K or V as an input of a call that writes them is refused.
+template <class T>
+static void check_not_in_cache(std::string_view where, const KvCache& cache, std::int64_t layer,
+                               std::string_view name, const Buffer<T>& b) {
+  detail::check_no_overlap(where, name, b, "the cache's K", cache.k(layer));
+  detail::check_no_overlap(where, name, b, "the cache's V", cache.v(layer));
+}
+
 // `heads` is the config's num_heads or num_kv_heads, named `heads_name` in the message.
 static void check_token_buffer(std::string_view where, std::string_view name, const Buffer<float>& b,
                                Stream& s, const KvCacheConfig& c, std::int64_t heads,
@@ -329,6 +337,8 @@ void KvCache::append(Stream& stream, std::int64_t layer, const Buffer<float>& k_
             "the cache's device " + device_->id().str());
   check_token_buffer(w, "k_new", k_new, stream, cfg_, cfg_.num_kv_heads, "num_kv_heads");
   check_token_buffer(w, "v_new", v_new, stream, cfg_, cfg_.num_kv_heads, "num_kv_heads");
+  check_not_in_cache(w, *this, layer, "k_new", k_new);
+  check_not_in_cache(w, *this, layer, "v_new", v_new);
   const auto pos = checked_positions(w, layer, positions);
   const StagedPositions st = stage_positions(stream, pos, 0);
   kernels::KvScatterParams p = scatter_params(*this, layer, k_new, v_new, st.ints);
@@ -357,8 +367,9 @@ void check_flash_args(std::string_view w, Stream& stream, const KvCache& cache, 
   detail::check_no_overlap(w, "out", out, "q", q);
   detail::check_no_overlap(w, "out", out, "k_new", k_new);
   detail::check_no_overlap(w, "out", out, "v_new", v_new);
-  detail::check_no_overlap(w, "out", out, "the cache's K", cache.k(layer));  // a wrapped view of it
-  detail::check_no_overlap(w, "out", out, "the cache's V", cache.v(layer));
+  for (const auto& [name, b] : {std::pair<const char*, const Buffer<float>*>{"out", &out}, {"q", &q},
+                                {"k_new", &k_new}, {"v_new", &v_new}})
+    check_not_in_cache(w, cache, layer, name, *b);
 }
 // Split-K attention of q over every slot of `layer`, `lengths` (+ length_bias) tokens per slot.
 kernels::DecodeParams flash_params(const KvCache& cache, std::int64_t layer, const Buffer<float>& q,
@@ -428,14 +439,14 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
     detail::check_size(w, "status", *status, 1, "one int32");
   }
   detail::check_no_overlap(w, "out", out, "positions", positions);
+  check_not_in_cache(w, cache, layer, "positions", positions);
   if (status != nullptr) {
     detail::check_no_overlap(w, "status", *status, "q", q);
     detail::check_no_overlap(w, "status", *status, "k_new", k_new);
     detail::check_no_overlap(w, "status", *status, "v_new", v_new);
     detail::check_no_overlap(w, "status", *status, "out", out);
     detail::check_no_overlap(w, "status", *status, "positions", positions);
-    detail::check_no_overlap(w, "status", *status, "the cache's K", cache.k(layer));
-    detail::check_no_overlap(w, "status", *status, "the cache's V", cache.v(layer));
+    check_not_in_cache(w, cache, layer, "status", *status);
   }
   // The workspace for max_len (the lengths are on the device): the same size every call.
   const std::size_t ws_floats = detail::decode_workspace_floats(c.slots, c.num_heads, c.head_dim, c.max_len);
@@ -520,13 +531,21 @@ void KvCache::write_from_device(Stream& stream, std::int64_t slot, std::int64_t 
   detail::check_on(w, "k", k, stream);
   detail::check_on(w, "v", v, stream);
   check_import(w, stream, slot, layer, k.size(), v.size(), count);
-  for (const auto* b : {&k_[std::size_t(layer)], &v_[std::size_t(layer)]}) {  // a wrapped view of the cache
-    detail::check_no_overlap(w, "the cache", *b, "k", k);
-    detail::check_no_overlap(w, "the cache", *b, "v", v);
-  }
   const std::size_t row = std::size_t(count * cfg_.head_dim);
   float* kd = const_cast<float*>(k_[std::size_t(layer)].data().get());
   float* vd = const_cast<float*>(v_[std::size_t(layer)].data().get());
+  // A source (a wrapped view of the cache, say) over the rows the copies write is refused; one
+  // elsewhere in the cache is a plain copy.
+  for (std::int64_t h = 0; h < cfg_.num_kv_heads && row > 0; ++h) {
+    const std::size_t off = std::size_t(((slot * cfg_.num_kv_heads) + h) * cfg_.max_len * cfg_.head_dim);
+    for (float* base : {kd, vd}) {
+      const auto dest = Buffer<float>::wrap(device_, base + off, row);
+      for (const auto& [name, src] : {std::pair<const char*, const Buffer<float>*>{"k", &k}, {"v", &v}})
+        LOCKSTEP_CHECK_ARG(!detail::overlaps(*src, dest), w, name, "memory that overlaps the rows it is written to",
+                           "a buffer outside slot " + std::to_string(slot) + "'s rows [0, count) of layer " +
+                               std::to_string(layer));
+    }
+  }
   for (std::int64_t h = 0; h < cfg_.num_kv_heads && row > 0; ++h) {
     const std::size_t off = std::size_t(((slot * cfg_.num_kv_heads) + h) * cfg_.max_len * cfg_.head_dim);
     detail::StreamAccess::copy_d2d(stream, kd + off, k.data().get() + std::size_t(h) * row, row * sizeof(float));

@@ -494,7 +494,12 @@ CpuDeviceOptions options_from_env(int index) {
                             "a byte count in decimal digits below 10^19 (0: no cap)");
     o.memory_capacity = std::strtoull(v, nullptr, 10);
   }
-  if (const char* v = env("LOCKSTEP_CPU_SIMD")) o.simd = v;
+  if (const char* v = env("LOCKSTEP_CPU_SIMD")) {
+    const std::string s(v);
+    if (s != "auto" && s != "avx3" && s != "avx2" && s != "generic")
+      throw InvalidArgument("open cpu device", "LOCKSTEP_CPU_SIMD", s, "one of auto, avx3, avx2, generic");
+    o.simd = s;
+  }
   return o;
 }
 
