@@ -72,7 +72,7 @@ AttentionRef attention_reference(const float* q, std::int64_t q_stride, const fl
   return r;
 }
 
-// Note [attention bound]: a score carries at most (D + 4) u of the sum of |q_i k_i| (an fma
+// The bound of Note [attention bound] (docs/numerics.md), as computed here: a score carries at most (D + 4) u of the sum of |q_i k_i| (an fma
 // chain and a butterfly of at most D terms, the scale); a softmax weight then at most twice that,
 // relative, plus the softmax's own sums; the weighted sum of V at most (Skv + D + 30) u of
 // sum_j p_j |v_j|. The tensor-core path adds the fp16 rounding of Q, K, P and V.
