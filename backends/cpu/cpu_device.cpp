@@ -275,11 +275,19 @@ class CpuEvent final : public Event {
               "an event of the same device");
     LOCKSTEP_CHECK_ARG(timing_ && s->timing_, "Event::elapsed_ms", "timing", "false",
               "true for both events (create_event(true))");
-    std::lock_guard<std::mutex> a(st_->mu);
-    std::lock_guard<std::mutex> b(s->st_->mu);
-    LOCKSTEP_CHECK_ARG(st_->recorded > 0 && st_->completed >= st_->recorded && s->st_->recorded > 0 &&
-                  s->st_->completed >= s->st_->recorded,
-              "Event::elapsed_ms", "events", "not completed", "recorded and completed");
+    // Both states locked at once by std::scoped_lock, which orders the two mutexes: two lock_guards
+    // in argument order deadlocked a.elapsed_ms(b) on one thread against b.elapsed_ms(a) on
+    // another. An event measured against itself locks its one mutex once (locking a std::mutex
+    // twice hung) and gives 0, as cudaEventElapsedTime does.
+    const auto done = [](const EventState& e) { return e.recorded > 0 && e.completed >= e.recorded; };
+    if (s->st_ == st_) {
+      std::lock_guard<std::mutex> lk(st_->mu);
+      LOCKSTEP_CHECK_ARG(done(*st_), "Event::elapsed_ms", "events", "not completed", "recorded and completed");
+      return 0.0;
+    }
+    std::scoped_lock lk(st_->mu, s->st_->mu);
+    LOCKSTEP_CHECK_ARG(done(*st_) && done(*s->st_), "Event::elapsed_ms", "events", "not completed",
+                       "recorded and completed");
     return std::chrono::duration<double, std::milli>(st_->when - s->st_->when).count();
   }
   const std::shared_ptr<EventState>& state() const { return st_; }
