@@ -167,17 +167,15 @@ int run(const std::string& device, const Options& o) {
     ref = open("cpu");
   }
   const Result b = run_loop(ref, m, o, false);
-  if (o.inject_fault == "hidden" && !a.hidden.empty()) {
+  auto flip_first_bit = [](std::vector<float>& v) {
+    if (v.empty()) return;
     std::uint32_t w;
-    std::memcpy(&w, &a.hidden[0], 4);
+    std::memcpy(&w, &v[0], 4);
     w ^= 1u;
-    std::memcpy(&a.hidden[0], &w, 4);
-  } else if (o.inject_fault == "rollback" && !a.after_spec.empty()) {
-    std::uint32_t w;
-    std::memcpy(&w, &a.after_spec[0], 4);
-    w ^= 1u;
-    std::memcpy(&a.after_spec[0], &w, 4);
-  }
+    std::memcpy(&v[0], &w, 4);
+  };
+  if (o.inject_fault == "hidden") flip_first_bit(a.hidden);
+  if (o.inject_fault == "rollback") flip_first_bit(a.after_spec);
   const bool same = a.hidden.size() == b.hidden.size() &&
                     std::memcmp(a.hidden.data(), b.hidden.data(), a.hidden.size() * 4) == 0;
   double sum = 0;

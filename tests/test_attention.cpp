@@ -19,7 +19,7 @@
 #include "lockstep/kernels/decode.hpp"
 #include "support/random.hpp"
 #include "lockstep/kernels/launch.hpp"
-#include "support/backends.hpp"
+#include "support/calls.hpp"
 
 namespace lockstep::testing {
 namespace {
@@ -34,27 +34,8 @@ bool one_grid_by_default(const Device& d) {
   return n >= 0 ? n != 0 : kOneGridOnCuda && d.id().kind == DeviceKind::kCuda;
 }
 
-class Attention : public BackendTest {
+class Attention : public CallTest {
  protected:
-  Stream& s() { return dev->default_stream(); }
-  Buffer<float> filled(std::size_t n, float v) {
-    Buffer<float> b(dev, n);
-    b.fill(s(), v);
-    return b;
-  }
-  // The call throws InvalidArgument naming `param` (and, when given, the value it was passed).
-  template <class F>
-  void expect_invalid(F&& call, const std::string& param, const std::string& value = {}) {
-    try {
-      call();
-      ADD_FAILURE() << "accepted bad " << param;
-    } catch (const InvalidArgument& e) {
-      EXPECT_EQ(e.parameter(), param) << e.what();
-      EXPECT_FALSE(e.value().empty()) << e.what();
-      if (!value.empty()) EXPECT_EQ(e.value(), value) << e.what();
-      EXPECT_FALSE(e.limit().empty()) << e.what();
-    }
-  }
   // A schedule knob (environment variable) set to a and then to b gives the same bytes, out and
   // log-sum-exp, for fused attention of shape sh (inputs uniform in [-range, range]).
   void expect_knob_gives_same_bytes(const char* knob, const char* a, const char* b,
@@ -86,12 +67,6 @@ class Attention : public BackendTest {
     for (std::size_t e = 0; e < lses[0].size(); ++e) ASSERT_EQ(bits(lses[0][e]), bits(lses[1][e])) << e;
     ASSERT_NE(outs[0][0], 42.0f);
     ASSERT_NE(lses[0][0], 42.0f);
-  }
-  static bool same(const std::vector<float>& a, const std::vector<float>& b) {
-    if (a.size() != b.size()) return false;
-    for (std::size_t i = 0; i < a.size(); ++i)
-      if (bits(a[i]) != bits(b[i])) return false;
-    return true;
   }
   void expect_all(const Buffer<float>& b, float v) {
     for (float x : b.to_vector(s())) ASSERT_EQ(bits(x), bits(v)) << "a rejected call wrote";

@@ -16,41 +16,17 @@
 #include "lockstep/attention/ops.hpp"
 #include "lockstep/kernels/elementwise.hpp"
 #include "lockstep/kernels/launch.hpp"
-#include "support/backends.hpp"
+#include "support/calls.hpp"
 
 namespace lockstep::testing {
 namespace {
 
-class MutationKills : public BackendTest {
+class MutationKills : public CallTest {
  protected:
-  Stream& s() { return dev->default_stream(); }
-  Buffer<float> filled(std::size_t n, float v) {
-    Buffer<float> b(dev, n);
-    b.fill(s(), v);
-    return b;
-  }
   Buffer<float> from(const std::vector<float>& h) {
     Buffer<float> b(dev, h.size());
     b.copy_from_host(s(), h);
     return b;
-  }
-  // The call throws InvalidArgument naming `param` with value `value`.
-  template <class F>
-  void expect_invalid(F&& call, const std::string& param, const std::string& value) {
-    try {
-      call();
-      ADD_FAILURE() << "accepted bad " << param << " = " << value;
-    } catch (const InvalidArgument& e) {
-      EXPECT_EQ(e.parameter(), param) << e.what();
-      EXPECT_EQ(e.value(), value) << e.what();
-      EXPECT_FALSE(e.limit().empty()) << e.what();
-    }
-  }
-  static bool same(const std::vector<float>& a, const std::vector<float>& b) {
-    if (a.size() != b.size()) return false;
-    for (std::size_t i = 0; i < a.size(); ++i)
-      if (bits(a[i]) != bits(b[i])) return false;
-    return true;
   }
   // Distinct host tokens: kv_heads * count * head_dim values from `base` on.
   static std::vector<float> tokens(std::size_t n, float base) {

@@ -364,12 +364,12 @@ void check_flash_args(std::string_view w, Stream& stream, const KvCache& cache, 
   detail::check_aligned16(w, "q", q);  // 16-byte loads and copies (not out: scalar stores)
   detail::check_aligned16(w, "k_new", k_new);
   detail::check_aligned16(w, "v_new", v_new);
-  detail::check_no_overlap(w, "out", out, "q", q);
-  detail::check_no_overlap(w, "out", out, "k_new", k_new);
-  detail::check_no_overlap(w, "out", out, "v_new", v_new);
-  for (const auto& [name, b] : {std::pair<const char*, const Buffer<float>*>{"out", &out}, {"q", &q},
-                                {"k_new", &k_new}, {"v_new", &v_new}})
+  for (const auto& [name, b] : {std::pair<const char*, const Buffer<float>*>{"q", &q}, {"k_new", &k_new},
+                                {"v_new", &v_new}}) {
+    detail::check_no_overlap(w, "out", out, name, *b);
     check_not_in_cache(w, cache, layer, name, *b);
+  }
+  check_not_in_cache(w, cache, layer, "out", out);
 }
 // Split-K attention of q over every slot of `layer`, `lengths` (+ length_bias) tokens per slot.
 kernels::DecodeParams flash_params(const KvCache& cache, std::int64_t layer, const Buffer<float>& q,
@@ -441,10 +441,9 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
   detail::check_no_overlap(w, "out", out, "positions", positions);
   check_not_in_cache(w, cache, layer, "positions", positions);
   if (status != nullptr) {
-    detail::check_no_overlap(w, "status", *status, "q", q);
-    detail::check_no_overlap(w, "status", *status, "k_new", k_new);
-    detail::check_no_overlap(w, "status", *status, "v_new", v_new);
-    detail::check_no_overlap(w, "status", *status, "out", out);
+    for (const auto& [name, b] : {std::pair<const char*, const Buffer<float>*>{"q", &q}, {"k_new", &k_new},
+                                  {"v_new", &v_new}, {"out", &out}})
+      detail::check_no_overlap(w, "status", *status, name, *b);
     detail::check_no_overlap(w, "status", *status, "positions", positions);
     check_not_in_cache(w, cache, layer, "status", *status);
   }
@@ -498,8 +497,8 @@ void KvCache::copy_slot_from(Stream& stream, std::int64_t slot, const KvCache& s
   recount(slot);
 }
 
-// The checks write_from_host and write_from_device share; returns the elements k and v hold.
-std::size_t KvCache::check_import(std::string_view w, Stream& stream, std::int64_t slot, std::int64_t layer,
+// The checks write_from_host and write_from_device share.
+void KvCache::check_import(std::string_view w, Stream& stream, std::int64_t slot, std::int64_t layer,
                                   std::size_t k_size, std::size_t v_size, std::int64_t count) const {
   check_slot(w, slot);
   check_layer(w, layer);
@@ -510,7 +509,6 @@ std::size_t KvCache::check_import(std::string_view w, Stream& stream, std::int64
   const std::size_t n = std::size_t(cfg_.num_kv_heads * count * cfg_.head_dim);
   LOCKSTEP_CHECK_ARG(k_size == n, w, "k.size()", k_size, std::to_string(n) + " (kv_heads * count * head_dim)");
   LOCKSTEP_CHECK_ARG(v_size == n, w, "v.size()", v_size, std::to_string(n) + " (kv_heads * count * head_dim)");
-  return n;
 }
 
 void KvCache::write_from_host(Stream& stream, std::int64_t slot, std::int64_t layer,
@@ -534,12 +532,14 @@ void KvCache::write_from_device(Stream& stream, std::int64_t slot, std::int64_t 
   const std::size_t row = std::size_t(count * cfg_.head_dim);
   float* kd = const_cast<float*>(k_[std::size_t(layer)].data().get());
   float* vd = const_cast<float*>(v_[std::size_t(layer)].data().get());
+  auto head_offset = [&](std::int64_t h) {  // kv head h's first row in the slot
+    return std::size_t(((slot * cfg_.num_kv_heads) + h) * cfg_.max_len * cfg_.head_dim);
+  };
   // A source (a wrapped view of the cache, say) over the rows the copies write is refused; one
-  // elsewhere in the cache is a plain copy.
+  // elsewhere in the cache is a plain copy. Everything is checked before the first copy.
   for (std::int64_t h = 0; h < cfg_.num_kv_heads && row > 0; ++h) {
-    const std::size_t off = std::size_t(((slot * cfg_.num_kv_heads) + h) * cfg_.max_len * cfg_.head_dim);
     for (float* base : {kd, vd}) {
-      const auto dest = Buffer<float>::wrap(device_, base + off, row);
+      const auto dest = Buffer<float>::wrap(device_, base + head_offset(h), row);
       for (const auto& [name, src] : {std::pair<const char*, const Buffer<float>*>{"k", &k}, {"v", &v}})
         LOCKSTEP_CHECK_ARG(!detail::overlaps(*src, dest), w, name, "memory that overlaps the rows it is written to",
                            "a buffer outside slot " + std::to_string(slot) + "'s rows [0, count) of layer " +
@@ -547,7 +547,7 @@ void KvCache::write_from_device(Stream& stream, std::int64_t slot, std::int64_t 
     }
   }
   for (std::int64_t h = 0; h < cfg_.num_kv_heads && row > 0; ++h) {
-    const std::size_t off = std::size_t(((slot * cfg_.num_kv_heads) + h) * cfg_.max_len * cfg_.head_dim);
+    const std::size_t off = head_offset(h);
     detail::StreamAccess::copy_d2d(stream, kd + off, k.data().get() + std::size_t(h) * row, row * sizeof(float));
     detail::StreamAccess::copy_d2d(stream, vd + off, v.data().get() + std::size_t(h) * row, row * sizeof(float));
   }

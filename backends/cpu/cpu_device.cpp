@@ -329,7 +329,8 @@ class CpuDevice final : public Device {
     caps_.simd_target = table_.target;
     name_ = "lockstep simulated GPU on " + cpu_model() + " (" + std::to_string(rt_.threads) +
             " threads, " + table_.target + ")";
-    shuffle_ = env("LOCKSTEP_CPU_SHUFFLE_BLOCKS") != nullptr && std::string(env("LOCKSTEP_CPU_SHUFFLE_BLOCKS")) != "0";
+    const char* shuffle = env("LOCKSTEP_CPU_SHUFFLE_BLOCKS");
+    shuffle_ = shuffle != nullptr && std::string_view(shuffle) != "0";
     default_stream_ = std::make_unique<CpuStream>(*this);
   }
   ~CpuDevice() override {

@@ -6,14 +6,10 @@
 # two launches and 9711eba's library (the library of runs 115-116) in .gpu/base.
 # Staging: bash tools/gpu/stage.sh && mkdir -p .gpu/base && cp <9711eba's liblockstep.so.0> .gpu/base/
 #   && nvcc -O2 -std=c++17 -arch=sm_90a -cudart static -o .gpu/launch_cost tools/gpu/launch_cost.cu
-#      -L/usr/local/cuda/lib64/stubs -lcuda && cp tools/gpu/run119*.sh tools/gpu/check_descriptors.py .gpu/
+#      -L/usr/local/cuda/lib64/stubs -lcuda && cp tools/gpu/run119*.sh tools/gpu/check_descriptors.py .gpu/ (run119_common.sh too)
 # Run (device tool, carry [".gpu"]): bash .gpu/run119a.sh; then bash .gpu/run119b.sh.
-export OUT; G=$(pwd)/.gpu
-export LD_LIBRARY_PATH=$G
-sm=$OUT/summary.txt
-T0=$(date +%s); BUDGET=${BUDGET:-540}
-left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
-echo "commit $(cat $G/COMMIT)" | tee -a $sm
+BUDGET=${BUDGET:-540}
+source "$(pwd)/.gpu/run119_common.sh"
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,driver_version --format=csv,noheader | tee -a $sm
 lscpu | grep -E "Model name|^CPU\(s\)" | tee -a $sm
 which cuobjdump > /dev/null && cuobjdump -sass $G/liblockstep.so.0 | python3 $G/check_descriptors.py | tail -1 | tee -a $sm

@@ -3,19 +3,8 @@
 # one grid; every property at 300 cases with the defaults), lockstep parity, and
 # compute-sanitizer memcheck and racecheck over the decode, flash, KV-cache and interop unit
 # tests with the one grid. Each step runs only if the call's time budget still holds it.
-export OUT; G=$(pwd)/.gpu
-export LD_LIBRARY_PATH=$G
-sm=$OUT/summary.txt
-T0=$(date +%s); BUDGET=${BUDGET:-545}
-left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
-step() {  # step <seconds> <label> <log> <command...>: run with a timeout if the budget holds it
-  local need=$1 label=$2 log=$3; shift 3
-  if [ $(left) -lt $need ]; then echo "$label skipped: $(left) s left" | tee -a $sm; return; fi
-  local t0=$(date +%s)
-  timeout $need "$@" > $OUT/$log 2>&1
-  echo "$label rc=$? in $(( $(date +%s) - t0 )) s" | tee -a $sm
-}
-echo "commit $(cat $G/COMMIT)" | tee -a $sm
+BUDGET=${BUDGET:-545}
+source "$(pwd)/.gpu/run119_common.sh"
 export LOCKSTEP_DECODE_ONE_GRID=1
 RC_PARAMS="max_success=2000" step 140 "decode properties 2000 (one grid)" props_one.log $G/lockstep_proptests --gtest_filter='Decode.*:*IncrementalDecode*'
 grep -E "^\[ +(OK|FAILED)|Falsifiable" $OUT/props_one.log | tee -a $sm

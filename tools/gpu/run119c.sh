@@ -3,19 +3,8 @@
 # issues' case counts (every property at 1000 cases; decode's at 2000), compute-sanitizer
 # memcheck over every unit test on cuda:0, and racecheck over the fused-attention unit tests
 # (their kernels use shared memory). Each step runs only if the call's time budget holds it.
-export OUT; G=$(pwd)/.gpu
-export LD_LIBRARY_PATH=$G
-sm=$OUT/summary.txt
-T0=$(date +%s); BUDGET=${BUDGET:-550}
-left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
-step() {
-  local need=$1 label=$2 log=$3; shift 3
-  if [ $(left) -lt $need ]; then echo "$label skipped: $(left) s left" | tee -a $sm; return; fi
-  local t0=$(date +%s)
-  timeout $need "$@" > $OUT/$log 2>&1
-  echo "$label rc=$? in $(( $(date +%s) - t0 )) s" | tee -a $sm
-}
-echo "commit $(cat $G/COMMIT)" | tee -a $sm
+BUDGET=${BUDGET:-550}
+source "$(pwd)/.gpu/run119_common.sh"
 RC_PARAMS="max_success=2000" step 150 "decode properties 2000 (two launches)" props_dec2000.log $G/lockstep_proptests --gtest_filter='Decode.*'
 grep -E "^\[ +(OK|FAILED)|Falsifiable" $OUT/props_dec2000.log | tee -a $sm
 RC_PARAMS="max_success=1000" step 170 "all other properties 1000" props_1000.log $G/lockstep_proptests --gtest_filter='-Decode.*'

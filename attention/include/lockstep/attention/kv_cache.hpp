@@ -120,7 +120,7 @@ class KvCache {
   void appended_on_device(std::int64_t layer);
   void set_layers(std::int64_t slot, std::int64_t n);
   void recount(std::int64_t slot);
-  std::size_t check_import(std::string_view where, Stream& stream, std::int64_t slot, std::int64_t layer,
+  void check_import(std::string_view where, Stream& stream, std::int64_t slot, std::int64_t layer,
                            std::size_t k_size, std::size_t v_size, std::int64_t count) const;
   void imported(std::int64_t slot, std::int64_t layer, std::int64_t count);
   // The positions of an append into `layer`, validated (-1: a done slot), and the text of the

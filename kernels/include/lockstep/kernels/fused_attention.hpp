@@ -144,7 +144,7 @@ struct FusedBlock {
 // accumulator computed by the operations, in the order, of the lane that stores it here (the
 // comment there lists them), so the bits are the lane path's (tested against it on the CPU, by
 // Attention.FusedExactRowMajorGivesTheLaneBytes and by every fused property, which also runs
-// the generic variant's lane path; CUDA against it on the GPU: tools/gpu/run117.sh). Like Note
+// the generic variant's lane path; CUDA against it on the GPU: run 119's fused properties at 1000 cases). Like Note
 // [row-major decode], a kernel's arithmetic written a second time, in a backend: the price of
 // 5-7x (51-69% of the fma rate at the CPU's prefill shapes, docs/performance.md).
 LOCKSTEP_FLAG_TRAIT(has_row_major_exact, kRowMajorExact)  // hd.hpp

@@ -1,0 +1,15 @@
+# Sourced by tools/gpu/run119{a,b,c}.sh on the GPU machine: paths, the summary file, the call's
+# time budget (BUDGET seconds from now; the device tool allows 10 minutes a command) and step.
+export OUT; G=$(pwd)/.gpu
+export LD_LIBRARY_PATH=$G
+sm=$OUT/summary.txt
+T0=$(date +%s); BUDGET=${BUDGET:-545}
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+step() {  # step <seconds> <label> <log> <command...>: run with that timeout if the budget holds it
+  local need=$1 label=$2 log=$3; shift 3
+  if [ $(left) -lt $need ]; then echo "$label skipped: $(left) s left" | tee -a $sm; return; fi
+  local t0=$(date +%s)
+  timeout $need "$@" > $OUT/$log 2>&1
+  echo "$label rc=$? in $(( $(date +%s) - t0 )) s" | tee -a $sm
+}
+echo "commit $(cat $G/COMMIT)" | tee -a $sm
