@@ -649,7 +649,9 @@ struct DecodeChunk
     const std::int64_t gx = x.grid_x(), gy = x.grid_y(), gz = x.grid_z();
     const std::int64_t linear = (std::int64_t{x.block_z()} * gy + x.block_y()) * gx + x.block_x();
     const bool prefetch = linear >= gx * gy * gz - p.prefetch_tail;
-    chunk_block(x, p, BlockAt{x.block_x(), x.block_y(), x.block_z(), x.grid_y(), x.grid_z()}, prefetch);
+    // The ring's first tiles by a loop that is not unrolled, as in DecodeOneGrid (Note [streamed
+    // tiles]): with the prefetch's code the unrolled copies got an unset descriptor (run 120).
+    chunk_block<true>(x, p, BlockAt{x.block_x(), x.block_y(), x.block_z(), x.grid_y(), x.grid_z()}, prefetch);
   }
 
   // Note [decode timeline]: mark k of the block at c (thread 0).
@@ -750,19 +752,21 @@ struct DecodeChunk
       const bool row_major = row_major_decode<X>(x);
       if constexpr (NS > 0) {
         if (!row_major) {
+          // Note [tail prefetch]: the rest of the chunk (K past the ring's first tiles, all of
+          // V) requested into the L2 now, not tile by tile. A hint: the same bytes are read.
+          // Before the ring's first copies: after them, ptxas 13.0 gave those copies an unset
+          // descriptor again (Note [streamed tiles]; run 120).
+          if (prefetch) {
+            constexpr int kAhead = NS * kTileRows;
+            if (live > kAhead) x.prefetch_l2(kb + kAhead * D, (live - kAhead) * D * 4);
+            x.prefetch_l2(vb, live * D * 4);
+          }
           if constexpr (RolledFirstTiles) {  // Note [streamed tiles]: DecodeOneGrid's blocks
             LOCKSTEP_NO_UNROLL
             for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live, nrow, kn, vn, policy);
           } else {
             LOCKSTEP_UNROLL
             for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live, nrow, kn, vn, policy);
-          }
-          // Note [tail prefetch]: the rest of the chunk (K past the ring's first tiles, all of
-          // V) requested into the L2 now, not tile by tile. A hint: the same bytes are read.
-          if (prefetch) {
-            constexpr int kAhead = NS * kTileRows;
-            if (live > kAhead) x.prefetch_l2(kb + kAhead * D, (live - kAhead) * D * 4);
-            x.prefetch_l2(vb, live * D * 4);
           }
         }
         if (appends && by % subgroups == 0) {  // one block per kv head writes the cache
