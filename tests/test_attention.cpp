@@ -117,14 +117,12 @@ enum class DecodeSync { kKernel, kSignals, kFold, kOneGrid };
 // Chunk then Merge over `rows` query rows (row r's q is row r of q; every row reads slot 0's
 // cache) of length len; with counters, checks that they are zero afterwards. timeline: the
 // timeline variant's marks (Note [decode timeline]), or null; merge_timeline: Note [merge
-// timeline]; l2_policy: the K/V copies' L2 policy (Note [streamed tiles]); prefetch_tail: Note
-// [tail prefetch].
+// timeline]; l2_policy: the K/V copies' L2 policy (Note [streamed tiles]).
 template <class Chunk, class Merge>
 std::vector<float> run_decode(Stream& s, const std::shared_ptr<Device>& dev, const Buffer<float>& q,
                               const Buffer<float>& k, const Buffer<float>& v, int H, int Hkv, int L,
                               int len, int rows, DecodeSync sync, std::uint64_t* timeline = nullptr,
-                              std::uint64_t* merge_timeline = nullptr, int l2_policy = kernels::kL2Unchanged,
-                              int prefetch_tail = 0) {
+                              std::uint64_t* merge_timeline = nullptr, int l2_policy = kernels::kL2Unchanged) {
   constexpr int D = Chunk::kQuads * 32;
   const int chunks = (L + kernels::kDecodeChunk - 1) / kernels::kDecodeChunk;
   const std::size_t blocks_y = std::size_t(H / Chunk::kHeads);
@@ -149,7 +147,6 @@ std::vector<float> run_decode(Stream& s, const std::shared_ptr<Device>& dev, con
   p.timeline = timeline;
   p.merge_timeline = merge_timeline;
   p.kv_l2_policy = l2_policy;
-  p.prefetch_tail = prefetch_tail;
   // The ticket, then the pairs (as launch_decode lays them out: Note [one grid]).
   const std::size_t counter_ints = 1 + rows * blocks_y * 2;
   bool fresh = false;
@@ -316,8 +313,7 @@ TEST_P(Attention, DecodeTimelineMarksEachPhaseInOrder) {
 // arithmetic: Note [async tiles]), in the two launches and in DecodeOneGrid (whose first tiles
 // are issued by a loop that is not unrolled), for rows past and within the length, at head_dim
 // 128 with 4 heads per block and with 1 (32-row tiles). At head_dim 64 (whisper-tiny's kernel),
-// where no copy-free variant is registered, every policy gives evict-unchanged's bytes. So does
-// the prefetch of Note [tail prefetch], another hint.
+// where no copy-free variant is registered, every policy gives evict-unchanged's bytes.
 TEST_P(Attention, DecodeL2PoliciesGiveTheSameBytes) {
   const auto check = [&]<class Chunk, class Ref>(int H, int Hkv, std::uint32_t seed) {
     constexpr int D = Chunk::kQuads * 32;
@@ -336,12 +332,6 @@ TEST_P(Attention, DecodeL2PoliciesGiveTheSameBytes) {
           const auto got = run_decode<Chunk, Merge>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, sync, nullptr,
                                                     nullptr, policy);
           EXPECT_TRUE(same(ref, got)) << "policy " << policy << (sync == DecodeSync::kOneGrid ? ", one grid" : ", two launches");
-        }
-        // Note [tail prefetch]: the last block, the last three, every block.
-        for (int tail : {1, 3, 1 << 30}) {
-          const auto got = run_decode<Chunk, Merge>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kSignals,
-                                                    nullptr, nullptr, policy, tail);
-          EXPECT_TRUE(same(ref, got)) << "policy " << policy << ", tail prefetch " << tail;
         }
       }
     }

@@ -360,9 +360,6 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
   p.ticket = counters;
   p.counters = counters != nullptr ? counters + 1 : nullptr;
   p.ticket_after_wait = fresh ? 1 : 0;  // Note [one grid]: a fill zeroed them just now
-  // Note [tail prefetch]: LOCKSTEP_DECODE_TAIL_PREFETCH=N blocks (a measurement knob; 0: none).
-  static const int tail_prefetch = std::max(0, env_knob("LOCKSTEP_DECODE_TAIL_PREFETCH", 0));
-  p.prefetch_tail = tail_prefetch;
   const std::uint32_t rows_grid = static_cast<std::uint32_t>(std::min<std::int32_t>(p.rows, 65535));
   const Dim3 chunk_grid{static_cast<std::uint32_t>(p.max_chunks),
                         static_cast<std::uint32_t>(p.Hkv * (group / g)), rows_grid};

@@ -1,4 +1,4 @@
-# Sourced by tools/gpu/run119{a,b,c}.sh and run120.sh on the GPU machine: paths, the summary file, the call's
+# Sourced by tools/gpu/run119{a,b,c}.sh on the GPU machine: paths, the summary file, the call's
 # time budget (BUDGET seconds from now; the device tool allows 10 minutes a command) and step.
 export OUT; G=$(pwd)/.gpu
 export LD_LIBRARY_PATH=$G

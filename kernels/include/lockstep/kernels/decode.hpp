@@ -83,9 +83,6 @@ struct DecodeParams {
   // grid (the stream's counters were just zeroed by a fill); 0: before it. (Last, so that the
   // other kernels' parameter offsets do not move.)
   std::int32_t ticket_after_wait;
-  // Note [tail prefetch]: the last prefetch_tail blocks of the chunk grid (in launch order)
-  // prefetch their chunk's K and V into the L2 at their start; 0: none.
-  std::int32_t prefetch_tail;
 };
 
 // Note [row-major decode]
@@ -563,17 +560,6 @@ struct DecodeChunkBound<true, N> {
 // (chunk_block<RolledFirstTiles = true>), and every copy then names a descriptor that the
 // kernel computes. tools/gpu/check_descriptors.py checks a build's SASS for such copies
 // (docs/kernels.md rule 7b).
-// Note [tail prefetch]
-// A chunk block keeps at most NS tiles of its chunk in flight. While the grid's blocks fill
-// every multiprocessor that is enough to keep the DRAM busy, but in the last wave fewer and
-// fewer blocks are left, each with at most NS tiles requested, and the DRAM idles while they
-// finish (the same-size read itself ends at 93.5% of the ceiling: docs/performance.md). With
-// p.prefetch_tail = N, the last N blocks of the chunk grid in launch order request the rest of
-// their chunk (K past the first NS tiles and all of V: cp.async.bulk.prefetch.L2 on sm_90; nothing
-// on the CPU) into the L2 when they start, so their reads are queued while the other blocks still
-// stream and the last ones read from the L2. N = 0 (none) unless LOCKSTEP_DECODE_TAIL_PREFETCH
-// sets it (a measurement knob). A hint: which bytes are read, and in what order they are used,
-// do not change (Attention.DecodeScheduleVariantsGiveTheSameBytes runs it).
 // Note [decode timeline]
 // A diagnostic: DecodeChunk<..., TL = true> (registered at head_dim 128 with 4 heads per block,
 // chosen by LOCKSTEP_DECODE_TIMELINE=<file>, which launch_decode then appends to) has thread 0
@@ -645,13 +631,7 @@ struct DecodeChunk
   LOCKSTEP_HD static void run(X& x, const Params& p) {
     x.wait_prior_grids();
     x.allow_dependent_grids();
-    // Note [tail prefetch]: is this block among the grid's last p.prefetch_tail?
-    const std::int64_t gx = x.grid_x(), gy = x.grid_y(), gz = x.grid_z();
-    const std::int64_t linear = (std::int64_t{x.block_z()} * gy + x.block_y()) * gx + x.block_x();
-    const bool prefetch = linear >= gx * gy * gz - p.prefetch_tail;
-    // The ring's first tiles by a loop that is not unrolled, as in DecodeOneGrid (Note [streamed
-    // tiles]): with the prefetch's code the unrolled copies got an unset descriptor (run 120).
-    chunk_block<true>(x, p, BlockAt{x.block_x(), x.block_y(), x.block_z(), x.grid_y(), x.grid_z()}, prefetch);
+    chunk_block(x, p, BlockAt{x.block_x(), x.block_y(), x.block_z(), x.grid_y(), x.grid_z()});
   }
 
   // Note [decode timeline]: mark k of the block at c (thread 0).
@@ -696,8 +676,7 @@ struct DecodeChunk
   // ring's first tiles are issued by a loop that is not unrolled (DecodeOneGrid on the GPU, Note
   // [streamed tiles]: the unrolled hinted copies there got broken encodings from ptxas 13.0).
   template <bool RolledFirstTiles = false, class X>
-  LOCKSTEP_HD_OUTLINED_ON_CPU static void chunk_block(X& x, const Params& p, const BlockAt c,
-                                                      bool prefetch = false) {
+  LOCKSTEP_HD_OUTLINED_ON_CPU static void chunk_block(X& x, const Params& p, const BlockAt c) {
     using F = typename X::template Lanes<float>;
     using I = typename X::template Lanes<lane_int>;
     using B = typename X::template Lanes<bool>;
@@ -752,15 +731,6 @@ struct DecodeChunk
       const bool row_major = row_major_decode<X>(x);
       if constexpr (NS > 0) {
         if (!row_major) {
-          // Note [tail prefetch]: the rest of the chunk (K past the ring's first tiles, all of
-          // V) requested into the L2 now, not tile by tile. A hint: the same bytes are read.
-          // Before the ring's first copies: after them, ptxas 13.0 gave those copies an unset
-          // descriptor again (Note [streamed tiles]; run 120).
-          if (prefetch) {
-            constexpr int kAhead = NS * kTileRows;
-            if (live > kAhead) x.prefetch_l2(kb + kAhead * D, (live - kAhead) * D * 4);
-            x.prefetch_l2(vb, live * D * 4);
-          }
           if constexpr (RolledFirstTiles) {  // Note [streamed tiles]: DecodeOneGrid's blocks
             LOCKSTEP_NO_UNROLL
             for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live, nrow, kn, vn, policy);
