@@ -15,20 +15,15 @@
 #include "lockstep/attention/multihead.hpp"
 #include "lockstep/attention/ops.hpp"
 #include "support/backends.hpp"
+#include "support/calls.hpp"
 #include "support/random.hpp"
 
 namespace lockstep::testing {
 namespace {
 
-class Kernels : public BackendTest {
+class Kernels : public CallTest {
  protected:
-  Buffer<float> upload(const std::vector<float>& h) {
-    Buffer<float> b(dev, h.size());
-    b.copy_from_host(dev->default_stream(), h);
-    return b;
-  }
-  std::vector<float> download(const Buffer<float>& b) { return b.to_vector(dev->default_stream()); }
-  Stream& s() { return dev->default_stream(); }
+  std::vector<float> download(const Buffer<float>& b) { return b.to_vector(s()); }
 };
 
 TEST_P(Kernels, SoftmaxKnownValuesAndEdgeRows) {

@@ -23,11 +23,6 @@ namespace {
 
 class MutationKills : public CallTest {
  protected:
-  Buffer<float> from(const std::vector<float>& h) {
-    Buffer<float> b(dev, h.size());
-    b.copy_from_host(s(), h);
-    return b;
-  }
   // Distinct host tokens: kv_heads * count * head_dim values from `base` on.
   static std::vector<float> tokens(std::size_t n, float base) {
     std::vector<float> h(n);
@@ -215,7 +210,7 @@ TEST_P(MutationKills, ScaleMaskKernelIsBottomRightAligned) {
   const std::int64_t rows = 2, cols = 5;
   std::vector<float> h(std::size_t(rows * cols));
   std::iota(h.begin(), h.end(), 1.0f);
-  auto in = from(h);
+  auto in = upload(h);
   auto out = filled(h.size(), 42.0f);
   kernels::ScaleMaskParams p{};
   p.in = in.data().get();
@@ -256,7 +251,7 @@ TEST_P(MutationKills, CopyAcrossRefusesDifferentSizes) {
 TEST_P(MutationKills, AdjacentWrappedBuffersDoNotOverlap) {
   std::vector<float> h(16);
   std::iota(h.begin(), h.end(), 1.0f);
-  auto base = from(h);
+  auto base = upload(h);
   auto in = Buffer<float>::wrap(dev, base.data().get(), 8);
   auto out = Buffer<float>::wrap(dev, base.data().get() + 8, 8);
   ops::transpose(s(), in, out, 1, 2, 4);

@@ -1,6 +1,6 @@
 #pragma once
 // A backend test's helpers for calls on the device's default stream: filled buffers, typed-error
-// checks, byte comparison (shared by the attention tests and the mutation-pass tests).
+// checks, byte comparison (shared by the attention, kernel and mutation-pass tests).
 
 #include <cstddef>
 #include <string>
@@ -13,6 +13,11 @@ namespace lockstep::testing {
 class CallTest : public BackendTest {
  protected:
   Stream& s() { return dev->default_stream(); }
+  Buffer<float> upload(const std::vector<float>& h) {
+    Buffer<float> b(dev, h.size());
+    b.copy_from_host(s(), h);
+    return b;
+  }
   Buffer<float> filled(std::size_t n, float v) {
     Buffer<float> b(dev, n);
     b.fill(s(), v);
