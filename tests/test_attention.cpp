@@ -117,12 +117,14 @@ enum class DecodeSync { kKernel, kSignals, kFold, kOneGrid };
 // Chunk then Merge over `rows` query rows (row r's q is row r of q; every row reads slot 0's
 // cache) of length len; with counters, checks that they are zero afterwards. timeline: the
 // timeline variant's marks (Note [decode timeline]), or null; merge_timeline: Note [merge
-// timeline]; l2_policy: the K/V copies' L2 policy (Note [streamed tiles]).
+// timeline]; l2_policy: the K/V copies' L2 policy (Note [streamed tiles]); prefetch_tail: Note
+// [tail prefetch].
 template <class Chunk, class Merge>
 std::vector<float> run_decode(Stream& s, const std::shared_ptr<Device>& dev, const Buffer<float>& q,
                               const Buffer<float>& k, const Buffer<float>& v, int H, int Hkv, int L,
                               int len, int rows, DecodeSync sync, std::uint64_t* timeline = nullptr,
-                              std::uint64_t* merge_timeline = nullptr, int l2_policy = kernels::kL2Unchanged) {
+                              std::uint64_t* merge_timeline = nullptr, int l2_policy = kernels::kL2Unchanged,
+                              int prefetch_tail = 0) {
   constexpr int D = Chunk::kQuads * 32;
   const int chunks = (L + kernels::kDecodeChunk - 1) / kernels::kDecodeChunk;
   const std::size_t blocks_y = std::size_t(H / Chunk::kHeads);
@@ -147,6 +149,7 @@ std::vector<float> run_decode(Stream& s, const std::shared_ptr<Device>& dev, con
   p.timeline = timeline;
   p.merge_timeline = merge_timeline;
   p.kv_l2_policy = l2_policy;
+  p.prefetch_tail = prefetch_tail;
   // The ticket, then the pairs (as launch_decode lays them out: Note [one grid]).
   const std::size_t counter_ints = 1 + rows * blocks_y * 2;
   bool fresh = false;
@@ -313,7 +316,10 @@ TEST_P(Attention, DecodeTimelineMarksEachPhaseInOrder) {
 // arithmetic: Note [async tiles]), in the two launches and in DecodeOneGrid (whose first tiles
 // are issued by a loop that is not unrolled), for rows past and within the length, at head_dim
 // 128 with 4 heads per block and with 1 (32-row tiles). At head_dim 64 (whisper-tiny's kernel),
-// where no copy-free variant is registered, every policy gives evict-unchanged's bytes.
+// where no copy-free variant is registered, every policy gives evict-unchanged's bytes. So does
+// the variant of Note [tail prefetch] (another hint) at head_dim 128 with 4 heads per block,
+// with none of its blocks, the last, the last three and all of them prefetching (on the CPU
+// device by both of its decode paths).
 TEST_P(Attention, DecodeL2PoliciesGiveTheSameBytes) {
   const auto check = [&]<class Chunk, class Ref>(int H, int Hkv, std::uint32_t seed) {
     constexpr int D = Chunk::kQuads * 32;
@@ -332,6 +338,22 @@ TEST_P(Attention, DecodeL2PoliciesGiveTheSameBytes) {
           const auto got = run_decode<Chunk, Merge>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, sync, nullptr,
                                                     nullptr, policy);
           EXPECT_TRUE(same(ref, got)) << "policy " << policy << (sync == DecodeSync::kOneGrid ? ", one grid" : ", two launches");
+        }
+        if constexpr (std::is_same_v<Chunk, kernels::DecodeChunk<128, 4, 1, 4>>) {
+          // On the CPU device both paths: the lane path runs the GPU's code (the ring, its
+          // rolled first copies and the prefetch's no-op), the row-major path its own.
+          using Prefetching = kernels::DecodeChunk<128, 4, 1, 4, false, true>;
+          const bool cpu = dev->id().kind == DeviceKind::kCpu;
+          for (int lanes : {0, 1}) {
+            if (lanes == 1 && !cpu) break;
+            if (lanes == 1) ::setenv("LOCKSTEP_CPU_DECODE_LANES", "1", 1);
+            for (int tail : {0, 1, 3, 1 << 30}) {
+              const auto got = run_decode<Prefetching, Merge>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1,
+                                                              DecodeSync::kSignals, nullptr, nullptr, policy, tail);
+              EXPECT_TRUE(same(ref, got)) << "policy " << policy << ", tail prefetch " << tail << (lanes ? ", lane path" : "");
+            }
+            ::unsetenv("LOCKSTEP_CPU_DECODE_LANES");
+          }
         }
       }
     }

@@ -138,6 +138,13 @@ void dump_timeline(Stream& s, const Buffer<float>& tl, Dim3 grid, const Buffer<f
     f << '\n';
   }
 }
+// Note [tail prefetch] (kernels/decode.hpp): LOCKSTEP_DECODE_TAIL_PREFETCH=N has the last N
+// blocks of the chunk grid prefetch their chunk into the L2, at head_dim 128 with 4 query heads
+// per block (the variant registered); 0 (the default): none.
+int tail_prefetch_knob() {
+  static const int n = std::max(0, env_knob("LOCKSTEP_DECODE_TAIL_PREFETCH", 0));
+  return n;
+}
 int stages_knob() {
   static const int ns = env_knob("LOCKSTEP_DECODE_STAGES", -1);
   return ns;
@@ -164,6 +171,8 @@ void with_chunk_variant(int g, F&& f) {
   }
   if constexpr (D == 128) {
     if (g == 4 && !timeline_path().empty()) return f.template operator()<DecodeChunk<128, 4, 1, 4, true>>();
+    if (g == 4 && tail_prefetch_knob() > 0)  // Note [tail prefetch]
+      return f.template operator()<DecodeChunk<128, 4, 1, 4, false, true>>();
   }
   if constexpr (D <= 128) {
     if (g == 4) return f.template operator()<DecodeChunk<D, 4, 1, 4>>();
@@ -360,6 +369,7 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
   p.ticket = counters;
   p.counters = counters != nullptr ? counters + 1 : nullptr;
   p.ticket_after_wait = fresh ? 1 : 0;  // Note [one grid]: a fill zeroed them just now
+  p.prefetch_tail = tail_prefetch_knob();  // Note [tail prefetch]: read by its variant only
   const std::uint32_t rows_grid = static_cast<std::uint32_t>(std::min<std::int32_t>(p.rows, 65535));
   const Dim3 chunk_grid{static_cast<std::uint32_t>(p.max_chunks),
                         static_cast<std::uint32_t>(p.Hkv * (group / g)), rows_grid};

@@ -782,6 +782,8 @@ class CpuExec {
   }
   // As copy4_async: the GPU's L2 policies have no meaning here (backends/cuda/cuda_exec.cuh).
   std::uint64_t l2_policy(int /*which*/) const { return 0; }
+  // Note [tail prefetch]: a hint for the GPU's L2; nothing here.
+  void prefetch_l2(const float* /*p*/, int /*bytes*/) const {}
   template <class T, LaneExpr DO, LaneExpr SO, class M>
   void copy4_async_stream(T* dst, DO&& doff, const T* src, SO&& soff, M&& mask, std::uint64_t /*policy*/) const {
     copy4_async(dst, std::forward<DO>(doff), src, std::forward<SO>(soff), std::forward<M>(mask));

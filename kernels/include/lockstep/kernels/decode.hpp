@@ -83,6 +83,10 @@ struct DecodeParams {
   // grid (the stream's counters were just zeroed by a fill); 0: before it. (Last, so that the
   // other kernels' parameter offsets do not move.)
   std::int32_t ticket_after_wait;
+  // Note [tail prefetch]: the last prefetch_tail blocks of the chunk grid (in launch order)
+  // prefetch their chunk's K and V into the L2 at their start (read by DecodeChunk<..., PF =
+  // true> only); 0: none.
+  std::int32_t prefetch_tail;
 };
 
 // Note [row-major decode]
@@ -560,6 +564,22 @@ struct DecodeChunkBound<true, N> {
 // (chunk_block<RolledFirstTiles = true>), and every copy then names a descriptor that the
 // kernel computes. tools/gpu/check_descriptors.py checks a build's SASS for such copies
 // (docs/kernels.md rule 7b).
+// Note [tail prefetch]
+// A chunk block keeps at most NS tiles of its chunk in flight. While the grid's blocks fill
+// every multiprocessor that is enough to keep the DRAM busy, but in the last wave fewer and
+// fewer blocks are left, each with at most NS tiles requested, and the DRAM idles while they
+// finish (the same-size read itself ends at 93.5% of the ceiling: docs/performance.md). The
+// variant DecodeChunk<..., PF = true> (registered at head_dim 128 with 4 heads per block, the
+// B = 1 L = 32768 benchmark's kernel; launch_decode picks it when LOCKSTEP_DECODE_TAIL_PREFETCH
+// = N > 0, a measurement knob) has the last N blocks of the chunk grid in launch order request
+// the rest of their chunk (K past the first NS tiles and all of V: cp.async.bulk.prefetch.L2 on
+// sm_90; nothing on the CPU) into the L2 when they start, so that their reads are queued while
+// the other blocks still stream and the last ones read from the L2. A hint: which bytes are
+// read, and in what order they are used, do not change (Attention.DecodeL2PoliciesGiveTheSameBytes).
+// The variant issues the ring's first tiles by the rolled loop (RolledFirstTiles): with the
+// prefetch beside the unrolled copies, ptxas 13.0 gave those copies an unset descriptor (run 120:
+// an illegal instruction on the H200). A variant of its own, so that the default kernel's code
+// stays the one verified on the GPU: its SASS is unchanged by this note (checked with cuobjdump).
 // Note [decode timeline]
 // A diagnostic: DecodeChunk<..., TL = true> (registered at head_dim 128 with 4 heads per block,
 // chosen by LOCKSTEP_DECODE_TIMELINE=<file>, which launch_decode then appends to) has thread 0
@@ -567,7 +587,7 @@ struct DecodeChunkBound<true, N> {
 // when its first K tile has landed (1), at the end of the scores (2), of the softmax (3), of
 // P x V (4) and once its partials are stored (5), and its multiprocessor (6). The arithmetic is
 // the default kernel's; the variant only measures where a block's time goes.
-template <int D, int G, int RB = default_row_batch(D, G), int NS = 0, bool TL = false>
+template <int D, int G, int RB = default_row_batch(D, G), int NS = 0, bool TL = false, bool PF = false>
 struct DecodeChunk
     : DecodeChunkBound<(NS == 4 && G >= 4 && D != 96), decode_chunk_blocks_per_sm(D, G)> {
   static_assert(D % 32 == 0 && D <= 256, "head_dim: a multiple of 32, at most 256");
@@ -631,7 +651,14 @@ struct DecodeChunk
   LOCKSTEP_HD static void run(X& x, const Params& p) {
     x.wait_prior_grids();
     x.allow_dependent_grids();
-    chunk_block(x, p, BlockAt{x.block_x(), x.block_y(), x.block_z(), x.grid_y(), x.grid_z()});
+    const BlockAt c{x.block_x(), x.block_y(), x.block_z(), x.grid_y(), x.grid_z()};
+    if constexpr (PF) {  // Note [tail prefetch]: is this block among the grid's last p.prefetch_tail?
+      const std::int64_t gx = x.grid_x(), gy = x.grid_y(), gz = x.grid_z();
+      const std::int64_t linear = (std::int64_t{c.z} * gy + c.y) * gx + c.x;
+      chunk_block<true, true>(x, p, c, linear >= gx * gy * gz - p.prefetch_tail);
+    } else {
+      chunk_block(x, p, c);
+    }
   }
 
   // Note [decode timeline]: mark k of the block at c (thread 0).
@@ -675,8 +702,10 @@ struct DecodeChunk
   // The K and V copies take p's L2 policy (Note [streamed tiles]); RolledFirstTiles: the
   // ring's first tiles are issued by a loop that is not unrolled (DecodeOneGrid on the GPU, Note
   // [streamed tiles]: the unrolled hinted copies there got broken encodings from ptxas 13.0).
-  template <bool RolledFirstTiles = false, class X>
-  LOCKSTEP_HD_OUTLINED_ON_CPU static void chunk_block(X& x, const Params& p, const BlockAt c) {
+  // Prefetch: the code of Note [tail prefetch], run when `prefetch`.
+  template <bool RolledFirstTiles = false, bool Prefetch = false, class X>
+  LOCKSTEP_HD_OUTLINED_ON_CPU static void chunk_block(X& x, const Params& p, const BlockAt c,
+                                                      bool prefetch = false) {
     using F = typename X::template Lanes<float>;
     using I = typename X::template Lanes<lane_int>;
     using B = typename X::template Lanes<bool>;
@@ -731,6 +760,16 @@ struct DecodeChunk
       const bool row_major = row_major_decode<X>(x);
       if constexpr (NS > 0) {
         if (!row_major) {
+          if constexpr (Prefetch) {
+            // Note [tail prefetch]: the rest of the chunk (K past the ring's first tiles, all of
+            // V) requested into the L2 now, before the ring's first copies. A hint: the same
+            // bytes are read.
+            if (prefetch) {
+              constexpr int kAhead = NS * kTileRows;
+              if (live > kAhead) x.prefetch_l2(kb + kAhead * D, (live - kAhead) * D * 4);
+              x.prefetch_l2(vb, live * D * 4);
+            }
+          }
           if constexpr (RolledFirstTiles) {  // Note [streamed tiles]: DecodeOneGrid's blocks
             LOCKSTEP_NO_UNROLL
             for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live, nrow, kn, vn, policy);

@@ -39,6 +39,7 @@ using AllKernels = KernelList<
     DecodeChunk<128, 4, 2>, DecodeChunk<128, 4, 4>, DecodeChunk<128, 1, 2>, DecodeChunk<128, 1, 4>,
     DecodeChunk<96, 4, 2>, DecodeChunk<128, 4, 2, 3>,
     DecodeChunk<128, 4, 1, 4, true>,  // Note [decode timeline]
+    DecodeChunk<128, 4, 1, 4, false, true>,  // Note [tail prefetch]
     DecodeMerge<32>, DecodeMerge<64>, DecodeMerge<96>, DecodeMerge<128>, DecodeMerge<256>,
     DecodeMerge<128, 32, 4, 1>,  // short rows (few merge blocks): Note [merge schedule]
     DecodeMerge<128, 32, 4, 1, true>,  // Note [merge timeline]
