@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Run 120 (twentieth session), one call: HEAD's library verified on cuda:0 (the unit tests, the
-# decode properties at 2000 cases, all properties at 300, the decode properties at 500 with every
-# chunk block prefetching (Note [tail prefetch]), parity, memcheck over the decode tests), then the
-# decode benchmarks in three rounds alternating LOCKSTEP_DECODE_TAIL_PREFETCH = 0 (HEAD's default),
-# 132, 264, 528 and every block.
-# Staging: bash tools/gpu/stage.sh && cp tools/gpu/run119_common.sh tools/gpu/run120.sh tools/gpu/check_descriptors.py .gpu/
-# Run (device tool, carry [".gpu"]): bash .gpu/run120.sh
+# Run 121 (planned in the twenty-first session; run 120's plan, whose one call was lost): HEAD's
+# library verified on cuda:0 (the unit tests, the decode properties at 2000 cases, all properties
+# at 300, the decode properties at 500 with every chunk block prefetching (Note [tail prefetch]),
+# parity, memcheck over the decode tests and racecheck over the prefetching variant's test), then
+# the decode benchmarks in three rounds alternating LOCKSTEP_DECODE_TAIL_PREFETCH = 0 (HEAD's
+# default kernel, run 119's code), 1 (the prefetching variant with one block prefetching: what its
+# rolled first copies cost alone), 132, 264, 528 and every block.
+# Staging: bash tools/gpu/stage.sh && cp tools/gpu/run119_common.sh tools/gpu/run121.sh tools/gpu/check_descriptors.py .gpu/
+# Run (device tool, carry [".gpu"]): bash .gpu/run121.sh
 BUDGET=${BUDGET:-560}
 source "$(pwd)/.gpu/run119_common.sh"
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,driver_version --format=csv,noheader | tee -a $sm
@@ -16,7 +18,7 @@ step 60 "unit tests" tests.log $G/lockstep_tests
 grep -E '^\[  (PASSED|FAILED) |FAILED|Failure' $OUT/tests.log | head -12 | tee -a $sm
 F='^decode$|^flash_decoding$'
 for round in 1 2 3; do
-  for tail in 0 132 264 528 1000000; do
+  for tail in 0 1 132 264 528 1000000; do
     if [ $(left) -lt 300 ]; then echo "round $round tail $tail skipped: $(left) s left" | tee -a $sm; continue; fi
     LOCKSTEP_DECODE_TAIL_PREFETCH=$tail step 30 "round $round tail $tail" v-$tail-$round.log $G/lockstep-bench --device cuda:0 --filter "$F" --json $OUT/v-$tail-$round.json
     grep -E "^\| cuda.*flash_decoding \|" $OUT/v-$tail-$round.log | cut -c1-110 | tee -a $sm
@@ -45,4 +47,6 @@ step 40 "parity 60 cases" parity.log $G/lockstep parity --device cuda:0 --cases 
 tail -2 $OUT/parity.log | tee -a $sm
 LOCKSTEP_DECODE_TAIL_PREFETCH=1000000 step 40 "memcheck decode/flash/kv cache/interop tests, every block prefetching" memcheck.log compute-sanitizer --tool memcheck --error-exitcode 9 $G/lockstep_tests --gtest_filter='*Decod*cuda*:*Flash*cuda*:*KvCache*cuda*:*Increm*cuda*:CudaInterop*:-CudaInterop.OutOfMemory*'
 grep -E 'ERROR SUMMARY|^\[  PASSED|^\[  FAILED' $OUT/memcheck.log | tail -2 | tee -a $sm
+step 40 "racecheck the prefetching variant's test" racecheck.log compute-sanitizer --tool racecheck --error-exitcode 9 $G/lockstep_tests --gtest_filter='*DecodeL2Policies*cuda*'
+grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|^\[  PASSED|^\[  FAILED' $OUT/racecheck.log | tail -2 | tee -a $sm
 echo "elapsed $(( $(date +%s) - T0 )) s" | tee -a $sm
