@@ -26,17 +26,21 @@ std::size_t decode_workspace_floats(std::int64_t rows, std::int64_t H, std::int6
 
 void check_decode_shape(std::string_view where, std::int64_t n_heads, std::int64_t n_kv_heads,
                         std::int64_t head_dim, std::int64_t max_len, const DecodeShapeNames& nm) {
-  const std::string heads(nm.heads), kv_heads(nm.kv_heads), len(nm.max_len);
+  // Texts are built only for a failing check: this runs on every decode call.
+  const std::string_view heads(nm.heads), kv_heads(nm.kv_heads), len(nm.max_len);
   check_positive(where, heads, n_heads);
   check_positive(where, kv_heads, n_kv_heads);
   LOCKSTEP_CHECK_ARG(n_heads % n_kv_heads == 0, where, kv_heads, n_kv_heads,
-            "a divisor of " + heads + " = " + std::to_string(n_heads));
+            "a divisor of " + std::string(heads) + " = " + std::to_string(n_heads));
   check_head_dim(where, head_dim);
   check_nonneg(where, len, max_len);
   LOCKSTEP_CHECK_ARG(n_heads <= 65535, where, heads, n_heads, "<= 65535");
   LOCKSTEP_CHECK_ARG(n_kv_heads <= 65535, where, kv_heads, n_kv_heads, "<= 65535");
-  check_fits(checked_mul(std::uint64_t(max_len), std::uint64_t(head_dim), where, len + " * head_dim"),
-             kMaxLaneOffset, where, len + " * head_dim");
+  std::uint64_t elements = 0;
+  if (__builtin_mul_overflow(std::uint64_t(max_len), std::uint64_t(head_dim), &elements) || elements > kMaxLaneOffset) {
+    const std::string what = std::string(len) + " * head_dim";  // both checks throw here
+    check_fits(checked_mul(std::uint64_t(max_len), std::uint64_t(head_dim), where, what), kMaxLaneOffset, where, what);
+  }
 }
 
 namespace {

@@ -274,11 +274,13 @@ static void check_not_in_cache(std::string_view where, const KvCache& cache, std
   detail::check_no_overlap(where, name, b, "the cache's V", cache.v(layer));
 }
 
-// `heads` is the config's num_heads or num_kv_heads, named `heads_name` in the message.
+constexpr std::string_view kHeadsShape = "slots * num_heads * head_dim";
+constexpr std::string_view kKvHeadsShape = "slots * num_kv_heads * head_dim";
+// `heads` is the config's num_heads or num_kv_heads, and `shape` the product's text for the
+// message ("slots * num_heads * head_dim"): a literal, so that a call that passes builds no string.
 static void check_token_buffer(std::string_view where, std::string_view name, const Buffer<float>& b,
                                Stream& s, const KvCacheConfig& c, std::int64_t heads,
-                               std::string_view heads_name) {
-  const std::string shape = "slots * " + std::string(heads_name) + " * head_dim";
+                               std::string_view shape) {
   detail::check_on(where, name, b, s);
   detail::check_size(where, name, b,
                      checked_product({std::uint64_t(c.slots), std::uint64_t(heads), std::uint64_t(c.head_dim)},
@@ -335,8 +337,8 @@ void KvCache::append(Stream& stream, std::int64_t layer, const Buffer<float>& k_
   check_layer(w, layer);
   LOCKSTEP_CHECK_ARG(&stream.device() == device_.get(), w, "stream.device", stream.device().id().str(),
             "the cache's device " + device_->id().str());
-  check_token_buffer(w, "k_new", k_new, stream, cfg_, cfg_.num_kv_heads, "num_kv_heads");
-  check_token_buffer(w, "v_new", v_new, stream, cfg_, cfg_.num_kv_heads, "num_kv_heads");
+  check_token_buffer(w, "k_new", k_new, stream, cfg_, cfg_.num_kv_heads, kKvHeadsShape);
+  check_token_buffer(w, "v_new", v_new, stream, cfg_, cfg_.num_kv_heads, kKvHeadsShape);
   check_not_in_cache(w, *this, layer, "k_new", k_new);
   check_not_in_cache(w, *this, layer, "v_new", v_new);
   const auto pos = checked_positions(w, layer, positions);
@@ -357,10 +359,10 @@ void check_flash_args(std::string_view w, Stream& stream, const KvCache& cache, 
             "in [0, num_layers = " + std::to_string(c.num_layers) + ")");
   LOCKSTEP_CHECK_ARG(&stream.device() == &cache.device(), w, "stream.device", stream.device().id().str(),
             "the cache's device " + cache.device().id().str());
-  check_token_buffer(w, "q", q, stream, c, c.num_heads, "num_heads");
-  check_token_buffer(w, "out", out, stream, c, c.num_heads, "num_heads");
-  check_token_buffer(w, "k_new", k_new, stream, c, c.num_kv_heads, "num_kv_heads");
-  check_token_buffer(w, "v_new", v_new, stream, c, c.num_kv_heads, "num_kv_heads");
+  check_token_buffer(w, "q", q, stream, c, c.num_heads, kHeadsShape);
+  check_token_buffer(w, "out", out, stream, c, c.num_heads, kHeadsShape);
+  check_token_buffer(w, "k_new", k_new, stream, c, c.num_kv_heads, kKvHeadsShape);
+  check_token_buffer(w, "v_new", v_new, stream, c, c.num_kv_heads, kKvHeadsShape);
   detail::check_aligned16(w, "q", q);  // 16-byte loads and copies (not out: scalar stores)
   detail::check_aligned16(w, "k_new", k_new);
   detail::check_aligned16(w, "v_new", v_new);
