@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# Run 121 (planned in the twenty-first session; run 120's plan, whose one call was lost): HEAD's
-# library verified on cuda:0 (the unit tests, the decode properties at 2000 cases, all properties
-# at 300, the decode properties at 500 with every chunk block prefetching (Note [tail prefetch]),
-# parity, memcheck over the decode tests and racecheck over the prefetching variant's test), then
-# the decode benchmarks in three rounds alternating LOCKSTEP_DECODE_TAIL_PREFETCH = 0 (HEAD's
-# default kernel, run 119's code), 1 (the prefetching variant with one block prefetching: what its
-# rolled first copies cost alone), 132, 264, 528 and every block.
+# Run 121 (planned in the twenty-first session; run 120's plan, whose one call was lost): the unit
+# tests on cuda:0; the decode benchmarks in three rounds alternating LOCKSTEP_DECODE_TAIL_PREFETCH
+# = 0 (HEAD's default kernel, run 119's code), 1 (the prefetching variant with one block
+# prefetching: what its rolled first copies cost alone), 132, 264, 528 and every block; then the
+# rest of the verification of HEAD's library (the decode properties at 2000 cases, again at 500
+# with every chunk block prefetching (Note [tail prefetch]), all properties at 300, parity,
+# memcheck over the decode tests and racecheck over the prefetching variant's test).
 # Staging: bash tools/gpu/stage.sh && cp tools/gpu/run119_common.sh tools/gpu/run121.sh tools/gpu/check_descriptors.py .gpu/
 # Run (device tool, carry [".gpu"]): bash .gpu/run121.sh
 BUDGET=${BUDGET:-560}
 source "$(pwd)/.gpu/run119_common.sh"
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,driver_version --format=csv,noheader | tee -a $sm
 # An unset descriptor is an illegal instruction that loses the context for every later step.
+command -v cuobjdump > /dev/null || { echo "no cuobjdump: descriptors not checked; stopping" | tee -a $sm; exit 3; }
 cuobjdump -sass $G/liblockstep.so.0 > $OUT/sass.txt; python3 $G/check_descriptors.py $OUT/sass.txt > $OUT/desc.txt; rc=$?
 tail -1 $OUT/desc.txt | tee -a $sm; rm -f $OUT/sass.txt; [ $rc = 0 ] || exit 3
 step 60 "unit tests" tests.log $G/lockstep_tests
@@ -24,6 +25,7 @@ for round in 1 2 3; do
     grep -E "^\| cuda.*flash_decoding \|" $OUT/v-$tail-$round.log | cut -c1-110 | tee -a $sm
   done
 done
+# Per benchmark and N: (median ms, % of the read ceiling, the ceiling in GB/s, host us per call) per round.
 python3 - <<'P' | tee -a $sm
 import json, glob, os, collections
 out = os.environ['OUT']
@@ -34,8 +36,8 @@ for f in sorted(glob.glob(out + '/v-*.json')):
     for dev in d['devices']:
         c = dev.get('ceilings', {})
         for r in dev['results']:
-            rows[(r['name'], r['shape'][:44], tail)].append((round(r['median_ms'], 4), round(100 * r.get('frac_read_ceiling', 0), 1), round(c.get('read_GBps', 0))))
-for k in sorted(rows): print(*k, rows[k])
+            rows[(r['name'], r['shape'][:44], tail)].append((round(r['median_ms'], 4), round(100 * r.get('frac_read_ceiling', 0), 1), round(c.get('read_GBps', 0)), round(r.get('host_us_per_call', 0), 1)))
+for k in sorted(rows, key=lambda k: (k[0], k[1], int(k[2]))): print(*k, rows[k])
 P
 RC_PARAMS="max_success=2000" step 150 "decode properties 2000" props.log $G/lockstep_proptests --gtest_filter='Decode.*:*IncrementalDecode*'
 grep -E "^\[ +(OK|FAILED)|Falsifiable" $OUT/props.log | tee -a $sm

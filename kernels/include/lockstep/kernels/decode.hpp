@@ -80,12 +80,11 @@ struct DecodeParams {
   // kL2EvictFirst; kL2EvictNormal for measurements).
   std::int32_t kv_l2_policy;
   // Note [one grid]: 1: DecodeOneGrid's blocks take their ticket after the wait for the prior
-  // grid (the stream's counters were just zeroed by a fill); 0: before it. (Last, so that the
-  // other kernels' parameter offsets do not move.)
+  // grid (the stream's counters were just zeroed by a fill); 0: before it.
   std::int32_t ticket_after_wait;
   // Note [tail prefetch]: the last prefetch_tail blocks of the chunk grid (in launch order)
   // prefetch their chunk's K and V into the L2 at their start (read by DecodeChunk<..., PF =
-  // true> only); 0: none.
+  // true> only); 0: none. (New fields go last, so that the other fields' offsets do not move.)
   std::int32_t prefetch_tail;
 };
 
