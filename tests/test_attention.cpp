@@ -341,7 +341,7 @@ TEST_P(Attention, DecodeL2PoliciesGiveTheSameBytes) {
         }
         if constexpr (std::is_same_v<Chunk, kernels::DecodeChunk<128, 4, 1, 4>>) {
           // On the CPU device both paths: the lane path runs the GPU's code (the ring, its
-          // rolled first copies and the prefetch's no-op), the row-major path its own.
+          // rolled first copies and the prefetch's checks), the row-major path its own.
           using Prefetching = kernels::DecodeChunk<128, 4, 1, 4, false, true>;
           const bool cpu = dev->id().kind == DeviceKind::kCpu;
           for (int lanes : {0, 1}) {

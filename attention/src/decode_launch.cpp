@@ -36,11 +36,8 @@ void check_decode_shape(std::string_view where, std::int64_t n_heads, std::int64
   check_nonneg(where, len, max_len);
   LOCKSTEP_CHECK_ARG(n_heads <= 65535, where, heads, n_heads, "<= 65535");
   LOCKSTEP_CHECK_ARG(n_kv_heads <= 65535, where, kv_heads, n_kv_heads, "<= 65535");
-  std::uint64_t elements = 0;
-  if (__builtin_mul_overflow(std::uint64_t(max_len), std::uint64_t(head_dim), &elements) || elements > kMaxLaneOffset) {
-    const std::string what = std::string(len) + " * head_dim";  // both checks throw here
-    check_fits(checked_mul(std::uint64_t(max_len), std::uint64_t(head_dim), where, what), kMaxLaneOffset, where, what);
-  }
+  check_fits(checked_mul(std::uint64_t(max_len), std::uint64_t(head_dim), where, nm.span), kMaxLaneOffset, where,
+             nm.span);
 }
 
 namespace {

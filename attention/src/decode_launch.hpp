@@ -27,6 +27,7 @@ void launch_kv_scatter(Stream& s, const kernels::KvScatterParams& p);
 // KvCacheConfig's for the cache.
 struct DecodeShapeNames {
   std::string_view heads = "n_heads", kv_heads = "n_kv_heads", max_len = "max_seq_len";
+  std::string_view span = "max_seq_len * head_dim";  // max_len's name times head_dim
 };
 void check_decode_shape(std::string_view where, std::int64_t n_heads, std::int64_t n_kv_heads,
                         std::int64_t head_dim, std::int64_t max_len, const DecodeShapeNames& names = {});

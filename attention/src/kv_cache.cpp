@@ -43,7 +43,7 @@ KvCache::KvCache(std::shared_ptr<Device> device, const KvCacheConfig& c) : devic
   detail::check_positive(w, "slots", c.slots);
   detail::check_positive(w, "max_len", c.max_len);
   detail::check_decode_shape(w, c.num_heads, c.num_kv_heads, c.head_dim, c.max_len,
-                             {"num_heads", "num_kv_heads", "max_len"});
+                             {"num_heads", "num_kv_heads", "max_len", "max_len * head_dim"});
   LOCKSTEP_CHECK_ARG(c.slots <= 0x7fffffff, w, "slots", c.slots, "<= 2147483647");
   const auto per_layer = layer_elems(c, w);
   checked_mul(checked_mul(per_layer, 8, w, "bytes"), std::uint64_t(c.num_layers), w, "bytes");

@@ -654,7 +654,7 @@ struct DecodeChunk
     if constexpr (PF) {  // Note [tail prefetch]: is this block among the grid's last p.prefetch_tail?
       const std::int64_t gx = x.grid_x(), gy = x.grid_y(), gz = x.grid_z();
       const std::int64_t linear = (std::int64_t{c.z} * gy + c.y) * gx + c.x;
-      chunk_block<true, true>(x, p, c, linear >= gx * gy * gz - p.prefetch_tail);
+      chunk_block<true>(x, p, c, linear >= gx * gy * gz - p.prefetch_tail);
     } else {
       chunk_block(x, p, c);
     }
@@ -701,8 +701,8 @@ struct DecodeChunk
   // The K and V copies take p's L2 policy (Note [streamed tiles]); RolledFirstTiles: the
   // ring's first tiles are issued by a loop that is not unrolled (DecodeOneGrid on the GPU, Note
   // [streamed tiles]: the unrolled hinted copies there got broken encodings from ptxas 13.0).
-  // Prefetch: the code of Note [tail prefetch], run when `prefetch`.
-  template <bool RolledFirstTiles = false, bool Prefetch = false, class X>
+  // prefetch: this block requests its chunk into the L2 (Note [tail prefetch]; the PF variant).
+  template <bool RolledFirstTiles = false, class X>
   LOCKSTEP_HD_OUTLINED_ON_CPU static void chunk_block(X& x, const Params& p, const BlockAt c,
                                                       bool prefetch = false) {
     using F = typename X::template Lanes<float>;
@@ -759,7 +759,7 @@ struct DecodeChunk
       const bool row_major = row_major_decode<X>(x);
       if constexpr (NS > 0) {
         if (!row_major) {
-          if constexpr (Prefetch) {
+          if constexpr (PF) {
             // Note [tail prefetch]: the rest of the chunk (K past the ring's first tiles, all of
             // V) requested into the L2 now, before the ring's first copies. A hint: the same
             // bytes are read.
