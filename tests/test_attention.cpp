@@ -1858,6 +1858,43 @@ TEST_P(Attention, FusedWgmmaGivesTheTensorCoreBytesOnTheCpu) {
       }
 }
 
+// Note [four wgmma blocks per SM]: the serial schedule (LOCKSTEP_FUSED_TC_WGMMA_SERIAL=1) gives the
+// default schedule's bytes, with its own packing blocks and after the packing launch, causal or
+// not, with partial tiles, a single tile and many. The launch record shows that the variant ran.
+// On the CPU device the wgmma kernel is forced (its emulation); on an sm_90a build on compute
+// capability 9.0 it runs where the one-warpgroup head_dim 64 wgmma kernel would.
+TEST_P(Attention, FusedWgmmaSerialGivesTheSameBytes) {
+  const bool cpu = dev->id().kind == DeviceKind::kCpu;
+  Lcg rng{17};
+  if (cpu) ::setenv("LOCKSTEP_FUSED_TC_WGMMA", "1", 1);
+  ::setenv("LOCKSTEP_FUSED_TC_WGMMA_WG", "1", 1);
+  for (const char* pack : {"0", "1"})
+    for (const AttentionShape& sh : {AttentionShape{2, 4, 2, 200, 230, 64}, AttentionShape{3, 2, 1, 64, 700, 64},
+                                     AttentionShape{1, 2, 2, 40, 17, 64}})
+      for (bool causal : {false, true}) {
+        SCOPED_TRACE(std::string("packing blocks ") + pack + " B=" + std::to_string(sh.batch) + " Skv=" +
+                     std::to_string(sh.seq_kv) + (causal ? " causal" : ""));
+        ::setenv("LOCKSTEP_FUSED_TC_PACK", pack, 1);
+        detail::LaunchRecorder rec;
+        expect_knob_gives_same_bytes("LOCKSTEP_FUSED_TC_WGMMA_SERIAL", "0", "1", AttentionPrecision::kTensorCore, sh,
+                                     causal, rng, 1.0f);
+        ::unsetenv("LOCKSTEP_FUSED_TC_PACK");
+        const bool pk = pack[0] == '1';
+        const int serial = pk ? kernels::kernel_index_v<kernels::FusedAttentionWgmma<64, 1, true, false>>
+                              : kernels::kernel_index_v<kernels::FusedAttentionWgmma<64, 1, false, false>>;
+        const int overlapped = pk ? kernels::kernel_index_v<kernels::FusedAttentionWgmma<64, 1, true>>
+                                  : kernels::kernel_index_v<kernels::FusedAttentionWgmma<64, 1>>;
+        if (!cpu && !rec.launched(overlapped)) {
+          ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA_WG");
+          GTEST_SKIP() << "no wgmma kernel here (a library built without sm_90a, or compute capability not 9.0)";
+        }
+        EXPECT_TRUE(rec.launched(serial));
+        EXPECT_TRUE(rec.launched(overlapped));
+      }
+  ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA_WG");
+  if (cpu) ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA");
+}
+
 // Note [packing blocks]: the wgmma kernel with K and V rounded to fp16 by its own blocks (kv head
 // by kv head, behind tickets and signals) gives the bytes of the packing kernel before it. On the
 // CPU device the wgmma kernel is forced (its emulation); on an sm_90a build on compute capability

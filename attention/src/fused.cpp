@@ -95,6 +95,15 @@ int wgmma_warpgroups(std::int64_t blocks_at_64_rows) {
   return blocks_at_64_rows < 2 * 132 ? 2 : 1;
 }
 
+// Note [four wgmma blocks per SM] (kernels/fused_attention.hpp): the one-warpgroup head_dim 64
+// wgmma kernel without its overlap of the next tile's Q.K^T with the softmax, at four blocks per
+// SM instead of three. LOCKSTEP_FUSED_TC_WGMMA_SERIAL=1 picks it wherever that kernel would run (a
+// measurement knob, not yet run on a GPU); the same bits either way (a unit test holds them to it).
+bool wgmma_serial() {
+  const char* v = std::getenv("LOCKSTEP_FUSED_TC_WGMMA_SERIAL");
+  return v != nullptr && std::atoi(v) == 1;
+}
+
 template <int D>
 void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_t seq_q,
                   std::int64_t heads, std::int64_t batch, bool tensor_core) {
@@ -147,9 +156,14 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
           launch<K>(s, Dim3{static_cast<std::uint32_t>(tiles_q * heads * batch), 1, 1}, K::kSharedBytes, tp);
           return true;
         };
-        if (wgmma_warpgroups(blocks64) == 2 ? packing(kernels::FusedAttentionWgmma<D, 2, true>{})
-                                            : packing(kernels::FusedAttentionWgmma<D, 1, true>{}))
-          return;
+        const int wg = wgmma_warpgroups(blocks64);
+        bool launched = false;
+        if constexpr (D == 64)
+          if (wg == 1 && wgmma_serial()) launched = packing(kernels::FusedAttentionWgmma<64, 1, true, false>{});
+        if (!launched)
+          launched = wg == 2 ? packing(kernels::FusedAttentionWgmma<D, 2, true>{})
+                             : packing(kernels::FusedAttentionWgmma<D, 1, true>{});
+        if (launched) return;
       }
       if (wgmma) pack(kernels::FusedHalfPackTiled<D>{}, 64);
     }
@@ -158,6 +172,8 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
   if constexpr (D == 64 || D == 128) {
     if (wgmma) {
       if (wgmma_warpgroups(blocks64) == 2) return go(kernels::FusedAttentionWgmma<D, 2>{}, tp);
+      if constexpr (D == 64)
+        if (wgmma_serial()) return go(kernels::FusedAttentionWgmma<64, 1, false, false>{}, tp);
       return go(kernels::FusedAttentionWgmma<D, 1>{}, tp);
     }
   }

@@ -84,6 +84,18 @@ std::unique_ptr<Stream> cuda_wrap_stream(const std::shared_ptr<Device>& device,
 
 namespace detail {
 
+namespace {
+thread_local LaunchRecorder* t_recorder = nullptr;
+}  // namespace
+
+LaunchRecorder::LaunchRecorder() : outer_(t_recorder) { t_recorder = this; }
+LaunchRecorder::~LaunchRecorder() { t_recorder = outer_; }
+bool LaunchRecorder::launched(int kernel_index) const {
+  for (int k : kernels_)
+    if (k == kernel_index) return true;
+  return false;
+}
+
 void launch_checked(Stream& stream, const KernelLaunch& l) {
   const DeviceCaps& caps = stream.device().caps();
   // The location text is built only when a check fails (this runs on every launch).
@@ -104,6 +116,7 @@ void launch_checked(Stream& stream, const KernelLaunch& l) {
             "<= " + std::to_string(caps.max_shared_bytes_per_block) +
                 " (the per-block shared memory limit)");
 #undef LS_WHERE
+  if (t_recorder != nullptr) t_recorder->record(l.kernel_index);
   StreamAccess::launch(stream, l);
 }
 

@@ -1045,12 +1045,33 @@ struct FusedHalfPackTiled {
 // otherwise run freely, so one's softmax overlaps the other's products.
 // Built only for sm_90a (the host picks it on compute capability 9.0 when the library was built
 // with it: CMAKE_CUDA_ARCHITECTURES containing 90a); elsewhere its products trap.
-template <int D, int WG = 2, bool PK = false>
+// OV = false: the schedule of Note [four wgmma blocks per SM] instead.
+//
+// Note [four wgmma blocks per SM]
+// At 16x16x1024x64 causal the head_dim 64 kernel is latency-bound (run 98: 36% of issue slots
+// busy) with three blocks (12 warps) per SM, the most its 168 registers allow; under
+// __launch_bounds__(128, 4) the schedule above spills inside the loop (twentieth session). Its
+// registers in the loop: O (32), S and S' (32 each: S' is written by the next tile's Q.K^T while
+// the softmax reads S), the softmax's weights (up to 32, dying into P's 16 as they are packed) and
+// Q's fragments (16). FusedAttentionWgmma<D, WG, PK, false> gives up the overlap of tile j + 1's
+// Q.K^T with tile j's softmax, which needs S': per tile j, the softmax of S (complete), O += P.V
+// of tile j issued, then tile j + 1's Q.K^T issued into S while P.V runs (both products in flight
+// together, no ordinary instruction touching an accumulator meanwhile), and one wait for both. At
+// head_dim 64 that leaves room for four blocks (16 warps) per SM within 128 registers
+// (kMinBlocks 4), the other blocks' softmaxes overlapping a block's products instead. The same
+// products in the same order on the same operands: the same bits as OV = true (tested on the CPU
+// device, where both are emulated). A measurement variant: LOCKSTEP_FUSED_TC_WGMMA_SERIAL=1
+// (attention/src/fused.cpp) picks it where the one-warpgroup head_dim 64 kernel would run; not
+// yet run on a GPU.
+template <int D, int WG = 2, bool PK = false, bool OV = true>
 struct FusedAttentionWgmma {
   static_assert(D == 64 || D == 128, "wgmma attention: head_dim 64 or 128");
   static_assert(WG == 1 || WG == 2, "one or two warpgroups per block");
+  static_assert(OV || (D == 64 && WG == 1), "the serial schedule: head_dim 64, one warpgroup");
   using Tc = FusedAttentionTensorCore<D, 1>;
-  static constexpr const char* kName = PK ? "fused_attention_wgmma_packing" : "fused_attention_wgmma";
+  static constexpr const char* kName =
+      PK ? (OV ? "fused_attention_wgmma_packing" : "fused_attention_wgmma_packing_serial")
+         : (OV ? "fused_attention_wgmma" : "fused_attention_wgmma_serial");
   static constexpr int kWarps = 4 * WG;
   static constexpr int kThreads = kWarps * kWarpSize;
   static constexpr int kRows = 64 * WG;          // query rows per block
@@ -1059,7 +1080,7 @@ struct FusedAttentionWgmma {
   static constexpr int kStages = 3;              // tiles j (P.V), j + 1 (Q.K^T), j + 2 (loading)
   // Blocks per SM the registers must allow (S twice, O, Q: up to 255 registers at head_dim 128
   // with one warpgroup and two blocks, or two warpgroups and one block).
-  static constexpr int kMinBlocks = WG == 1 ? (D == 128 ? 2 : 3) : 1;
+  static constexpr int kMinBlocks = !OV ? 4 : WG == 1 ? (D == 128 ? 2 : 3) : 1;
   static constexpr int kTileHalves = kTile * D;  // one K or V tile, no padding
   static constexpr std::size_t kSharedBytes = std::size_t(2) * kStages * kTileHalves * 2 + 2 * kStages * 8 + 64;
   // Core-matrix strides (halves): along head_dim 64 (one core matrix), along keys 8 D.
@@ -1236,6 +1257,49 @@ struct FusedAttentionWgmma {
       x.mbar_arrive_warp(empty + j % kStages);  // this warp is done with tile j
     };
 
+    if constexpr (!OV) {  // Note [four wgmma blocks per SM]
+      F sc[1][kTile / 8][4];
+      if (tiles > 0) {
+        x.mbar_wait(full, 0);  // tile 0
+        issue_qk(0, sc);
+        x.template wgmma_wait<0>();
+        x.wgmma_hold(sc[0]);
+      }
+      for (int j = 0; j < tiles; ++j) {
+        F s[1][kTile / 8][4];
+        issue(j + 2);  // into tile j - 1's slot
+        Tc::softmax_tile(x, p, sc, s, m, l, o, row0, tq, j * kTile, tile_keys(j), s0, shift, c2);
+        I pa[kTile / 16][4];
+        LOCKSTEP_UNROLL
+        for (int kc = 0; kc < kTile / 16; ++kc) {
+          pa[kc][0] = x.pack_half2(s[0][2 * kc][0], s[0][2 * kc][1]);
+          pa[kc][1] = x.pack_half2(s[0][2 * kc][2], s[0][2 * kc][3]);
+          pa[kc][2] = x.pack_half2(s[0][2 * kc + 1][0], s[0][2 * kc + 1][1]);
+          pa[kc][3] = x.pack_half2(s[0][2 * kc + 1][2], s[0][2 * kc + 1][3]);
+        }
+        x.wgmma_ready(pa);
+        x.wgmma_fence();
+        LOCKSTEP_UNROLL
+        for (int kc = 0; kc < kTile / 16; ++kc)
+          x.template wgmma<D, true>(o[0], pa[kc], Vs, (j % kStages) * kTileHalves + kc * 2 * kKeyGroupStep,
+                                    v_lbo, v_sbo, true);
+        x.wgmma_commit();
+        if (j + 1 < tiles) {
+          x.mbar_wait(full + (j + 1) % kStages, ((j + 1) / kStages) & 1);  // tile j + 1 has landed
+          issue_qk(j + 1, sc);  // while P.V of tile j runs
+        }
+        x.template wgmma_wait<0>();  // P.V of tile j and S of tile j + 1
+        x.wgmma_hold(o[0]);
+        x.wgmma_hold(sc[0]);
+        // P's registers live up to here (an operand of the P.V in flight: the barrier wait and Q.K^T
+        // above must not take them; Note [wgmma products]: ptxas keeps an operand live only up to
+        // its product).
+        x.wgmma_ready(pa);
+        x.mbar_arrive_warp(empty + j % kStages);  // this warp is done with tile j
+      }
+      Tc::store_rows(x, p, fb, o, m, l, row0, tq);
+      return;
+    }
     F sa[1][kTile / 8][4], sb[1][kTile / 8][4];
     if (tiles > 0) {
       x.mbar_wait(full, 0);  // tile 0

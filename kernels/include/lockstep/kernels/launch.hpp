@@ -3,6 +3,7 @@
 // against the device (typed errors on both backends) and enqueues K on the stream.
 
 #include <type_traits>
+#include <vector>
 
 #include "lockstep/device.hpp"
 #include "lockstep/kernels/registry.hpp"
@@ -28,6 +29,24 @@ constexpr bool overlaps_prior() {
 namespace detail {
 // Validates `l` against `stream`'s device (block size, grid, shared memory) and enqueues it.
 void launch_checked(Stream& stream, const KernelLaunch& l);
+
+// Test support: while a LaunchRecorder lives, the launches its thread makes through
+// launch_checked append their kernels::kernel_index_v to it (so that a test of a measurement knob
+// can tell that the knob's kernel ran). Nested, the innermost records; not copyable.
+class LaunchRecorder {
+ public:
+  LaunchRecorder();
+  ~LaunchRecorder();
+  LaunchRecorder(const LaunchRecorder&) = delete;
+  LaunchRecorder& operator=(const LaunchRecorder&) = delete;
+  void record(int kernel_index) { kernels_.push_back(kernel_index); }
+  const std::vector<int>& kernels() const { return kernels_; }
+  bool launched(int kernel_index) const;
+
+ private:
+  std::vector<int> kernels_;
+  LaunchRecorder* outer_;
+};
 }  // namespace detail
 
 template <class K>
