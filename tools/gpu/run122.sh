@@ -4,8 +4,8 @@
 # issue 6's 16x16x1024x64 causal (0.95x FA2 in run 119). To run after run121.sh on the same
 # machine, or alone (it checks the descriptors itself):
 #   its unit test on cuda:0 (the same bytes as the default schedule; the launch record shows the
-#   variant ran), the fused benchmarks in three rounds alternating the knob 0 / 1, PyTorch at the
-#   same shapes in the same call, the fused properties at 1000 cases with the variant forced
+#   variant ran), the fused benchmarks in two rounds alternating the knob 0 / 1, PyTorch at the
+#   same shapes in the same call, ncu's occupancy limits of both schedules, the fused properties at 1000 cases with the variant forced
 #   (one warpgroup, so that every head_dim 64 case runs it), memcheck and racecheck over the
 #   variant's unit test.
 # Staging: bash tools/gpu/stage.sh && cp tools/gpu/run119_common.sh tools/gpu/run122.sh tools/gpu/check_descriptors.py .gpu/
@@ -19,7 +19,7 @@ tail -1 $OUT/desc.txt | tee -a $sm; rm -f $OUT/sass.txt; [ $rc = 0 ] || exit 3
 cuobjdump -res-usage $G/liblockstep.so.0 2> /dev/null | grep -A1 -E 'FusedAttentionWgmma.*Li64ELi1E' | grep -oE 'REG:[0-9]+|STACK:[0-9]+|LOCAL:[0-9]+' | paste -sd' ' | tee -a $sm
 step 40 "the variant's unit tests" tests.log $G/lockstep_tests --gtest_filter='*FusedWgmma*'
 grep -E '^\[  (PASSED|FAILED|SKIPPED) |Failure|Skipped' $OUT/tests.log | head -8 | tee -a $sm
-for round in 1 2 3; do
+for round in 1 2; do
   for serial in 0 1; do
     if [ $(left) -lt 250 ]; then echo "round $round serial $serial skipped: $(left) s left" | tee -a $sm; continue; fi
     LOCKSTEP_FUSED_TC_WGMMA_SERIAL=$serial step 40 "round $round serial $serial" f-$serial-$round.log $G/lockstep-bench --device cuda:0 --filter attention_fused --json $OUT/f-$serial-$round.json
@@ -39,6 +39,14 @@ for k in sorted(rows): print(*k, rows[k])
 P
 PYTHONUNBUFFERED=1 step 120 "PyTorch at the same shapes" torch.log python3 $G/torch_peers.py --prefill --json $OUT/peers.json
 tail -24 $OUT/torch.log | tee -a $sm
+# Occupancy of both schedules at 16x16x1024x64 causal (the last attention_fused shape on cuda): the
+# variant is worth measuring only if the SM holds four of its blocks (registers and shared memory).
+for serial in 0 1; do
+  LOCKSTEP_FUSED_TC_WGMMA_SERIAL=$serial step 60 "ncu occupancy, serial $serial" ncu-$serial.log ncu --clock-control none --kernel-name-base demangled --kernel-name regex:'FusedAttentionWgmma<\(int\)64, \(int\)1' --launch-count 1 \
+    --metrics gpu__time_duration.sum,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem,launch__occupancy_limit_warps,sm__warps_active.avg.pct_of_peak_sustained_active,sm__inst_issued.avg.pct_of_peak_sustained_active,launch__registers_per_thread \
+    $G/lockstep-bench --device cuda:0 --filter attention_fused --reps 2
+  grep -E "FusedAttentionWgmma|gpu__time|occupancy_limit|warps_active|inst_issued|registers" $OUT/ncu-$serial.log | sed 's/  */ /g' | head -12 | tee -a $sm
+done
 LOCKSTEP_FUSED_TC_WGMMA_SERIAL=1 LOCKSTEP_FUSED_TC_WGMMA_WG=1 RC_PARAMS="max_success=1000" step 150 "fused properties 1000, the serial schedule forced" props.log $G/lockstep_proptests --gtest_filter='*Fused*'
 grep -E "^\[ +(OK|FAILED)|Falsifiable" $OUT/props.log | tee -a $sm
 step 60 "memcheck the variant's test" memcheck.log compute-sanitizer --tool memcheck --error-exitcode 9 $G/lockstep_tests --gtest_filter='*FusedWgmmaSerial*cuda*'
