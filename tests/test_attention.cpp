@@ -760,6 +760,57 @@ TEST_P(Attention, KvCacheRejectsBadConfigurations) {
   EXPECT_EQ(dev->memory_stats().in_use, in_use);
 }
 
+// A moved-from cache holds nothing (slots 0, bytes 0, not valid) and every operation on it, as
+// the cache or as copy_slot_from's source, is InvalidArgument naming `cache` or `src`; the cache
+// it moved into works, with the contents and lengths it had. A moved-into cache's old memory
+// is released.
+TEST_P(Attention, KvCacheMovedFromIsTypedAndTheMoveKeepsTheContents) {
+  const auto in_use = dev->memory_stats().in_use;
+  KvCache a(dev, small_config());
+  auto kn = filled(3 * 2 * 32, 1.5f), vn = filled(3 * 2 * 32, 2.5f);
+  const std::vector<std::int64_t> pos = {0, 0, 0};
+  for (std::int64_t l = 0; l < 2; ++l) a.append(s(), l, kn, vn, pos);
+  const auto k0 = a.k(0).to_vector(s());
+  KvCache b(std::move(a));
+  EXPECT_FALSE(a.valid());
+  EXPECT_TRUE(b.valid());
+  EXPECT_EQ(a.slots(), 0);
+  EXPECT_EQ(a.bytes(), 0u);
+  EXPECT_TRUE(a.lengths().empty());
+  EXPECT_EQ(b.lengths(), (std::vector<std::int64_t>{1, 1, 1}));
+  EXPECT_TRUE(same(b.k(0).to_vector(s()), k0));
+  auto q = filled(3 * 4 * 32, 0.5f), out = filled(3 * 4 * 32, 42.0f);
+  const std::vector<std::int64_t> next = {1, 1, 1};
+  expect_invalid([&] { (void)a.length(0); }, "cache");
+  expect_invalid([&] { (void)a.length(0, 0); }, "cache");
+  expect_invalid([&] { (void)a.done(0); }, "cache");
+  expect_invalid([&] { (void)a.k(0); }, "cache");
+  expect_invalid([&] { (void)a.device(); }, "cache");
+  expect_invalid([&] { a.reset(0); }, "cache");
+  expect_invalid([&] { a.reset_all(); }, "cache");
+  expect_invalid([&] { a.rollback(0, 0); }, "cache");
+  expect_invalid([&] { a.set_length(0, 0); }, "cache");
+  expect_invalid([&] { a.mark_done(0); }, "cache");
+  expect_invalid([&] { a.append(s(), 0, kn, vn, next); }, "cache");
+  expect_invalid([&] { a.grow(s(), 4); }, "cache");
+  expect_invalid([&] { a.write_from_device(s(), 0, 0, kn, vn, 1); }, "cache");
+  expect_invalid([&] { flash_decoding(s(), a, 0, q, kn, vn, next, out); }, "cache");
+  expect_invalid([&] { b.copy_slot_from(s(), 0, a, 0); }, "src");
+  expect_all(out, 42.0f);
+  EXPECT_EQ(b.lengths(), (std::vector<std::int64_t>{1, 1, 1}));
+  // The moved-into cache decodes: the next token in every layer.
+  for (std::int64_t l = 0; l < 2; ++l) flash_decoding(s(), b, l, q, kn, vn, next, out);
+  EXPECT_EQ(b.lengths(), (std::vector<std::int64_t>{2, 2, 2}));
+  // Move assignment: c's own memory is released, b is left empty.
+  KvCache c(dev, small_config());
+  const auto with_both = dev->memory_stats().in_use;
+  c = std::move(b);
+  EXPECT_FALSE(b.valid());
+  EXPECT_EQ(c.lengths(), (std::vector<std::int64_t>{2, 2, 2}));
+  EXPECT_EQ(with_both - dev->memory_stats().in_use, c.bytes());
+  EXPECT_GE(dev->memory_stats().in_use - in_use, c.bytes());
+}
+
 TEST_P(Attention, KvCacheAppendValidatesAndWritesNothingOnError) {
   KvCache cache(dev, small_config());
   const auto c = cache.config();

@@ -56,6 +56,53 @@ KvCache::KvCache(std::shared_ptr<Device> device, const KvCacheConfig& c) : devic
   importing_.assign(std::size_t(c.slots), 0);
 }
 
+KvCache::KvCache(KvCache&& o) noexcept
+    : device_(std::move(o.device_)),
+      cfg_(o.cfg_),
+      k_(std::move(o.k_)),
+      v_(std::move(o.v_)),
+      len_(std::move(o.len_)),
+      done_(std::move(o.done_)),
+      layer_len_(std::move(o.layer_len_)),
+      behind_(std::move(o.behind_)),
+      importing_(std::move(o.importing_)) {
+  o.forget();
+}
+KvCache& KvCache::operator=(KvCache&& o) noexcept {
+  if (this != &o) {
+    device_ = std::move(o.device_);
+    cfg_ = o.cfg_;
+    k_ = std::move(o.k_);
+    v_ = std::move(o.v_);
+    len_ = std::move(o.len_);
+    done_ = std::move(o.done_);
+    layer_len_ = std::move(o.layer_len_);
+    behind_ = std::move(o.behind_);
+    importing_ = std::move(o.importing_);
+    o.forget();
+  }
+  return *this;
+}
+void KvCache::forget() noexcept {
+  device_.reset();
+  cfg_.slots = 0;
+  cfg_.num_layers = 0;
+  k_.clear();
+  v_.clear();
+  len_.clear();
+  done_.clear();
+  layer_len_.clear();
+  behind_.clear();
+  importing_.clear();
+}
+void KvCache::check_valid(std::string_view where, std::string_view name) const {
+  LOCKSTEP_CHECK_ARG(device_ != nullptr, where, name, "a moved-from KvCache", "a cache that was not moved from");
+}
+Device& KvCache::device() const {
+  check_valid("KvCache::device");
+  return *device_;
+}
+
 // Note [layer lengths]
 // A slot's length is shared by the layers' attention, but each layer writes its own K and V: in
 // a decode step, one layer appends the step's token at p = length (a new token: the length
@@ -168,10 +215,12 @@ void KvCache::allocate_layers(std::uint64_t per_layer, std::vector<Buffer<float>
 }
 
 void KvCache::check_slot(std::string_view where, std::int64_t slot) const {
+  check_valid(where);
   LOCKSTEP_CHECK_ARG(slot >= 0 && slot < cfg_.slots, where, "slot", slot,
             "in [0, slots = " + std::to_string(cfg_.slots) + ")");
 }
 void KvCache::check_layer(std::string_view where, std::int64_t layer) const {
+  check_valid(where);
   LOCKSTEP_CHECK_ARG(layer >= 0 && layer < cfg_.num_layers, where, "layer", layer,
             "in [0, num_layers = " + std::to_string(cfg_.num_layers) + ")");
 }
@@ -206,6 +255,7 @@ void KvCache::reset(std::int64_t slot) {
   set_layers(slot, 0);
 }
 void KvCache::reset_all() {
+  check_valid("KvCache::reset_all");
   std::fill(len_.begin(), len_.end(), 0);
   std::fill(done_.begin(), done_.end(), false);
   std::fill(layer_len_.begin(), layer_len_.end(), 0);
@@ -354,6 +404,7 @@ namespace {
 void check_flash_args(std::string_view w, Stream& stream, const KvCache& cache, std::int64_t layer,
                       const Buffer<float>& q, const Buffer<float>& k_new, const Buffer<float>& v_new,
                       const Buffer<float>& out) {
+  LOCKSTEP_CHECK_ARG(cache.valid(), w, "cache", "a moved-from KvCache", "a cache that was not moved from");
   const auto& c = cache.config();
   LOCKSTEP_CHECK_ARG(layer >= 0 && layer < c.num_layers, w, "layer", layer,
             "in [0, num_layers = " + std::to_string(c.num_layers) + ")");
@@ -464,6 +515,7 @@ void KvCache::copy_slot_from(Stream& stream, std::int64_t slot, const KvCache& s
                              std::int64_t src_slot) {
   constexpr std::string_view w = "KvCache::copy_slot_from";
   check_slot(w, slot);
+  src.check_valid(w, "src");
   LOCKSTEP_CHECK_ARG(src_slot >= 0 && src_slot < src.slots(), w, "src_slot", src_slot,
             "in [0, src.slots() = " + std::to_string(src.slots()) + ")");
   const auto& sc = src.config();
@@ -578,6 +630,7 @@ void KvCache::imported(std::int64_t slot, std::int64_t layer, std::int64_t count
 
 void KvCache::grow(Stream& stream, std::int64_t new_slots) {
   constexpr std::string_view w = "KvCache::grow";
+  check_valid(w);
   LOCKSTEP_CHECK_ARG(new_slots >= cfg_.slots && new_slots <= 0x7fffffff, w, "new_slots", new_slots,
             "in [slots = " + std::to_string(cfg_.slots) + ", 2147483647]");
   LOCKSTEP_CHECK_ARG(&stream.device() == device_.get(), w, "stream.device", stream.device().id().str(),

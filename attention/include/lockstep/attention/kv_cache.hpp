@@ -35,11 +35,15 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
 class KvCache {
  public:
   KvCache(std::shared_ptr<Device> device, const KvCacheConfig& config);
-  KvCache(KvCache&&) noexcept = default;
-  KvCache& operator=(KvCache&&) noexcept = default;
+  // A moved-from cache holds nothing: valid() is false, slots() and config().num_layers are 0,
+  // bytes() is 0, lengths() is empty, and every other operation on it (as the cache or as
+  // copy_slot_from's source) is InvalidArgument naming `cache` (or `src`).
+  KvCache(KvCache&& other) noexcept;
+  KvCache& operator=(KvCache&& other) noexcept;
+  bool valid() const noexcept { return device_ != nullptr; }
 
   const KvCacheConfig& config() const noexcept { return cfg_; }
-  Device& device() const { return *device_; }
+  Device& device() const;
   std::int64_t slots() const noexcept { return cfg_.slots; }
   std::int64_t max_len() const noexcept { return cfg_.max_len; }
   std::int64_t length(std::int64_t slot) const;
@@ -110,6 +114,8 @@ class KvCache {
   friend void flash_decoding(Stream&, KvCache&, std::int64_t, const Buffer<float>&,
                              const Buffer<float>&, const Buffer<float>&, const Buffer<std::int32_t>&,
                              Buffer<float>&, Buffer<std::int32_t>*);
+  void check_valid(std::string_view where, std::string_view name = "cache") const;
+  void forget() noexcept;  // the moved-from state
   void check_slot(std::string_view where, std::int64_t slot) const;
   void check_layer(std::string_view where, std::int64_t layer) const;
   void allocate_layers(std::uint64_t per_layer, std::vector<Buffer<float>>& k,
