@@ -69,6 +69,34 @@ TEST_P(Kernels, SoftmaxInPlace) {
   for (std::size_t i = 0; i < x.size(); ++i) ASSERT_TRUE(same_bits(x[i], y[i]));
 }
 
+// The elementwise calls run in place (out = in) but refuse an output that partly overlaps the
+// input (a wrapped buffer a few elements in): InvalidArgument naming the output, nothing
+// written. Buffer::copy_from likewise: onto itself it is a no-op, a partial overlap is refused.
+TEST_P(Kernels, ElementwiseCallsRefuseAPartialOverlap) {
+  const std::size_t n = 64 * 40;
+  std::vector<float> in(n + 8);
+  std::iota(in.begin(), in.end(), -100.0f);
+  auto a = upload(in);
+  auto head = Buffer<float>::wrap(dev, a.data().get(), n);
+  for (std::size_t shift : {1, 8}) {
+    auto tail = Buffer<float>::wrap(dev, a.data().get() + shift, n);
+    expect_invalid([&] { ops::softmax_rows(s(), head, tail, 64, 40); }, "out", "memory that partly overlaps in");
+    expect_invalid([&] { ops::softmax_rows(s(), tail, head, 64, 40); }, "out", "memory that partly overlaps in");
+    expect_invalid([&] { ops::scale(s(), head, tail, 2.0f); }, "out", "memory that partly overlaps in");
+    expect_invalid([&] { ops::add(s(), head, tail); }, "y", "memory that partly overlaps x");
+    expect_invalid([&] { tail.copy_from(s(), head); }, "src", "memory that partly overlaps the destination");
+    ASSERT_TRUE(same(download(a), in)) << "a refused call wrote";
+  }
+  // In place, and copy_from onto itself, still work.
+  ops::scale(s(), head, head, 2.0f);
+  head.copy_from(s(), head);
+  const auto x = download(a);
+  for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(x[i], 2.0f * in[i]) << i;
+  for (std::size_t i = n; i < n + 8; ++i) ASSERT_EQ(x[i], in[i]) << i;
+  ops::add(s(), head, head);
+  EXPECT_EQ(download(a)[3], 4.0f * in[3]);
+}
+
 // Note [warp passes] (backends/cpu/lanes.hpp): the CPU runs warp-independent kernels one warp at
 // a time; LOCKSTEP_CPU_BLOCK_PASSES=1 runs them block-wide. Every such kernel, through its host
 // call, gives the same bytes both ways: partial blocks, rows of 1 to 3000, -inf, NaN and inf.

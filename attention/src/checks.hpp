@@ -64,6 +64,19 @@ void check_no_overlap(std::string_view where, std::string_view out_name, const B
             "a buffer distinct from " + std::string(in_name) + " (this operation is not in place)");
 }
 
+// An elementwise operation may run in place: `out` is either `in` itself (the same first element;
+// the sizes are checked to be equal) or shares no memory with it. A partial overlap (a wrapped
+// buffer a few elements into the other) would read elements already written, in an order that
+// depends on the blocks' schedule.
+template <class T, class U>
+void check_in_place_or_distinct(std::string_view where, std::string_view out_name, const Buffer<T>& out,
+                                std::string_view in_name, const Buffer<U>& in) {
+  const bool same_start = static_cast<const void*>(out.data().get()) == static_cast<const void*>(in.data().get());
+  LOCKSTEP_CHECK_ARG(same_start || !overlaps(out, in), where, out_name,
+                     "memory that partly overlaps " + std::string(in_name),
+                     std::string(in_name) + " itself (in place) or a buffer distinct from it");
+}
+
 // Buffer `b` must hold exactly `expected` elements (the product of the named dims).
 template <class T>
 void check_size(std::string_view where, std::string_view name, const Buffer<T>& b,

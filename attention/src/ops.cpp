@@ -123,6 +123,7 @@ void softmax_rows(Stream& stream, const Buffer<float>& in, Buffer<float>& out, s
   const auto total = checked_mul(rows, n, w, "rows * n");
   detail::check_size(w, "in", in, total, "rows * n");
   detail::check_size(w, "out", out, total, "rows * n");
+  detail::check_in_place_or_distinct(w, "out", out, "in", in);
   detail::launch_softmax(stream, in.data().get(), out.data().get(), rows, n);
 }
 
@@ -131,6 +132,7 @@ void scale(Stream& stream, const Buffer<float>& in, Buffer<float>& out, float s)
   detail::check_on(w, "in", in, stream);
   detail::check_on(w, "out", out, stream);
   detail::check_size(w, "out", out, in.size(), "in.size()");
+  detail::check_in_place_or_distinct(w, "out", out, "in", in);
   detail::launch_scale(stream, in.data().get(), out.data().get(),
                        static_cast<std::int64_t>(in.size()), s);
 }
@@ -140,6 +142,7 @@ void add(Stream& stream, const Buffer<float>& x, Buffer<float>& y) {
   detail::check_on(w, "x", x, stream);
   detail::check_on(w, "y", y, stream);
   detail::check_size(w, "y", y, x.size(), "x.size()");
+  detail::check_in_place_or_distinct(w, "y", y, "x", x);
   using K = kernels::Add;
   if (x.empty()) return;
   const auto gx = detail::grid_dim(kernels::ceil_div(std::int64_t(x.size()), K::kPerBlock), w, "ceil(n / 1024)", 0x7fffffff);

@@ -110,7 +110,9 @@ class Buffer {
     if (!dst.empty())
       detail::StreamAccess::copy_d2h(stream, dst.data(), data_ + offset, dst.size_bytes());
   }
-  // Enqueues a device-to-device copy of all of `src` (same device, same size).
+  // Enqueues a device-to-device copy of all of `src` (same device, same size). `src` may be this
+  // memory itself (nothing to copy) but not partly overlap it (wrapped buffers):
+  // InvalidArgument naming `src`.
   void copy_from(Stream& stream, const Buffer& src) {
     LOCKSTEP_CHECK_ARG(src.device_ == device_, "Buffer::copy_from", "src.device", src.device().id().str(),
               "the destination's device " + device().id().str() +
@@ -118,7 +120,12 @@ class Buffer {
     LOCKSTEP_CHECK_ARG(src.count_ == count_, "Buffer::copy_from", "src.size()", src.count_,
               "equal to the destination's size " + std::to_string(count_));
     check_stream("Buffer::copy_from", stream);
-    if (bytes_ > 0) detail::StreamAccess::copy_d2d(stream, data_, src.data_, bytes_);
+    if (bytes_ == 0 || src.data_ == data_) return;
+    const auto d = reinterpret_cast<std::uintptr_t>(data_), s = reinterpret_cast<std::uintptr_t>(src.data_);
+    LOCKSTEP_CHECK_ARG(d + bytes_ <= s || s + bytes_ <= d, "Buffer::copy_from", "src",
+              "memory that partly overlaps the destination",
+              "the destination itself or memory distinct from it (a wrapped buffer)");
+    detail::StreamAccess::copy_d2d(stream, data_, src.data_, bytes_);
   }
   // Enqueues filling every element with `value` (4-byte element types).
   void fill(Stream& stream, T value) {
