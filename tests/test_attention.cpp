@@ -704,6 +704,22 @@ TEST_P(Attention, MultiheadReportsLaunchesAndRejectsBadShapes) {
   expect_invalid([&] { multihead_attention(s(), q, k, v, out2, MhaShape{S, 0, D}, o); }, "n_heads");
   expect_invalid([&] { multihead_attention(s(), q, k, v, out2, MhaShape{std::int64_t(1) << 40, 1 << 20, 1 << 20}, o); },
                  "seq_len * n_heads * head_dim");
+  // With seq_len 0 the size product is 0: n_heads * head_dim is checked on its own.
+  Buffer<float> none(dev, 0), none_out(dev, 0);
+  const std::int64_t big = std::int64_t(1) << 40;
+  expect_invalid([&] { multihead_attention(s(), none, none, none, none_out, MhaShape{0, big, big}, o); },
+                 "n_heads * head_dim");
+  // The batched kernels take the heads as a grid dimension: more than 65535 is refused by name
+  // before anything is enqueued (kPerHead takes them one by one).
+  auto wide = filled(65536, 0.1f), wide_out = filled(65536, 42.0f);
+  expect_invalid([&] { multihead_attention(s(), wide, wide, wide, wide_out, MhaShape{1, 65536, 1}, o); }, "n_heads",
+                 "65536");
+  expect_all(wide_out, 42.0f);
+  MhaOptions bad_impl = o, bad_gemm = o;
+  bad_impl.impl = static_cast<MhaImpl>(7);
+  bad_gemm.gemm = static_cast<GemmKind>(-1);
+  expect_invalid([&] { multihead_attention(s(), q, k, v, out2, MhaShape{S, H, D}, bad_impl); }, "options.impl", "7");
+  expect_invalid([&] { multihead_attention(s(), q, k, v, out2, MhaShape{S, H, D}, bad_gemm); }, "options.gemm", "-1");
   expect_all(out2, 42.0f);
 }
 
@@ -941,6 +957,8 @@ TEST_P(Attention, RopeValidatesAndWritesNothingOnError) {
   expect_invalid([&] { rope(s(), &q, &k, pos, with([](RopeConfig& c) { c.theta = 1.0f; })); }, "theta");
   expect_invalid([&] { rope(s(), &q, &k, pos, with([](RopeConfig& c) { c.theta = INFINITY; })); }, "theta");
   expect_invalid([&] { rope(s(), &q, &k, pos, with([](RopeConfig& c) { c.theta = NAN; })); }, "theta");
+  expect_invalid([&] { rope(s(), &q, &k, pos, with([](RopeConfig& c) { c.style = static_cast<RopeStyle>(7); })); },
+                 "config.style", "7");
   expect_invalid([&] { rope(s(), &q, &k, pos, with([](RopeConfig& c) { c.n_heads = 0; })); }, "n_heads", "0");
   expect_invalid([&] { rope(s(), &q, &k, pos, with([](RopeConfig& c) { c.n_heads = 70000; })); }, "q.size()");
   expect_invalid([&] { rope(s(), nullptr, &k, pos, with([](RopeConfig& c) { c.n_kv_heads = 70000; })); },
@@ -1232,6 +1250,13 @@ TEST_P(Attention, FlashDecodingWithDevicePositionsGivesTheSameBytes) {
   for (float x : ob.to_vector(s())) ASSERT_EQ(bits(x), 0u);
   const int flagged = status.to_vector(s())[0];
   EXPECT_TRUE(flagged >= 1 && flagged <= 3) << flagged;
+  // INT32_MAX: its length (position + 1) must not overflow into a valid one; -1 is a done slot,
+  // not an error.
+  status.fill(s(), 0);
+  flash_decoding(s(), b, 0, q, kn, vn, ints({-1, 2147483647, -1}), ob, &status);
+  EXPECT_TRUE(same(k0, b.k(0).to_vector(s())));
+  for (float x : ob.to_vector(s())) ASSERT_EQ(bits(x), 0u);
+  EXPECT_EQ(status.to_vector(s())[0], 2);
 
   // Host-side checks: typed errors, nothing enqueued.
   auto oc = filled(3 * 8 * 64, 42.0f);
@@ -1702,6 +1727,12 @@ TEST_P(Attention, FusedRejectsBadInputByNameAndWritesNothing) {
     // A head_dim below 1 is bad input, not a size without a kernel (that is Unsupported).
     bad(edit([](AttentionShape& b) { b.head_dim = 0; }), "head_dim", "0");
     bad(edit([](AttentionShape& b) { b.head_dim = -64; }), "head_dim", "-64");
+    AttentionOptions o_bad = o;
+    o_bad.precision = static_cast<AttentionPrecision>(3);
+    expect_invalid([&] { attention(s(), q, k, v, out, sh, o_bad); }, "options.precision", "3");
+    o_bad = o;
+    o_bad.layout = static_cast<AttentionLayout>(2);
+    expect_invalid([&] { attention(s(), q, k, v, out, sh, o_bad); }, "options.layout", "2");
     auto v_short = filled(2 * 6 * 32 - 1, 2.0f), out_short = filled(4 * 8 * 32 - 1, 0.0f);
     auto lse_short = filled(4 * 8 - 1, 0.0f);
     expect_invalid([&] { attention(s(), q, k, v_short, out, sh, o); }, "v.size()", std::to_string(2 * 6 * 32 - 1));

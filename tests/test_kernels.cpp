@@ -266,6 +266,18 @@ TEST_P(Kernels, BadInputIsTypedAndLeavesOutputsUntouched) {
     auto c_view = Buffer<float>::wrap(dev, out.data().get() + 2, 4);
     expect([&] { ops::gemm(s(), a_view, a_view, c_view, 1, 2, 2, 2); }, "c");
   }
+  // A zero dimension makes every size product 0: the other dimensions' products are not computed
+  // (they may not fit: undefined behaviour before), and nothing is enqueued.
+  {
+    const std::int64_t big = std::int64_t(1) << 40;
+    Buffer<float> none(dev, 0), none_out(dev, 0);
+    ops::gemm(s(), none, none, none_out, 0, big, big, big);
+    ops::interleaved_to_batched(s(), none, none_out, 0, big, big);
+    ops::batched_to_interleaved(s(), none, none_out, 0, big, big);
+    ops::extract_head(s(), none, none_out, 0, big, big, 1);
+    ops::copy_head_back(s(), none, none_out, 0, big, big, 1);
+    expect([&] { ops::extract_head(s(), none, none_out, 0, big, big, big); }, "head");
+  }
   auto other = dev->id().kind == DeviceKind::kCpu ? open("cpu:3") : open("cpu");
   Buffer<float> foreign(other, 100);
   expect([&] { ops::scale(s(), foreign, out, 2.0f); }, "in.device");

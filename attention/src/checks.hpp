@@ -64,6 +64,16 @@ void check_no_overlap(std::string_view where, std::string_view out_name, const B
             "a buffer distinct from " + std::string(in_name) + " (this operation is not in place)");
 }
 
+// An option of enum type must hold one of its named values (a cast from an integer can hold any
+// other, which would otherwise run as whichever branch it falls into).
+template <class E>
+void check_enum(std::string_view where, std::string_view name, E value, std::initializer_list<E> named,
+                std::string_view names) {
+  bool ok = false;
+  for (E e : named) ok = ok || e == value;
+  LOCKSTEP_CHECK_ARG(ok, where, name, static_cast<long long>(value), names);
+}
+
 // An elementwise operation may run in place: `out` is either `in` itself (the same first element;
 // the sizes are checked to be equal) or shares no memory with it. A partial overlap (a wrapped
 // buffer a few elements into the other) would read elements already written, in an order that

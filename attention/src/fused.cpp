@@ -198,6 +198,11 @@ void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
   detail::check_nonneg(w, "seq_kv", sh.seq_kv);
   const std::int64_t D = sh.head_dim;
   detail::check_head_dim(w, D);
+  detail::check_enum(w, "options.precision", o.precision,
+                     {AttentionPrecision::kAuto, AttentionPrecision::kExact, AttentionPrecision::kTensorCore},
+                     "AttentionPrecision::kAuto, kExact or kTensorCore");
+  detail::check_enum(w, "options.layout", o.layout, {AttentionLayout::kHeadsFirst, AttentionLayout::kInterleaved},
+                     "AttentionLayout::kHeadsFirst or kInterleaved");
   const bool tensor_core = o.precision == AttentionPrecision::kTensorCore;
   if (tensor_core && !stream.device().caps().tensor_cores &&
       stream.device().id().kind == DeviceKind::kCuda)

@@ -663,6 +663,7 @@ void KvCache::grow(Stream& stream, std::int64_t new_slots) {
 void rope(Stream& stream, Buffer<float>* q, Buffer<float>* k, std::span<const std::int64_t> positions,
           const RopeConfig& c) {
   constexpr std::string_view w = "rope";
+  detail::check_enum(w, "config.style", c.style, {RopeStyle::kNorm, RopeStyle::kNeox}, "RopeStyle::kNorm or kNeox");
   detail::check_positive(w, "head_dim", c.head_dim);
   LOCKSTEP_CHECK_ARG(c.head_dim % 2 == 0, w, "head_dim", c.head_dim, "even");
   LOCKSTEP_CHECK_ARG(c.theta > 1.0f && std::isfinite(c.theta), w, "theta", double(c.theta), "finite and > 1");

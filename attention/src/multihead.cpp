@@ -41,6 +41,10 @@ MhaReport multihead_attention(Stream& stream, const Buffer<float>& q, const Buff
   detail::check_nonneg(w, "seq_len", shape.seq_len);
   detail::check_positive(w, "n_heads", shape.n_heads);
   detail::check_positive(w, "head_dim", shape.head_dim);
+  detail::check_enum(w, "options.impl", options.impl, {MhaImpl::kAuto, MhaImpl::kPerHead, MhaImpl::kBatched},
+                     "MhaImpl::kAuto, kPerHead or kBatched");
+  detail::check_enum(w, "options.gemm", options.gemm, {GemmKind::kAuto, GemmKind::kFp32, GemmKind::kTensorCore},
+                     "GemmKind::kAuto, kFp32 or kTensorCore");
   detail::check_on(w, "q", q, stream);
   detail::check_on(w, "k", k, stream);
   detail::check_on(w, "v", v, stream);
@@ -57,10 +61,16 @@ MhaReport multihead_attention(Stream& stream, const Buffer<float>& q, const Buff
   const auto scores = checked_product({std::uint64_t(H), std::uint64_t(S), std::uint64_t(S)}, w,
                                       "n_heads * seq_len * seq_len");
   check_fits(std::uint64_t(S) * 64, kMaxLaneOffset, w, "64 * seq_len");
-  check_fits(std::uint64_t(H * D) * 8 + std::uint64_t(D), kMaxLaneOffset, w, "8 * n_heads * head_dim");
+  // n_heads * head_dim on its own: with seq_len 0 the products above do not bound it.
+  const std::uint64_t hd = checked_mul(std::uint64_t(H), std::uint64_t(D), w, "n_heads * head_dim");
+  check_fits(checked_add(checked_mul(hd, 8, w, "8 * n_heads * head_dim"), std::uint64_t(D), w, "8 * n_heads * head_dim"),
+             kMaxLaneOffset, w, "8 * n_heads * head_dim");
 
   MhaReport rep;
   rep.impl = options.impl == MhaImpl::kPerHead ? MhaImpl::kPerHead : MhaImpl::kBatched;
+  // The batched kernels take the heads as a grid dimension (the transpose's and the GEMMs').
+  LOCKSTEP_CHECK_ARG(rep.impl != MhaImpl::kBatched || H <= 65535, w, "n_heads", H,
+                     "<= 65535 with MhaImpl::kBatched (a launch grid dimension; kPerHead has no such limit)");
   rep.score_gemm = pick(options.gemm, S, S, D);
   rep.value_gemm = pick(options.gemm, S, D, S);
   if (S == 0) return rep;

@@ -172,6 +172,7 @@ void interleaved_to_batched(Stream& stream, const Buffer<float>& in, Buffer<floa
                                   std::uint64_t(std::max<std::int64_t>(dim, 0))},
                                  w, "seq * heads * dim");
   check_layout(w, stream, in, out, seq, heads, dim, n, n);
+  if (n == 0) return;  // (and heads * dim below may not fit when seq is 0)
   detail::launch_copy3d(stream, in.data().get(), out.data().get(), heads, seq, dim, dim,
                         heads * dim, seq * dim, dim);
 }
@@ -184,6 +185,7 @@ void batched_to_interleaved(Stream& stream, const Buffer<float>& in, Buffer<floa
                                   std::uint64_t(std::max<std::int64_t>(dim, 0))},
                                  w, "seq * heads * dim");
   check_layout(w, stream, in, out, seq, heads, dim, n, n);
+  if (n == 0) return;  // (and heads * dim below may not fit when seq is 0)
   detail::launch_copy3d(stream, in.data().get(), out.data().get(), heads, seq, dim, seq * dim,
                         dim, dim, heads * dim);
 }
@@ -197,6 +199,7 @@ void extract_head(Stream& stream, const Buffer<float>& in, Buffer<float>& out, s
                                  w, "seq * heads * dim");
   check_layout(w, stream, in, out, seq, heads, dim, n, n / std::uint64_t(std::max<std::int64_t>(heads, 1)));
   LOCKSTEP_CHECK_ARG(head >= 0 && head < heads, w, "head", head, "in [0, heads) = [0, " + std::to_string(heads) + ")");
+  if (n == 0) return;  // (and heads * dim below may not fit when seq is 0)
   detail::launch_copy3d(stream, in.data().get() + head * dim, out.data().get(), 1, seq, dim, 0,
                         heads * dim, 0, dim);
 }
@@ -210,6 +213,7 @@ void copy_head_back(Stream& stream, const Buffer<float>& in, Buffer<float>& out,
                                  w, "seq * heads * dim");
   check_layout(w, stream, in, out, seq, heads, dim, n / std::uint64_t(std::max<std::int64_t>(heads, 1)), n);
   LOCKSTEP_CHECK_ARG(head >= 0 && head < heads, w, "head", head, "in [0, heads) = [0, " + std::to_string(heads) + ")");
+  if (n == 0) return;  // (and heads * dim below may not fit when seq is 0)
   detail::launch_copy3d(stream, in.data().get(), out.data().get() + head * dim, 1, seq, dim, 0,
                         dim, 0, heads * dim);
 }
@@ -246,6 +250,7 @@ void gemm(Stream& stream, const Buffer<float>& a, const Buffer<float>& b, Buffer
   detail::check_size(w, "c", c, checked_product({ub, std::uint64_t(m), std::uint64_t(n)}, w, "batch * m * n"), "batch * m * n");
   detail::check_no_overlap(w, "c", c, "a", a);
   detail::check_no_overlap(w, "c", c, "b", b);
+  if (batch == 0) return;  // (and m * k below may not fit: only batch * m * k was checked)
   detail::launch_gemm(stream, a.data().get(), b.data().get(), c.data().get(), batch, m, n, k, k, n,
                       n, m * k, k * n, m * n, alpha);
 }

@@ -183,10 +183,15 @@ LOCKSTEP_HD bool row_major_decode(const X& x) {
 // p + 1 tokens. The host cannot check p, so the kernels do: a p outside [-1, max_len) writes
 // nothing and attends nothing (the row's output is zeros), and the scatter records the row in a
 // status word. -1 is a done slot.
+// position + length_bias wraps as the GPU's add does, where a signed overflow would be undefined
+// (a device position of INT32_MAX gives INT32_MIN: out of range like any other).
+LOCKSTEP_HD int add_wrapping(int a, int b) {
+  return static_cast<int>(static_cast<unsigned>(a) + static_cast<unsigned>(b));
+}
 template <class X>
 LOCKSTEP_HD int raw_length(X& x, const DecodeParams& p, int r) {  // before the range check
-  if (p.lengths != nullptr) return x.load_uniform(p.lengths + r) + p.length_bias;
-  if (p.inline_lengths.count > 0) return p.inline_lengths.v[r] + p.length_bias;
+  if (p.lengths != nullptr) return add_wrapping(x.load_uniform(p.lengths + r), p.length_bias);
+  if (p.inline_lengths.count > 0) return add_wrapping(p.inline_lengths.v[r], p.length_bias);
   return p.length;
 }
 template <class X>
