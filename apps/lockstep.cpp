@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -92,6 +93,17 @@ int cmd_devices(bool json) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A 64-bit unsigned seed written in decimal digits: CLI11 reads it with strtoull, which takes
+  // "-1" as 2^64 - 1 and saturates an overflow, so that different seeds would run the same case.
+  const CLI::Validator seed_digits(
+      [](std::string& text) -> std::string {
+        std::uint64_t v = 0;
+        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (text.empty() || ec != std::errc() || end != text.data() + text.size())
+          return "Value " + text + " is not a seed: decimal digits, at most 18446744073709551615";
+        return {};
+      },
+      "UINT64");
   CLI::App app{"lockstep: bit-faithful attention kernels on CUDA and a simulated CPU device"};
   app.require_subcommand(1);
 
@@ -107,7 +119,7 @@ int main(int argc, char** argv) {
   demo_cmd->add_option("--layers", demo_opts.layers, "transformer layers")->check(CLI::Range(1, 4096))->capture_default_str();
   demo_cmd->add_option("--slots", demo_opts.slots, "sequences decoded together")->check(CLI::Range(1, 4096))->capture_default_str();
   demo_cmd->add_option("--steps", demo_opts.steps, "decode steps")->check(CLI::Range(1, 100000))->capture_default_str();
-  demo_cmd->add_option("--seed", demo_opts.seed, "random weights and inputs")->capture_default_str();
+  demo_cmd->add_option("--seed", demo_opts.seed, "random weights and inputs")->check(seed_digits)->capture_default_str();
   demo_cmd->add_option("--inject-fault", demo_opts.inject_fault)  // a self-test of the checks (demo.hpp)
       ->check(CLI::IsMember({"hidden", "rollback"}))
       ->group("");
@@ -116,7 +128,7 @@ int main(int argc, char** argv) {
   auto* par_cmd = app.add_subcommand("parity", "every kernel on random shapes (and fixed large ones) on every device, compared bitwise with the CPU and with a float64 oracle");
   par_cmd->add_option("--device", par.device, "device to compare with the CPU (all: every usable GPU)")->capture_default_str();
   par_cmd->add_option("--cases", par.cases, "random cases per kernel")->check(CLI::Range(1, 1000000))->capture_default_str();
-  par_cmd->add_option("--seed", par.seed, "random seed")->capture_default_str();
+  par_cmd->add_option("--seed", par.seed, "random seed")->check(seed_digits)->capture_default_str();
   // The one-grid rerun's (a child process of parity; apps/parity.cpp).
   par_cmd->add_option("--only", par.only)->group("");
   par_cmd->add_option("--expect-digests", par.expect_digests)->group("");
@@ -145,7 +157,12 @@ int main(int argc, char** argv) {
     if (*par_cmd) return parity::run(par);
     if (*acc_cmd) return mathacc::run(acc_device, stride);
   } catch (const Error& e) {
+    std::fflush(stdout);  // what the command printed first, then the error
     std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {  // e.g. std::bad_alloc building a large demo model on the host
+    std::fflush(stdout);
+    std::fprintf(stderr, "lockstep: %s\n", e.what());
     return 2;
   }
   return 0;

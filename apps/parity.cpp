@@ -99,7 +99,9 @@ int run(const Options& o) {
       for (const auto& b : devices())
         if (b.usable && b.kind != DeviceKind::kCpu)
           for (const auto& d : b.devices) others.push_back(open(d.id));
-    } else if (DeviceSpec::parse(o.device).is_auto || DeviceSpec::parse(o.device).id.kind != DeviceKind::kCpu) {
+    } else {
+      // Opened whatever its kind, so that a CPU id the library refuses (cpu:99) is an error here
+      // too; the CPU device itself is the reference, not another device to compare.
       auto d = open(o.device);
       if (d->id().kind != DeviceKind::kCpu) others.push_back(d);
     }

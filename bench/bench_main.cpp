@@ -7,14 +7,19 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
 #include <regex>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "bench_common.hpp"
 #include "lockstep/kernels/launch.hpp"
@@ -92,6 +97,13 @@ using namespace lockstep::bench;
 namespace {
 int run(const std::string& device_arg, const std::string& json_path, const std::string& filter,
         bool quick, int reps);
+// The benchmarks' names, which --filter matches (each gives one or more results, whose names in
+// the table and the JSON may differ: `decode` gives incremental_attention's).
+std::string benchmark_names() {
+  std::string names;
+  for (const auto& b : registry()) names += (names.empty() ? "" : ", ") + std::string(b.name);
+  return names;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -101,11 +113,17 @@ int main(int argc, char** argv) {
   int reps = 0;
   app.add_option("--device", device_arg, "cpu, cuda:0, ... or all");
   app.add_option("--json", json_path, "write results as JSON to this file");
-  app.add_option("--filter", filter, "regex on benchmark names");
+  bool list = false;
+  app.add_option("--filter", filter, "regex on benchmark names (--list prints them)");
+  app.add_flag("--list", list, "print the benchmark names that --filter matches, and exit");
   app.add_flag("--quick", quick, "tiny sizes, one repetition (CI smoke test)");
   app.add_option("--reps", reps, "timed repetitions (default: 20 on CUDA, 5 on CPU)")
       ->check(CLI::Range(1, 1000000));  // PositiveNumber said "not in range 0 to 1.79e308" (309 digits)
   CLI11_PARSE(app, argc, argv);
+  if (list) {
+    for (const auto& b : registry()) std::printf("%s\n", std::string(b.name).c_str());
+    return 0;
+  }
   try {
     return run(device_arg, json_path, filter, quick, reps);
   } catch (const lockstep::Error& e) {  // bad device, unusable device, a failed benchmark
@@ -130,15 +148,24 @@ int run(const std::string& device_arg, const std::string& json_path, const std::
   const std::regex re(filter);
   if (std::none_of(registry().begin(), registry().end(),
                    [&](const auto& b) { return std::regex_search(b.name, re); })) {
-    std::fprintf(stderr, "lockstep-bench: no benchmark matches --filter '%s'\n", filter.c_str());
+    std::fprintf(stderr, "lockstep-bench: no benchmark matches --filter '%s' (the benchmarks: %s)\n", filter.c_str(),
+                 benchmark_names().c_str());
     return 2;
   }
-  const std::string json_tmp = json_path + ".tmp";
+  // A temporary name of this process's own, so that no file of the user's is overwritten or
+  // removed.
+  const std::string json_tmp = json_path + ".lockstep-bench-" + std::to_string(::getpid()) + ".tmp";
   std::ofstream json_file;
   if (!json_path.empty()) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(json_path, ec)) {
+      std::fprintf(stderr, "lockstep-bench: --json %s: is a directory (give a file name)\n", json_path.c_str());
+      return 2;
+    }
     json_file.open(json_tmp);
     if (!json_file) {
-      std::fprintf(stderr, "lockstep-bench: --json %s: cannot write there\n", json_path.c_str());
+      std::fprintf(stderr, "lockstep-bench: --json %s: cannot write there (%s)\n", json_path.c_str(),
+                   std::strerror(errno));
       return 2;
     }
   }
@@ -206,8 +233,13 @@ int run(const std::string& device_arg, const std::string& json_path, const std::
   if (json_file.is_open()) {
     json_file << out.dump(2) << "\n";
     json_file.close();
-    if (!json_file || std::rename(json_tmp.c_str(), json_path.c_str()) != 0) {
-      std::fprintf(stderr, "lockstep-bench: --json %s: writing the file failed\n", json_path.c_str());
+    if (!json_file) {
+      std::fprintf(stderr, "lockstep-bench: --json %s: writing %s failed\n", json_path.c_str(), json_tmp.c_str());
+      return 2;
+    }
+    if (std::rename(json_tmp.c_str(), json_path.c_str()) != 0) {
+      std::fprintf(stderr, "lockstep-bench: --json %s: renaming %s to it failed (%s)\n", json_path.c_str(),
+                   json_tmp.c_str(), std::strerror(errno));
       return 2;
     }
     remove_tmp.path.clear();  // renamed: nothing to remove

@@ -35,7 +35,7 @@ TEST(DeviceId, ParsesValidSpecs) {
 
 TEST(DeviceId, RejectsInvalidSpecsNamingTheText) {
   for (const char* bad : {"gpu", "cuda:x", "cpu:-1", "cpu:", ":0", "CPU", "cuda:1:2", "cpu:+1",
-                          "cpu 0", "", "auto:1"}) {
+                          "cpu 0", "", "auto:1", "cpu:-0", "cpu:007", "cpu:2147483648", "cuda: 1"}) {
     try {
       (void)DeviceSpec::parse(bad);
       ADD_FAILURE() << "accepted \"" << bad << "\"";
@@ -43,8 +43,13 @@ TEST(DeviceId, RejectsInvalidSpecsNamingTheText) {
       EXPECT_EQ(e.parameter(), "device");
       EXPECT_EQ(e.value(), "\"" + std::string(bad) + "\"");
       EXPECT_NE(std::string(e.what()).find("\"" + std::string(bad) + "\""), std::string::npos);
+      // The limit lists what a spec may be, "auto" included, and N's range.
+      EXPECT_NE(e.limit().find("\"auto\""), std::string::npos) << e.limit();
+      EXPECT_NE(e.limit().find("2147483647"), std::string::npos) << e.limit();
     }
   }
+  EXPECT_EQ(DeviceId::parse("cpu:0"), (DeviceId{DeviceKind::kCpu, 0}));
+  EXPECT_EQ(DeviceId::parse("cuda:2147483647").index, 2147483647);
 }
 
 TEST(Registry, ListsEveryBackendWithReasons) {
@@ -427,6 +432,47 @@ TEST(CpuDevice, MemoryCapFromTheEnvironmentIsCheckedWhenOpened) {
   auto dev = open("cpu:41");
   EXPECT_EQ(dev->memory_stats().capacity, 4096u);
   EXPECT_THROW(Buffer<char>(dev, 4097), OutOfMemory);
+}
+
+// A numeric knob set to a value it does not take (LOCKSTEP_PDL=false would have been "on",
+// LOCKSTEP_CPU_SHUFFLE_BLOCKS=off too) is InvalidArgument naming the variable when a device is
+// opened, by open and make_cpu_device alike; the values it takes, and empty, open the device.
+TEST(CpuDevice, KnobsWithAValueTheyDoNotTakeAreRefusedWhenADeviceIsOpened) {
+  struct Case {
+    const char* name;
+    const char* bad;
+    const char* good;
+  };
+  for (const Case& c : {Case{"LOCKSTEP_CPU_SHUFFLE_BLOCKS", "off", "1"}, Case{"LOCKSTEP_PDL", "false", "0"},
+                        Case{"LOCKSTEP_FUSED_TC_ROWS", "96", "128"}, Case{"LOCKSTEP_DECODE_STAGES", "3x", "-1"},
+                        Case{"LOCKSTEP_DECODE_TAIL_PREFETCH", "1e6", "1000000"}, Case{"LOCKSTEP_CPU_POISON", "2", ""}}) {
+    SCOPED_TRACE(c.name);
+    const char* before = std::getenv(c.name);
+    const std::string saved = before != nullptr ? before : "";
+    ::setenv(c.name, c.bad, 1);
+    for (int how = 0; how < 2; ++how) {
+      try {
+        if (how == 0) {
+          (void)open("cpu:42");
+        } else {
+          CpuDeviceOptions o;
+          o.index = 43;
+          (void)make_cpu_device(o);
+        }
+        ADD_FAILURE() << "opened with " << c.name << "=" << c.bad;
+      } catch (const InvalidArgument& e) {
+        EXPECT_EQ(e.parameter(), c.name);
+        EXPECT_EQ(e.value(), "\"" + std::string(c.bad) + "\"");
+        EXPECT_NE(e.limit().find("or unset"), std::string::npos) << e.limit();
+      }
+    }
+    ::setenv(c.name, c.good, 1);
+    EXPECT_NO_THROW((void)open("cpu:42"));
+    if (before != nullptr)
+      ::setenv(c.name, saved.c_str(), 1);
+    else
+      ::unsetenv(c.name);
+  }
 }
 
 // Buffers take the API's signed sizes: a negative count is InvalidArgument naming count and its

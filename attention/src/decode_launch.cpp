@@ -1,6 +1,9 @@
 #include "decode_launch.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -123,6 +126,13 @@ void dump_timeline(Stream& s, const Buffer<float>& tl, Dim3 grid, const Buffer<f
   for (std::size_t b = 0; b < blocks; ++b) t0 = std::min(t0, t[b * 8]);
   const auto rel = [&](std::uint64_t v) { return v >= t0 ? v - t0 : 0; };
   std::ofstream f(timeline_path(), std::ios::app);
+  if (!f) {  // a diagnostic: said once, and the call's results stand
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true))
+      std::fprintf(stderr, "lockstep: LOCKSTEP_DECODE_TIMELINE=%s: cannot append to it (%s); no timeline written\n",
+                   timeline_path().c_str(), std::strerror(errno));
+    return;
+  }
   f << "# rows " << p.rows << " H " << p.H << " Hkv " << p.Hkv << " chunks " << p.max_chunks << " grid " << grid.x
     << " " << grid.y << " " << grid.z << "\n";
   for (std::size_t b = 0; b < blocks; ++b) {

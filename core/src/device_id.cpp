@@ -8,10 +8,13 @@ namespace lockstep {
 
 std::string_view to_string(DeviceKind kind) { return kind == DeviceKind::kCpu ? "cpu" : "cuda"; }
 
-DeviceId DeviceId::parse(std::string_view text) {
+namespace {
+// "cpu", "cuda", or either with ":N", N in [0, 2147483647] in plain decimal (no sign, no leading
+// zero); anything else is InvalidArgument from `where` listing `accepted`.
+DeviceId parse_id(std::string_view text, std::string_view where, std::string_view accepted) {
   auto fail = [&]() -> DeviceId {
-    throw InvalidArgument("DeviceId::parse", "device", "\"" + std::string(text) + "\"",
-                          "one of \"cpu\", \"cpu:N\", \"cuda\", \"cuda:N\" with N >= 0");
+    throw InvalidArgument(where, "device", "\"" + std::string(text) + "\"",
+                          std::string(accepted) + ", N in [0, 2147483647] without a sign or leading zeros");
   };
   DeviceId id;
   std::string_view kind = text, index;
@@ -29,11 +32,17 @@ DeviceId DeviceId::parse(std::string_view text) {
   if (!index.empty()) {
     int v = 0;
     auto [ptr, ec] = std::from_chars(index.data(), index.data() + index.size(), v);
-    if (ec != std::errc() || ptr != index.data() + index.size() || v < 0 || index[0] == '+')
+    if (ec != std::errc() || ptr != index.data() + index.size() || v < 0 || index[0] < '0' || index[0] > '9' ||
+        (index.size() > 1 && index[0] == '0'))
       return fail();
     id.index = v;
   }
   return id;
+}
+}  // namespace
+
+DeviceId DeviceId::parse(std::string_view text) {
+  return parse_id(text, "DeviceId::parse", "one of \"cpu\", \"cpu:N\", \"cuda\", \"cuda:N\"");
 }
 
 std::string DeviceId::str() const {
@@ -46,7 +55,7 @@ DeviceSpec DeviceSpec::parse(std::string_view text) {
     s.is_auto = true;
     return s;
   }
-  s.id = DeviceId::parse(text);
+  s.id = parse_id(text, "DeviceSpec::parse", "one of \"auto\", \"cpu\", \"cpu:N\", \"cuda\", \"cuda:N\"");
   return s;
 }
 

@@ -1,5 +1,7 @@
+#include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "backend.hpp"
 #include "lockstep/device.hpp"
@@ -12,6 +14,63 @@ namespace {
 detail::Backend* backend_for(DeviceKind kind) {
   if (kind == DeviceKind::kCpu) return &detail::cpu_backend();
   return detail::cuda_backend();
+}
+
+// The measurement and test knobs of docs/api.md that take a number, with the values each takes
+// ("": any decimal integer). Each is read where it acts, often once per process; a value it does
+// not take (LOCKSTEP_PDL=false, LOCKSTEP_CPU_SHUFFLE_BLOCKS=off) would act as some other value
+// or as unset, silently. So a set knob is checked whenever a device is opened. Not here: the
+// ones with text values (LOCKSTEP_DEVICE, LOCKSTEP_CPU_MEMORY, LOCKSTEP_CPU_SIMD, checked where
+// they are read; LOCKSTEP_DECODE_TIMELINE, a path).
+struct Knob {
+  const char* name;
+  const char* values;  // "a|b|c", or "" for any decimal integer
+};
+constexpr Knob kKnobs[] = {
+    {"LOCKSTEP_CPU_BLOCK_PASSES", "0|1"},     {"LOCKSTEP_CPU_DECODE_LANES", "0|1"},
+    {"LOCKSTEP_CPU_EXACT_LANES", "0|1"},      {"LOCKSTEP_CPU_POISON", "0|1"},
+    {"LOCKSTEP_CPU_SHUFFLE_BLOCKS", "0|1"},   {"LOCKSTEP_FORCE_FP32_GEMM", "0|1"},
+    {"LOCKSTEP_PDL", "0|1"},                  {"LOCKSTEP_DECODE_ONE_GRID", "0|1"},
+    {"LOCKSTEP_DECODE_FOLD", "0|1|2"},        {"LOCKSTEP_DECODE_DIAG_ONLY", "0|1|2"},
+    {"LOCKSTEP_DECODE_SIGNALS", "0|1"},       {"LOCKSTEP_DECODE_STAGES", ""},
+    {"LOCKSTEP_DECODE_ROW_BATCH", ""},        {"LOCKSTEP_DECODE_MERGE_BATCH", ""},
+    {"LOCKSTEP_DECODE_L2_HINT", ""},          {"LOCKSTEP_DECODE_HEAD_DIM_PRODUCT", ""},
+    {"LOCKSTEP_DECODE_TAIL_PREFETCH", ""},    {"LOCKSTEP_FUSED_TC_ROWS", "64|128"},
+    {"LOCKSTEP_FUSED_EXACT_P", "0|1"},        {"LOCKSTEP_FUSED_TC_PACK", "0|1"},
+    {"LOCKSTEP_FUSED_TC_WGMMA", "0|1"},       {"LOCKSTEP_FUSED_TC_WGMMA_WG", "1|2"},
+    {"LOCKSTEP_FUSED_TC_WGMMA_SERIAL", "0|1"},
+};
+
+bool decimal_integer(std::string_view s) {
+  if (!s.empty() && s[0] == '-') s.remove_prefix(1);
+  if (s.empty() || s.size() > 9) return false;  // within int, as the knobs are read
+  for (char c : s)
+    if (c < '0' || c > '9') return false;
+  return true;
+}
+
+void check_knobs(std::string_view where) {
+  for (const Knob& k : kKnobs) {
+    const char* v = std::getenv(k.name);
+    if (v == nullptr || *v == '\0') continue;
+    const std::string_view value(v), values(k.values);
+    bool ok = false;
+    if (values.empty()) {
+      ok = decimal_integer(value);
+    } else {
+      for (std::size_t b = 0; b <= values.size() && !ok;) {
+        const std::size_t e = std::min(values.find('|', b), values.size());
+        ok = values.substr(b, e - b) == value;
+        b = e + 1;
+      }
+    }
+    if (!ok) {
+      std::string limit = values.empty() ? std::string("a decimal integer of at most 9 digits") : "one of ";
+      if (!values.empty())
+        for (char c : values) limit += c == '|' ? std::string(", ") : std::string(1, c);
+      throw InvalidArgument(where, k.name, "\"" + std::string(value) + "\"", limit + " (or unset)");
+    }
+  }
 }
 }  // namespace
 
@@ -50,6 +109,7 @@ DeviceId resolve_auto() {
 }
 
 std::shared_ptr<Device> open(DeviceId id) {
+  check_knobs("open " + id.str());
   detail::Backend* b = backend_for(id.kind);
   if (b == nullptr)
     throw DeviceUnavailable("lockstep: cannot open " + id.str() +
@@ -63,6 +123,7 @@ std::shared_ptr<Device> open(std::string_view spec) {
 }
 
 std::shared_ptr<Device> make_cpu_device(const CpuDeviceOptions& options) {
+  check_knobs("make_cpu_device");
   // The ids open() accepts for CPU devices (cpu:N, N < 64), so that messages name a real id.
   LOCKSTEP_CHECK_ARG(options.index >= 0 && options.index < 64, "make_cpu_device", "options.index",
                      options.index, "in [0, 64)");
