@@ -85,7 +85,7 @@ int cmd_devices(bool json) {
     problem = e.what();
   }
   std::printf("auto -> %s (%s)%s%s\n", a.str().c_str(),
-              from_env ? "from LOCKSTEP_DEVICE" : "LOCKSTEP_DEVICE overrides",
+              from_env ? "from LOCKSTEP_DEVICE" : "LOCKSTEP_DEVICE is not set; setting it overrides this",
               problem.empty() ? "" : ", which cannot be opened: ", problem.c_str());
   return 0;
 }
