@@ -129,7 +129,12 @@ int main(int argc, char** argv) {
   par_cmd->add_option("--device", par.device, "device to compare with the CPU (all: every usable GPU)")->capture_default_str();
   par_cmd->add_option("--cases", par.cases, "random cases per kernel")->check(CLI::Range(1, 1000000))->capture_default_str();
   par_cmd->add_option("--seed", par.seed, "random seed")->check(seed_digits)->capture_default_str();
-  // The one-grid rerun's (a child process of parity; apps/parity.cpp).
+  par_cmd->add_option("--knob-reruns", par.knob_reruns,
+                      "the decode entries again in child processes: one-grid (LOCKSTEP_DECODE_ONE_GRID=1) or all "
+                      "(every decode schedule knob), each giving the same CPU bytes")
+      ->check(CLI::IsMember({"one-grid", "all"}))
+      ->capture_default_str();
+  // A knob rerun's (a child process of parity; apps/parity.cpp).
   par_cmd->add_option("--only", par.only)->group("");
   par_cmd->add_option("--expect-digests", par.expect_digests)->group("");
   par_cmd->add_option("--label", par.label)->group("");

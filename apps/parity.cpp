@@ -1,9 +1,10 @@
 // `lockstep parity`: every kernel entry of the harness (harness::kernel_entries(),
 // proptests/harness) on random shapes, plus each entry's fixed large shapes (the variants the
 // library picks only for large grids), on every device; compared bitwise with the CPU device and
-// with a float64 oracle. The decode entries (KernelEntry::decode) run a second time in a child
-// process with LOCKSTEP_DECODE_ONE_GRID=1 (Note [one grid]: the knob is read once per process),
-// whose CPU bytes must equal this run's. This file is the driver only; the cases live in the harness.
+// with a float64 oracle. The decode entries (KernelEntry::decode) run again in a child process
+// with LOCKSTEP_DECODE_ONE_GRID=1 (Note [one grid]: the knob is read once per process), and with
+// --knob-reruns all under every decode schedule knob (knob_sets), whose CPU bytes must equal this
+// run's. This file is the driver only; the cases live in the harness.
 
 #include "parity.hpp"
 
@@ -53,10 +54,36 @@ std::vector<std::string> split(const std::string& s, char sep) {
 // The child's exit code when it cannot open the device (the parent reports a skipped rerun).
 constexpr int kChildNoDevice = 3;
 
-// Runs this program again as `parity` over the decode entries with LOCKSTEP_DECODE_ONE_GRID=1;
-// returns its exit code.
-int rerun_one_grid(const Options& o, const std::vector<std::string>& names,
-                   const std::map<std::string, std::uint64_t>& digests) {
+// The decode schedule knobs, every value of which gives the same bits (docs/api.md): each set
+// reruns the decode entries in a child process (the library reads them once per process), whose
+// CPU bytes must equal this run's. Sets that act on the CPU device's lane path (the ring, the
+// prefetch, the copies' L2 policy) run it there (LOCKSTEP_CPU_DECODE_LANES=1), so that the CPU
+// reaches the code they choose; the lane path alone is a set of its own.
+std::vector<std::vector<std::string>> knob_sets(const std::string& which) {
+  std::vector<std::vector<std::string>> sets = {{"LOCKSTEP_DECODE_ONE_GRID=1"}};
+  if (which != "all") return sets;
+  for (auto set : std::vector<std::vector<std::string>>{
+           {"LOCKSTEP_CPU_DECODE_LANES=1"},
+           {"LOCKSTEP_CPU_DECODE_LANES=1", "LOCKSTEP_DECODE_STAGES=0", "LOCKSTEP_DECODE_ROW_BATCH=2"},
+           {"LOCKSTEP_CPU_DECODE_LANES=1", "LOCKSTEP_DECODE_STAGES=3", "LOCKSTEP_DECODE_MERGE_BATCH=4"},
+           {"LOCKSTEP_DECODE_SIGNALS=0", "LOCKSTEP_DECODE_FOLD=0"},
+           {"LOCKSTEP_DECODE_FOLD=1", "LOCKSTEP_DECODE_HEAD_DIM_PRODUCT=256"},
+           {"LOCKSTEP_CPU_DECODE_LANES=1", "LOCKSTEP_DECODE_TAIL_PREFETCH=1000000", "LOCKSTEP_DECODE_L2_HINT=1"},
+           {"LOCKSTEP_CPU_DECODE_LANES=1", "LOCKSTEP_DECODE_L2_HINT=2"}})
+    sets.push_back(std::move(set));
+  return sets;
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string r;
+  for (const auto& x : v) r += (r.empty() ? "" : " ") + x;
+  return r;
+}
+
+// Runs this program again as `parity` over the decode entries with the knobs `set` in its
+// environment (replacing those variables); returns its exit code.
+int rerun_with(const Options& o, const std::vector<std::string>& set, const std::vector<std::string>& names,
+               const std::map<std::string, std::uint64_t>& digests) {
   std::string only, expect;
   for (const auto& n : names) {
     only += (only.empty() ? "" : ",") + n;
@@ -66,21 +93,25 @@ int rerun_one_grid(const Options& o, const std::vector<std::string>& names,
   }
   std::vector<std::string> args = {"lockstep", "parity", "--device", o.device, "--cases", std::to_string(o.cases),
                                     "--seed", std::to_string(o.seed), "--only", only, "--expect-digests", expect,
-                                    "--label", "LOCKSTEP_DECODE_ONE_GRID=1"};
+                                    "--label", joined(set)};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  std::string knob = "LOCKSTEP_DECODE_ONE_GRID=1";
-  std::vector<char*> envp;  // this environment, the knob replaced
-  for (char** e = environ; *e != nullptr; ++e)
-    if (std::strncmp(*e, "LOCKSTEP_DECODE_ONE_GRID=", 25) != 0) envp.push_back(*e);
-  envp.push_back(knob.data());
+  std::vector<std::string> knobs = set;  // owned here: envp points into them
+  std::vector<char*> envp;  // this environment, the set's variables replaced
+  for (char** e = environ; *e != nullptr; ++e) {
+    bool replaced = false;
+    for (const auto& k : set) replaced = replaced || std::strncmp(*e, k.c_str(), k.find('=') + 1) == 0;
+    if (!replaced) envp.push_back(*e);
+  }
+  for (auto& k : knobs) envp.push_back(k.data());
   envp.push_back(nullptr);
   std::fflush(stdout);
   std::fflush(stderr);
   pid_t pid = 0;
   if (const int err = posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), envp.data()); err != 0) {
-    std::printf("parity: could not start the one-grid rerun (%s)\n", std::strerror(err));  // returned, not errno
+    std::printf("parity: could not start the rerun with %s (%s)\n", joined(set).c_str(),
+                std::strerror(err));  // returned, not errno
     return 1;
   }
   int status = 0;
@@ -107,7 +138,7 @@ int run(const Options& o) {
     }
   } catch (const Error& e) {
     if (!child) throw;
-    std::printf("parity, one grid: %s\n", e.what());  // the parent holds the device
+    std::printf("parity, %s: %s\n", o.label.c_str(), e.what());  // the parent holds the device
     return kChildNoDevice;
   }
   auto cpu = open("cpu");
@@ -141,7 +172,7 @@ int run(const Options& o) {
   for (const auto& k : harness::kernel_entries()) {
     if (!only.empty() && std::find(only.begin(), only.end(), k.name) == only.end()) continue;
     if (k.decode) decode_names.push_back(k.name);
-    // Each entry draws from its own generator, so that a subset of entries (the one-grid rerun)
+    // Each entry draws from its own generator, so that a subset of entries (a knob rerun)
     // draws the same cases.
     std::mt19937_64 rng(o.seed ^ fnv1a(k.name.data(), k.name.size()));
     double max_ulp = 0, max_rel = 0, max_ratio = 0;
@@ -203,7 +234,7 @@ int run(const Options& o) {
       ok = ok && identical[d] == std::size_t(total);
     }
     ok = ok && bound_fail == 0 && unwritten_fail == 0;
-    const std::string name = child ? k.name + " [one grid]" : k.name;
+    const std::string name = child ? k.name + " [" + o.label + "]" : k.name;
     std::printf("| %s | %d+%zu | %s | %.2f | %.3g | %.3g | %s |\n", name.c_str(), o.cases, k.fixed.size(),
                 ident.c_str(), max_ulp, max_rel, max_ratio,
                 (bound_fail || unwritten_fail)
@@ -212,27 +243,30 @@ int run(const Options& o) {
     if (!first_problem.empty()) std::printf("  first problem: %s\n", first_problem.c_str());
     if (const auto it = expected.find(k.name); it != expected.end()) {
       const bool same = it->second == digest;
-      std::printf("  CPU bytes equal to the two-launch run's: %s\n", same ? "yes" : "NO");
+      std::printf("  CPU bytes equal to the default schedule's: %s\n", same ? "yes" : "NO");
       ok = ok && same;
     }
   }
   if (!child && !decode_names.empty()) {
-    // As the library reads the knob: a value > 0 selects the one grid.
-    if (const char* v = std::getenv("LOCKSTEP_DECODE_ONE_GRID"); v != nullptr && std::atoi(v) > 0) {
-      std::printf("\nLOCKSTEP_DECODE_ONE_GRID=%s is set: the decode entries above ran with it; no rerun.\n", v);
-    } else {
-      const int rc = rerun_one_grid(o, decode_names, digests);
+    for (const auto& set : knob_sets(o.knob_reruns)) {
+      // As the library reads the knob: a value > 0 selects the one grid.
+      if (const char* v = std::getenv("LOCKSTEP_DECODE_ONE_GRID");
+          set.front() == "LOCKSTEP_DECODE_ONE_GRID=1" && v != nullptr && std::atoi(v) > 0) {
+        std::printf("\nLOCKSTEP_DECODE_ONE_GRID=%s is set: the decode entries above ran with it; no rerun.\n", v);
+        continue;
+      }
+      const int rc = rerun_with(o, set, decode_names, digests);
       if (rc == kChildNoDevice) {
-        std::printf("\nparity: the one-grid rerun was skipped: its process could not open %s (a GPU in an "
-                    "exclusive compute mode?); rerun with LOCKSTEP_DECODE_ONE_GRID=1 instead\n",
-                    o.device.c_str());
+        std::printf("\nparity: the rerun with %s was skipped: its process could not open %s (a GPU in an "
+                    "exclusive compute mode?); rerun with those variables set instead\n",
+                    joined(set).c_str(), o.device.c_str());
       } else {
         ok = ok && rc == 0;
       }
     }
   }
   const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("\n%s%s (%.1f s)\n", child ? "parity, one grid: " : "parity: ",
+  std::printf("\n%s%s (%.1f s)\n", child ? ("parity, " + o.label + ": ").c_str() : "parity: ",
               ok ? "every case passed" : "MISMATCH (see above)", sec);
   return ok ? 0 : 1;
 }

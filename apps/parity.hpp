@@ -9,7 +9,10 @@ struct Options {
   std::string device = "all";
   int cases = 20;
   std::uint64_t seed = 1;
-  // Internal (the one-grid rerun, a child process): only these entries (comma-separated), the
+  // The decode entries' reruns in child processes: "one-grid" (LOCKSTEP_DECODE_ONE_GRID=1) or
+  // "all" (every decode schedule knob set, apps/parity.cpp knob_sets).
+  std::string knob_reruns = "one-grid";
+  // Internal (a knob rerun, a child process): only these entries (comma-separated), the
   // CPU bytes each must reproduce ("name=hex,..."), and a label for the table.
   std::string only, expect_digests, label;
 };

@@ -95,8 +95,8 @@ void KvCache::forget() noexcept {
   behind_.clear();
   importing_.clear();
 }
-void KvCache::check_valid(std::string_view where, std::string_view name) const {
-  LOCKSTEP_CHECK_ARG(device_ != nullptr, where, name, "a moved-from KvCache", "a cache that was not moved from");
+void KvCache::throw_moved_from(std::string_view where, std::string_view name) {
+  throw InvalidArgument(where, name, "a moved-from KvCache", "a cache that was not moved from");
 }
 Device& KvCache::device() const {
   check_valid("KvCache::device");
@@ -214,15 +214,14 @@ void KvCache::allocate_layers(std::uint64_t per_layer, std::vector<Buffer<float>
   }
 }
 
-void KvCache::check_slot(std::string_view where, std::int64_t slot) const {
+void KvCache::throw_bad_slot(std::string_view where, std::int64_t slot) const {
   check_valid(where);
-  LOCKSTEP_CHECK_ARG(slot >= 0 && slot < cfg_.slots, where, "slot", slot,
-            "in [0, slots = " + std::to_string(cfg_.slots) + ")");
+  throw InvalidArgument(where, "slot", std::to_string(slot), "in [0, slots = " + std::to_string(cfg_.slots) + ")");
 }
-void KvCache::check_layer(std::string_view where, std::int64_t layer) const {
+void KvCache::throw_bad_layer(std::string_view where, std::int64_t layer) const {
   check_valid(where);
-  LOCKSTEP_CHECK_ARG(layer >= 0 && layer < cfg_.num_layers, where, "layer", layer,
-            "in [0, num_layers = " + std::to_string(cfg_.num_layers) + ")");
+  throw InvalidArgument(where, "layer", std::to_string(layer),
+                        "in [0, num_layers = " + std::to_string(cfg_.num_layers) + ")");
 }
 
 std::int64_t KvCache::length(std::int64_t slot) const {

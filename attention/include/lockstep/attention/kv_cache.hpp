@@ -114,10 +114,21 @@ class KvCache {
   friend void flash_decoding(Stream&, KvCache&, std::int64_t, const Buffer<float>&,
                              const Buffer<float>&, const Buffer<float>&, const Buffer<std::int32_t>&,
                              Buffer<float>&, Buffer<std::int32_t>*);
-  void check_valid(std::string_view where, std::string_view name = "cache") const;
+  // The checks every call makes (inline: k() and v() run them several times per decode call);
+  // the errors are thrown out of line.
+  void check_valid(std::string_view where, std::string_view name = "cache") const {
+    if (device_ == nullptr) throw_moved_from(where, name);
+  }
+  void check_slot(std::string_view where, std::int64_t slot) const {
+    if (device_ == nullptr || slot < 0 || slot >= cfg_.slots) throw_bad_slot(where, slot);
+  }
+  void check_layer(std::string_view where, std::int64_t layer) const {
+    if (device_ == nullptr || layer < 0 || layer >= cfg_.num_layers) throw_bad_layer(where, layer);
+  }
+  [[noreturn]] static void throw_moved_from(std::string_view where, std::string_view name);
+  [[noreturn]] void throw_bad_slot(std::string_view where, std::int64_t slot) const;
+  [[noreturn]] void throw_bad_layer(std::string_view where, std::int64_t layer) const;
   void forget() noexcept;  // the moved-from state
-  void check_slot(std::string_view where, std::int64_t slot) const;
-  void check_layer(std::string_view where, std::int64_t layer) const;
   void allocate_layers(std::uint64_t per_layer, std::vector<Buffer<float>>& k,
                        std::vector<Buffer<float>>& v, const std::string& what);
   // Note [layer lengths] (kv_cache.cpp): the host state after an append into `layer` at `pos`
