@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "generators.hpp"
 #include "harness/harness.hpp"
 #include "harness/harness_decode.hpp"
 #include "lockstep/attention/decode.hpp"
@@ -174,6 +175,21 @@ RC_GTEST_PROP(Decode, CpuRowMajorGivesTheLaneBytes, ()) {
   const auto lanes = w.decode(cpu);
   ::unsetenv("LOCKSTEP_CPU_DECODE_LANES");
   for (std::int64_t r = 0; r < s.slots; ++r) RC_ASSERT(rows_equal(rows, r, lanes, r, std::size_t(s.heads * s.dim)));
+}
+
+// The KV-cache operations (append, copy_slot_from, grow) and Flash-Decoding with device positions
+// (skipped slots, positions out of range with the status word, rewinds), drawn as the harness
+// draws them for `lockstep parity`: each case against its oracle, the CPU's portable SIMD variant
+// and, with a GPU, CUDA's bytes. (They ran only as parity's 3 cases per CI run.)
+RC_GTEST_PROP(Decode, CacheOperationsAndDevicePositions, ()) {
+  const std::string name = *rc::gen::element<std::string>("kv_cache_append", "kv_cache_copy_slot_from",
+                                                           "kv_cache_grow", "flash_decoding_device_positions");
+  const auto& entries = kernel_entries();
+  const auto it = std::find_if(entries.begin(), entries.end(), [&](const KernelEntry& e) { return e.name == name; });
+  RC_ASSERT(it != entries.end());
+  std::mt19937_64 rng(*rc::gen::arbitrary<std::uint64_t>());
+  RC_TAG(name);
+  check(*it->random_case(rng));
 }
 
 RC_GTEST_PROP(Decode, RollbackThenReappendGivesTheSameBytes, ()) {
