@@ -343,6 +343,16 @@ class RopeCase final : public Case {
             // Note [rope bound]: the float angle pos * freq carries ~2 (pos + 1) u radians of
             // error, sin and cos 2 ulp each, the rotation 3 roundings.
             const double bound = (std::fabs(a) + std::fabs(b)) * ((8.0 * double(pos_[std::size_t(row)] + 1) + 16.0) * 0x1p-24);
+            // And at the kernel's own float angle (its freq and pos * freq, computed here with
+            // the same functions and operations), where the only errors are sin and cos (2 ulp
+            // each) and the rotation's roundings: a bound that does not grow with the position,
+            // which an error in the rotation itself (a wrong sign, a swapped pair, a rope that
+            // does nothing) cannot pass at any position but 0.
+            const float freq_f = math::exp2(-(static_cast<float>(2 * i) * (1.0f / static_cast<float>(D))) *
+                                            math::log2(s_.theta));
+            const double ang_f = double(freq_f * static_cast<float>(pos_[std::size_t(row)]));
+            const double fa = a * std::cos(ang_f) - b * std::sin(ang_f), fb = a * std::sin(ang_f) + b * std::cos(ang_f);
+            const double fbound = (std::fabs(a) + std::fabs(b)) * (16.0 * 0x1p-24);
             for (int c = 0; c < 2; ++c) {
               const double ref = c ? rb : ra;
               const float got = r.out[base + (c ? ib : ia)];
@@ -353,6 +363,11 @@ class RopeCase final : public Case {
               if (!(err <= bound))
                 add_violation(rep, "row " + std::to_string(row) + " pair " + std::to_string(i) + ": error " +
                                        std::to_string(err) + " > " + std::to_string(bound));
+              const double ferr = std::fabs(double(got) - (c ? fb : fa));
+              if (!(ferr <= fbound))
+                add_violation(rep, "row " + std::to_string(row) + " pair " + std::to_string(i) +
+                                       ": error at the kernel's float angle " + std::to_string(ferr) + " > " +
+                                       std::to_string(fbound));
             }
           }
     };
