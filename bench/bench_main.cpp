@@ -143,7 +143,7 @@ namespace {
 int run(const std::string& device_arg, const std::string& json_path, const std::string& filter,
         bool quick, int reps) {
   // A filter that matches nothing, and a JSON path that cannot be written, fail before minutes of
-  // measurements, not after them. The results go to <path>.tmp, renamed over <path> only when
+  // measurements, not after them. The results go to <path>.lockstep-bench-<pid>.tmp, renamed over <path> only when
   // the run succeeds: a failed run leaves an earlier results file as it was.
   const std::regex re(filter);
   if (std::none_of(registry().begin(), registry().end(),

@@ -436,7 +436,8 @@ TEST(CpuDevice, MemoryCapFromTheEnvironmentIsCheckedWhenOpened) {
 
 // A numeric knob set to a value it does not take (LOCKSTEP_PDL=false would have been "on",
 // LOCKSTEP_CPU_SHUFFLE_BLOCKS=off too) is InvalidArgument naming the variable when a device is
-// opened, by open and make_cpu_device alike; the values it takes, and empty, open the device.
+// opened, by open and make_cpu_device alike, and by devices(); the values it takes, and empty, open
+// the device.
 TEST(CpuDevice, KnobsWithAValueTheyDoNotTakeAreRefusedWhenADeviceIsOpened) {
   struct Case {
     const char* name;
@@ -466,8 +467,10 @@ TEST(CpuDevice, KnobsWithAValueTheyDoNotTakeAreRefusedWhenADeviceIsOpened) {
         EXPECT_NE(e.limit().find("or unset"), std::string::npos) << e.limit();
       }
     }
+    EXPECT_THROW((void)devices(), InvalidArgument);
     ::setenv(c.name, c.good, 1);
     EXPECT_NO_THROW((void)open("cpu:42"));
+    EXPECT_NO_THROW((void)devices());
     if (before != nullptr)
       ::setenv(c.name, saved.c_str(), 1);
     else

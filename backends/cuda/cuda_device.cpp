@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <map>
+#include <set>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -154,16 +155,20 @@ class CudaDevice final : public Device {
   }
   void activate() const { check(cudaSetDevice(ordinal_), "cudaSetDevice"); }
 
-  // Raises a kernel's dynamic shared memory limit once, when a launch needs more than 48 KB.
-  void ensure_shared(const void* fn, std::size_t bytes) {
-    if (bytes <= 48 * 1024) return;
+  // Raises a kernel's dynamic shared memory limit once, when a launch needs more than 48 KB; and
+  // sets its carveout preference to the largest shared memory once, when it asks for that.
+  void ensure_shared(const void* fn, std::size_t bytes, bool max_shared_carveout) {
+    if (bytes <= 48 * 1024 && !max_shared_carveout) return;
     std::lock_guard<std::mutex> lk(mu_);
     auto& have = shared_set_[fn];
-    if (have >= bytes) return;
-    check(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(bytes)),
-          "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-    have = bytes;
+    if (bytes > 48 * 1024 && have < bytes) {
+      check(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+            "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+      have = bytes;
+    }
+    if (max_shared_carveout && carveout_set_.insert(fn).second)
+      check(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared),
+            "cudaFuncSetAttribute(PreferredSharedMemoryCarveout)");
   }
 
  protected:
@@ -200,6 +205,7 @@ class CudaDevice final : public Device {
   mutable std::mutex mu_;
   std::uint64_t in_use_ = 0, peak_ = 0;
   std::map<const void*, std::size_t> shared_set_;
+  std::set<const void*> carveout_set_;
   std::unique_ptr<CudaStream> default_stream_;
 };
 
@@ -260,7 +266,7 @@ void CudaStream::launch(const lockstep::detail::KernelLaunch& l) {
   const void* fn = kernel_entry(l.kernel_index);
   LOCKSTEP_ASSERT(fn != nullptr, "kernel index out of range");
   dev_.activate();
-  dev_.ensure_shared(fn, l.config.shared_bytes);
+  dev_.ensure_shared(fn, l.config.shared_bytes, l.max_shared_carveout);
   void* args[] = {const_cast<void*>(l.params)};
   const dim3 grid(l.config.grid.x, l.config.grid.y, l.config.grid.z);
   const dim3 block(l.config.block_threads, 1, 1);

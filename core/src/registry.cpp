@@ -75,6 +75,7 @@ void check_knobs(std::string_view where) {
 }  // namespace
 
 std::vector<BackendInfo> devices() {
+  check_knobs("devices");
   std::vector<BackendInfo> out;
   out.push_back(detail::cpu_backend().info());
   if (auto* cuda = detail::cuda_backend()) {
@@ -99,7 +100,8 @@ DeviceId resolve_auto() {
         return DeviceId::parse(text);
       } catch (const InvalidArgument&) {
         throw InvalidArgument("resolve_auto", "LOCKSTEP_DEVICE", "\"" + std::string(text) + "\"",
-                              "one of \"auto\", \"cpu\", \"cpu:N\", \"cuda\", \"cuda:N\"");
+                              "one of \"auto\", \"cpu\", \"cpu:N\", \"cuda\", \"cuda:N\", N in [0, 2147483647] "
+                              "without a sign or leading zeros");
       }
     }
   }

@@ -64,6 +64,9 @@ struct KernelLaunch {
   // The kernel waits for the previous kernel on the stream itself (Note [overlapped launches]
   // in lockstep/kernels/launch.hpp), so it may be launched before that kernel has finished.
   bool overlaps_prior = false;
+  // The kernel asks for the largest shared-memory carveout of the SM (CUDA: a preference set once
+  // per kernel), where the blocks per SM it is built for need more than the driver might pick.
+  bool max_shared_carveout = false;
 };
 struct StreamAccess;
 struct DeviceAccess;

@@ -1058,7 +1058,9 @@ struct FusedHalfPackTiled {
 // of tile j issued, then tile j + 1's Q.K^T issued into S while P.V runs (both products in flight
 // together, no ordinary instruction touching an accumulator meanwhile), and one wait for both. At
 // head_dim 64 that leaves room for four blocks (16 warps) per SM within 128 registers
-// (kMinBlocks 4), the other blocks' softmaxes overlapping a block's products instead. The same
+// (kMinBlocks 4), the other blocks' softmaxes overlapping a block's products instead; their
+// shared memory, 4 x (49,264 + 2,048 reserved and static) bytes, needs the SM's largest carveout,
+// which the launch asks for (kMaxSharedCarveout). The same
 // products in the same order on the same operands: the same bits as OV = true (tested on the CPU
 // device, where both are emulated). A measurement variant: LOCKSTEP_FUSED_TC_WGMMA_SERIAL=1
 // (attention/src/fused.cpp) picks it where the one-warpgroup head_dim 64 kernel would run; not
@@ -1081,6 +1083,9 @@ struct FusedAttentionWgmma {
   // Blocks per SM the registers must allow (S twice, O, Q: up to 255 registers at head_dim 128
   // with one warpgroup and two blocks, or two warpgroups and one block).
   static constexpr int kMinBlocks = !OV ? 4 : WG == 1 ? (D == 128 ? 2 : 3) : 1;
+  // Four blocks of kSharedBytes (49 KB) need the SM's 228 KB shared-memory configuration, which the
+  // driver need not pick unasked (Note [four wgmma blocks per SM]).
+  static constexpr bool kMaxSharedCarveout = !OV;
   static constexpr int kTileHalves = kTile * D;  // one K or V tile, no padding
   static constexpr std::size_t kSharedBytes = std::size_t(2) * kStages * kTileHalves * 2 + 2 * kStages * 8 + 64;
   // Core-matrix strides (halves): along head_dim 64 (one core matrix), along keys 8 D.

@@ -26,6 +26,15 @@ constexpr bool overlaps_prior() {
   else return false;
 }
 
+// A kernel with `static constexpr bool kMaxSharedCarveout = true` is launched with the SM's
+// largest shared-memory carveout preferred (Note [four wgmma blocks per SM]: four blocks of 49 KB
+// need the 228 KB configuration).
+template <class K>
+constexpr bool max_shared_carveout() {
+  if constexpr (requires { K::kMaxSharedCarveout; }) return K::kMaxSharedCarveout;
+  else return false;
+}
+
 namespace detail {
 // Validates `l` against `stream`'s device (block size, grid, shared memory) and enqueues it.
 void launch_checked(Stream& stream, const KernelLaunch& l);
@@ -61,6 +70,7 @@ void launch(Stream& stream, const LaunchConfig& config, const typename K::Params
   l.params = &params;
   l.params_size = sizeof(params);
   l.overlaps_prior = overlaps_prior<K>();
+  l.max_shared_carveout = max_shared_carveout<K>();
   detail::launch_checked(stream, l);
 }
 
