@@ -142,7 +142,7 @@ int main(int argc, char** argv) {
   std::string acc_device = "cpu";
   std::uint64_t stride = 1;
   auto* acc_cmd = app.add_subcommand("mathacc", "accuracy of the strict math library over float bit patterns");
-  acc_cmd->add_option("--device", acc_device, "device evaluating the functions");
+  acc_cmd->add_option("--device", acc_device, "device evaluating the functions")->capture_default_str();
   acc_cmd->add_option("--stride", stride, "every stride-th bit pattern (1: all 2^32)")->check(CLI::Range(1, 1 << 30))->capture_default_str();
 
   // An unknown first word: name it (CLI11 said only "A subcommand is required").

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -33,9 +34,11 @@ int run(const std::string& device, std::uint64_t stride) {
   const std::int64_t chunk = std::int64_t(1) << 24;
   Buffer<float> out(dev, std::size_t(chunk));
   std::vector<float> host(static_cast<std::size_t>(chunk));
-  std::printf("strict math accuracy on %s, every %llu-th float bit pattern (%s), vs float64 references\n",
-              dev->id().str().c_str(), (unsigned long long)stride, stride == 1 ? "all floats" : "dense sample");
-  std::printf("| function | domain | max ulp | at x | specials |\n| --- | --- | --- | --- | --- |\n");
+  const std::uint64_t patterns = ((1ull << 32) + stride - 1) / stride;
+  std::printf("strict math accuracy on %s, every %llu-th float bit pattern (%s%llu patterns), vs float64 references\n",
+              dev->id().str().c_str(), (unsigned long long)stride, stride == 1 ? "all floats: " : "a sample of ",
+              (unsigned long long)patterns);
+  std::printf("| function | domain | samples | max ulp | at x | specials |\n| --- | --- | --- | --- | --- | --- |\n");
   for (int f = 0; f < 5; ++f) {
     const auto fn = static_cast<MathFn>(f);
     std::vector<Range> ranges;
@@ -45,7 +48,8 @@ int run(const std::string& device, std::uint64_t stride) {
       ranges = {{"all", 0, 3.5e38}};
     std::vector<double> worst(ranges.size(), 0);
     std::vector<float> worst_x(ranges.size(), 0);
-    std::uint64_t special_fail = 0;
+    std::uint64_t special_fail = 0, special_seen = 0;
+    std::vector<std::uint64_t> seen(ranges.size(), 0);
     const unsigned T = std::max(1u, std::thread::hardware_concurrency());
     for (std::uint64_t start = 0; start < (1ull << 32); start += std::uint64_t(chunk) * stride) {
       const std::int64_t n = std::min<std::int64_t>(chunk, std::int64_t(((1ull << 32) - start + stride - 1) / stride));
@@ -71,7 +75,8 @@ int run(const std::string& device, std::uint64_t stride) {
       }
       std::vector<std::vector<double>> tw(T, std::vector<double>(ranges.size(), 0));
       std::vector<std::vector<float>> tx(T, std::vector<float>(ranges.size(), 0));
-      std::vector<std::uint64_t> tsf(T, 0);
+      std::vector<std::uint64_t> tsf(T, 0), tss(T, 0);
+      std::vector<std::vector<std::uint64_t>> tseen(T, std::vector<std::uint64_t>(ranges.size(), 0));
       std::vector<std::thread> pool;
       for (unsigned t = 0; t < T; ++t)
         pool.emplace_back([&, t] {
@@ -82,12 +87,14 @@ int run(const std::string& device, std::uint64_t stride) {
             const float got = host[std::size_t(i)];
             const double ref = harness::math_reference(f, x);
             if (!std::isfinite(x)) {
+              ++tss[t];
               if (!(std::isnan(ref) ? std::isnan(got) : double(got) == ref)) ++tsf[t];
               continue;
             }
             const double ax = std::fabs(double(x));
             for (std::size_t r = 0; r < ranges.size(); ++r)
               if (ax >= ranges[r].lo && ax < ranges[r].hi) {
+                ++tseen[t][r];
                 const double u = harness::ulp_distance(got, ref);
                 if (u > tw[t][r]) tw[t][r] = u, tx[t][r] = x;
               }
@@ -96,13 +103,25 @@ int run(const std::string& device, std::uint64_t stride) {
       for (auto& th : pool) th.join();
       for (unsigned t = 0; t < T; ++t) {
         special_fail += tsf[t];
-        for (std::size_t r = 0; r < ranges.size(); ++r)
+        special_seen += tss[t];
+        for (std::size_t r = 0; r < ranges.size(); ++r) {
+          seen[r] += tseen[t][r];
           if (tw[t][r] > worst[r]) worst[r] = tw[t][r], worst_x[r] = tx[t][r];
+        }
       }
     }
-    for (std::size_t r = 0; r < ranges.size(); ++r)
-      std::printf("| %s | %s | %.3f | %.9g | %s |\n", names[f], ranges[r].label, worst[r], double(worst_x[r]),
-                  r == 0 ? (special_fail ? "MISMATCH at inf/NaN" : "inf/NaN exact") : "");
+    // A range or the specials without a sample say so (a coarse stride can miss them).
+    const std::string specials =
+        special_seen == 0 ? "inf/NaN not sampled"
+                          : (special_fail ? "MISMATCH at inf/NaN" : "inf/NaN exact") + std::string(" (") +
+                                std::to_string(special_seen) + ")";
+    for (std::size_t r = 0; r < ranges.size(); ++r) {
+      if (seen[r] == 0)
+        std::printf("| %s | %s | 0 | - | - | %s |\n", names[f], ranges[r].label, r == 0 ? specials.c_str() : "");
+      else
+        std::printf("| %s | %s | %llu | %.3f | %.9g | %s |\n", names[f], ranges[r].label,
+                    (unsigned long long)seen[r], worst[r], double(worst_x[r]), r == 0 ? specials.c_str() : "");
+    }
   }
   return 0;
 }
