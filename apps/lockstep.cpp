@@ -104,6 +104,17 @@ int main(int argc, char** argv) {
         return {};
       },
       "UINT64");
+  // Counts are written in decimal digits: CLI11's Range alone said "Value abc not in range 1 to
+  // 4096", and read "0x2" as hexadecimal.
+  const CLI::Validator whole_number(
+      [](std::string& text) -> std::string {
+        std::int64_t v = 0;
+        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (text.empty() || text[0] == '-' || ec != std::errc() || end != text.data() + text.size())
+          return "Value " + text + " is not a count: decimal digits only";
+        return {};
+      },
+      "UINT");
   CLI::App app{"lockstep: bit-faithful attention kernels on CUDA and a simulated CPU device"};
   app.require_subcommand(1);
 
@@ -116,9 +127,9 @@ int main(int argc, char** argv) {
   auto* demo_cmd = app.add_subcommand("demo", "run the main job on a device and check it against the CPU");
   demo_cmd->add_option("--device", demo_device, "cpu, cpu:N, cuda, cuda:N or auto")->capture_default_str();
   // Ranges with readable messages ("Value 0 not in range 1 to 4096"); defaults shown in --help.
-  demo_cmd->add_option("--layers", demo_opts.layers, "transformer layers")->check(CLI::Range(1, 4096))->capture_default_str();
-  demo_cmd->add_option("--slots", demo_opts.slots, "sequences decoded together")->check(CLI::Range(1, 4096))->capture_default_str();
-  demo_cmd->add_option("--steps", demo_opts.steps, "decode steps")->check(CLI::Range(1, 100000))->capture_default_str();
+  demo_cmd->add_option("--layers", demo_opts.layers, "transformer layers")->check(whole_number)->check(CLI::Range(1, 4096))->capture_default_str();
+  demo_cmd->add_option("--slots", demo_opts.slots, "sequences decoded together")->check(whole_number)->check(CLI::Range(1, 4096))->capture_default_str();
+  demo_cmd->add_option("--steps", demo_opts.steps, "decode steps")->check(whole_number)->check(CLI::Range(1, 100000))->capture_default_str();
   demo_cmd->add_option("--seed", demo_opts.seed, "random weights and inputs")->check(seed_digits)->capture_default_str();
   demo_cmd->add_option("--inject-fault", demo_opts.inject_fault)  // a self-test of the checks (demo.hpp)
       ->check(CLI::IsMember({"hidden", "rollback"}))
@@ -127,7 +138,7 @@ int main(int argc, char** argv) {
   parity::Options par;
   auto* par_cmd = app.add_subcommand("parity", "every kernel on random shapes (and fixed large ones) on every device, compared bitwise with the CPU and with a float64 oracle");
   par_cmd->add_option("--device", par.device, "device to compare with the CPU (all: every usable GPU)")->capture_default_str();
-  par_cmd->add_option("--cases", par.cases, "random cases per kernel")->check(CLI::Range(1, 1000000))->capture_default_str();
+  par_cmd->add_option("--cases", par.cases, "random cases per kernel")->check(whole_number)->check(CLI::Range(1, 1000000))->capture_default_str();
   par_cmd->add_option("--seed", par.seed, "random seed")->check(seed_digits)->capture_default_str();
   par_cmd->add_option("--knob-reruns", par.knob_reruns,
                       "the decode entries again in child processes: one-grid (LOCKSTEP_DECODE_ONE_GRID=1) or all "
@@ -143,7 +154,7 @@ int main(int argc, char** argv) {
   std::uint64_t stride = 1;
   auto* acc_cmd = app.add_subcommand("mathacc", "accuracy of the strict math library over float bit patterns");
   acc_cmd->add_option("--device", acc_device, "device evaluating the functions")->capture_default_str();
-  acc_cmd->add_option("--stride", stride, "every stride-th bit pattern (1: all 2^32)")->check(CLI::Range(1, 1 << 30))->capture_default_str();
+  acc_cmd->add_option("--stride", stride, "every stride-th bit pattern (1: all 2^32)")->check(whole_number)->check(CLI::Range(1, 1 << 30))->capture_default_str();
 
   // An unknown first word: name it (CLI11 said only "A subcommand is required").
   if (argc >= 2 && argv[1][0] != '-') {
