@@ -13,6 +13,7 @@
 #include "generators.hpp"
 #include "harness/harness.hpp"
 #include "lockstep/attention/decode.hpp"
+#include "lockstep/attention/fused.hpp"
 #include "lockstep/attention/multihead.hpp"
 
 namespace lockstep::harness {
@@ -108,6 +109,49 @@ RC_GTEST_PROP(Attention, DecodeMatchesLastRowOfCausalAttention, ()) {
     for (std::int64_t d = 0; d < D; ++d) {
       const double b = 2 * attention_bound_fp32(ref.pv_mag[std::size_t(d)], ref.qk_mag[0], S, D);
       const float a = dec[std::size_t(h * D + d)], c = mha[std::size_t(((S - 1) * H + h) * D + d)];
+      RC_ASSERT(std::fabs(double(a) - double(c)) <= b);
+    }
+  }
+}
+
+// The same with grouped queries (which multihead_attention has not): incremental_attention over
+// an [Hkv, S, D] cache equals the last row of Exact causal fused attention over the same keys,
+// within twice the fp32 bound of each head's float64 reference (its own kv head, h / group).
+RC_GTEST_PROP(Attention, DecodeMatchesLastRowOfCausalFusedAttentionWithGqa, ()) {
+  const std::int64_t S = *size_gen(300), Hkv = *rc::gen::inRange<std::int64_t>(1, 4);
+  const std::int64_t H = Hkv * *rc::gen::element<std::int64_t>(1, 2, 4, 8);
+  const std::int64_t D = *head_dim_gen();
+  const auto seed = *rc::gen::arbitrary<std::uint64_t>();
+  // Heads-first layouts: q [H, S, D], k and v [Hkv, S, D] (the decode cache's layout, max_len S).
+  const auto q = uniform(seed, std::size_t(H * S * D), -1.0f, 1.0f);
+  const auto k = uniform(seed + 1, std::size_t(Hkv * S * D), -1.0f, 1.0f);
+  const auto v = uniform(seed + 2, std::size_t(Hkv * S * D), -1.0f, 1.0f);
+  auto dev = open("cpu");
+  auto& st = dev->default_stream();
+  Buffer<float> bq(dev, q.size()), bk(dev, k.size()), bv(dev, v.size()), bo(dev, q.size());
+  bq.copy_from_host(st, q);
+  bk.copy_from_host(st, k);
+  bv.copy_from_host(st, v);
+  AttentionOptions opt;
+  opt.causal = true;
+  opt.precision = AttentionPrecision::kExact;
+  attention(st, bq, bk, bv, bo, AttentionShape{1, H, Hkv, S, S, D}, opt);
+  const auto fused = bo.to_vector(st);
+  std::vector<float> ql(std::size_t(H * D));
+  for (std::int64_t h = 0; h < H; ++h)
+    std::copy_n(q.begin() + std::ptrdiff_t((h * S + S - 1) * D), D, ql.begin() + std::ptrdiff_t(h * D));
+  Buffer<float> dq(dev, ql.size()), dout(dev, ql.size());
+  dq.copy_from_host(st, ql);
+  incremental_attention(st, dq, bk, bv, S, dout, DecodeShape{H, Hkv, D, S});
+  const auto dec = dout.to_vector(st);
+  const std::int64_t group = H / Hkv;
+  for (std::int64_t h = 0; h < H; ++h) {
+    const std::int64_t hk = h / group;
+    const auto ref = attention_reference(ql.data() + h * D, D, k.data() + hk * S * D, v.data() + hk * S * D, D, 1,
+                                         S, D, false);
+    for (std::int64_t d = 0; d < D; ++d) {
+      const double b = 2 * attention_bound_fp32(ref.pv_mag[std::size_t(d)], ref.qk_mag[0], S, D);
+      const float a = dec[std::size_t(h * D + d)], c = fused[std::size_t((h * S + S - 1) * D + d)];
       RC_ASSERT(std::fabs(double(a) - double(c)) <= b);
     }
   }
