@@ -5,7 +5,8 @@
 # machine, or alone (it checks the descriptors itself):
 #   its unit test on cuda:0 (the same bytes as the default schedule; the launch record shows the
 #   variant ran), the fused benchmarks in two rounds alternating the knob 0 / 1, PyTorch at the
-#   same shapes in the same call, ncu's occupancy limits of both schedules, the fused properties at 1000 cases with the variant forced
+#   same shapes in the same call, the softmax benchmark (Note [softmax exponentials once]), ncu's
+#   occupancy limits of both schedules, the fused properties at 1000 cases with the variant forced
 #   (one warpgroup, so that every head_dim 64 case runs it), memcheck and racecheck over the
 #   variant's unit test.
 # Staging: bash tools/gpu/stage.sh && cp tools/gpu/run119_common.sh tools/gpu/run122.sh tools/gpu/check_descriptors.py .gpu/
@@ -37,6 +38,10 @@ for f in sorted(glob.glob(out + '/f-*.json')):
             if 'tensor' in r['name']: rows[(r['shape'][:40], serial)].append(round(r['median_ms'], 4))
 for k in sorted(rows): print(*k, rows[k])
 P
+# Note [softmax exponentials once] (rows of up to 1024 compute each exponential once): the
+# softmax benchmark, against the 58% of the copy ceiling at n = 1024 of earlier runs.
+step 40 "softmax_rows" softmax.log $G/lockstep-bench --device cuda:0 --filter '^softmax_rows$' --json $OUT/softmax.json
+grep -E "ceilings|^\| cuda.*softmax" $OUT/softmax.log | cut -c1-120 | tee -a $sm
 PYTHONUNBUFFERED=1 step 120 "PyTorch at the same shapes" torch.log python3 $G/torch_peers.py --prefill --json $OUT/peers.json
 tail -24 $OUT/torch.log | tee -a $sm
 # Occupancy of both schedules at 16x16x1024x64 causal (the last attention_fused shape on cuda): the
