@@ -72,6 +72,37 @@ RC_GTEST_PROP(Attention, IncrementalDecode, ()) {
   check(*decode_case(s));
 }
 
+Buffer<float> on_device(const std::shared_ptr<Device>& dev, const std::vector<float>& host) {
+  Buffer<float> b(dev, host.size());
+  b.copy_from_host(dev->default_stream(), host);
+  return b;
+}
+
+// incremental_attention of the last query row ql [H, D] over the head-first cache kc, vc [Hkv, S,
+// D] (dk, dv on the device) equals last_row(h, d) within twice the fp32 bound of each head's
+// float64 reference over its kv head's keys (h / (H / Hkv)).
+template <class LastRow>
+void expect_decode_matches(const std::shared_ptr<Device>& dev, const std::vector<float>& ql,
+                           const std::vector<float>& kc, const std::vector<float>& vc, const Buffer<float>& dk,
+                           const Buffer<float>& dv, std::int64_t H, std::int64_t Hkv, std::int64_t S, std::int64_t D,
+                           LastRow last_row) {
+  auto& st = dev->default_stream();
+  const auto dq = on_device(dev, ql);
+  Buffer<float> dout(dev, ql.size());
+  incremental_attention(st, dq, dk, dv, S, dout, DecodeShape{H, Hkv, D, S});
+  const auto dec = dout.to_vector(st);
+  const std::int64_t group = H / Hkv;
+  for (std::int64_t h = 0; h < H; ++h) {
+    const std::int64_t hk = h / group;
+    const auto ref = attention_reference(ql.data() + h * D, D, kc.data() + hk * S * D, vc.data() + hk * S * D, D, 1,
+                                         S, D, false);
+    for (std::int64_t d = 0; d < D; ++d) {
+      const double b = 2 * attention_bound_fp32(ref.pv_mag[std::size_t(d)], ref.qk_mag[0], S, D);
+      RC_ASSERT(std::fabs(double(dec[std::size_t(h * D + d)]) - double(last_row(h, d))) <= b);
+    }
+  }
+}
+
 // Decoding the last token equals the last row of causal multi-head attention over the same
 // tokens, within the bound (two different summation orders of the same math).
 RC_GTEST_PROP(Attention, DecodeMatchesLastRowOfCausalAttention, ()) {
@@ -83,10 +114,8 @@ RC_GTEST_PROP(Attention, DecodeMatchesLastRowOfCausalAttention, ()) {
   const auto v = uniform(seed + 2, std::size_t(S * H * D), -1.0f, 1.0f);
   auto dev = open("cpu");
   auto& st = dev->default_stream();
-  Buffer<float> bq(dev, q.size()), bk(dev, k.size()), bv(dev, v.size()), bo(dev, q.size());
-  bq.copy_from_host(st, q);
-  bk.copy_from_host(st, k);
-  bv.copy_from_host(st, v);
+  const auto bq = on_device(dev, q), bk = on_device(dev, k), bv = on_device(dev, v);
+  Buffer<float> bo(dev, q.size());
   MhaOptions opt;
   opt.causal = true;
   opt.gemm = GemmKind::kFp32;
@@ -101,21 +130,9 @@ RC_GTEST_PROP(Attention, DecodeMatchesLastRowOfCausalAttention, ()) {
         vc[std::size_t((h * S + t) * D + d)] = v[std::size_t((t * H + h) * D + d)];
         if (t == S - 1) ql[std::size_t(h * D + d)] = q[std::size_t((t * H + h) * D + d)];
       }
-  Buffer<float> dq(dev, ql.size()), dk(dev, kc.size()), dv(dev, vc.size()), dout(dev, ql.size());
-  dq.copy_from_host(st, ql);
-  dk.copy_from_host(st, kc);
-  dv.copy_from_host(st, vc);
-  incremental_attention(st, dq, dk, dv, S, dout, DecodeShape{H, H, D, S});
-  const auto dec = dout.to_vector(st);
-  for (std::int64_t h = 0; h < H; ++h) {
-    const auto ref = attention_reference(ql.data() + h * D, D, kc.data() + h * S * D,
-                                         vc.data() + h * S * D, D, 1, S, D, false);
-    for (std::int64_t d = 0; d < D; ++d) {
-      const double b = 2 * attention_bound_fp32(ref.pv_mag[std::size_t(d)], ref.qk_mag[0], S, D);
-      const float a = dec[std::size_t(h * D + d)], c = mha[std::size_t(((S - 1) * H + h) * D + d)];
-      RC_ASSERT(std::fabs(double(a) - double(c)) <= b);
-    }
-  }
+  const auto dk = on_device(dev, kc), dv = on_device(dev, vc);
+  expect_decode_matches(dev, ql, kc, vc, dk, dv, H, H, S, D,
+                        [&](std::int64_t h, std::int64_t d) { return mha[std::size_t(((S - 1) * H + h) * D + d)]; });
 }
 
 // The same with grouped queries (which multihead_attention has not): incremental_attention over
@@ -132,10 +149,8 @@ RC_GTEST_PROP(Attention, DecodeMatchesLastRowOfCausalFusedAttentionWithGqa, ()) 
   const auto v = uniform(seed + 2, std::size_t(Hkv * S * D), -1.0f, 1.0f);
   auto dev = open("cpu");
   auto& st = dev->default_stream();
-  Buffer<float> bq(dev, q.size()), bk(dev, k.size()), bv(dev, v.size()), bo(dev, q.size());
-  bq.copy_from_host(st, q);
-  bk.copy_from_host(st, k);
-  bv.copy_from_host(st, v);
+  const auto bq = on_device(dev, q), bk = on_device(dev, k), bv = on_device(dev, v);
+  Buffer<float> bo(dev, q.size());
   AttentionOptions opt;
   opt.causal = true;
   opt.precision = AttentionPrecision::kExact;
@@ -144,21 +159,8 @@ RC_GTEST_PROP(Attention, DecodeMatchesLastRowOfCausalFusedAttentionWithGqa, ()) 
   std::vector<float> ql(std::size_t(H * D));
   for (std::int64_t h = 0; h < H; ++h)
     std::copy_n(q.begin() + std::ptrdiff_t((h * S + S - 1) * D), D, ql.begin() + std::ptrdiff_t(h * D));
-  Buffer<float> dq(dev, ql.size()), dout(dev, ql.size());
-  dq.copy_from_host(st, ql);
-  incremental_attention(st, dq, bk, bv, S, dout, DecodeShape{H, Hkv, D, S});
-  const auto dec = dout.to_vector(st);
-  const std::int64_t group = H / Hkv;
-  for (std::int64_t h = 0; h < H; ++h) {
-    const std::int64_t hk = h / group;
-    const auto ref = attention_reference(ql.data() + h * D, D, k.data() + hk * S * D, v.data() + hk * S * D, D, 1,
-                                         S, D, false);
-    for (std::int64_t d = 0; d < D; ++d) {
-      const double b = 2 * attention_bound_fp32(ref.pv_mag[std::size_t(d)], ref.qk_mag[0], S, D);
-      const float a = dec[std::size_t(h * D + d)], c = fused[std::size_t((h * S + S - 1) * D + d)];
-      RC_ASSERT(std::fabs(double(a) - double(c)) <= b);
-    }
-  }
+  expect_decode_matches(dev, ql, k, v, bk, bv, H, Hkv, S, D,
+                        [&](std::int64_t h, std::int64_t d) { return fused[std::size_t((h * S + S - 1) * D + d)]; });
 }
 
 RC_GTEST_PROP(Attention, KvCacheScatter, ()) {

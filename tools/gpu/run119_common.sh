@@ -13,3 +13,10 @@ step() {  # step <seconds> <label> <log> <command...>: run with that timeout if 
   echo "$label rc=$? in $(( $(date +%s) - t0 )) s" | tee -a $sm
 }
 echo "commit $(cat $G/COMMIT)" | tee -a $sm
+# Stops the call (exit 3) unless cuobjdump is there and the library has no unset descriptor: an
+# unset descriptor is an illegal instruction that loses the context for every later step.
+check_descriptors_or_stop() {
+  command -v cuobjdump > /dev/null || { echo "no cuobjdump: descriptors not checked; stopping" | tee -a $sm; exit 3; }
+  cuobjdump -sass $G/liblockstep.so.0 > $OUT/sass.txt; python3 $G/check_descriptors.py $OUT/sass.txt > $OUT/desc.txt; local rc=$?
+  tail -1 $OUT/desc.txt | tee -a $sm; rm -f $OUT/sass.txt; [ $rc = 0 ] || exit 3
+}

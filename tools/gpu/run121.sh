@@ -11,10 +11,7 @@
 BUDGET=${BUDGET:-560}
 source "$(pwd)/.gpu/run119_common.sh"
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,driver_version --format=csv,noheader | tee -a $sm
-# An unset descriptor is an illegal instruction that loses the context for every later step.
-command -v cuobjdump > /dev/null || { echo "no cuobjdump: descriptors not checked; stopping" | tee -a $sm; exit 3; }
-cuobjdump -sass $G/liblockstep.so.0 > $OUT/sass.txt; python3 $G/check_descriptors.py $OUT/sass.txt > $OUT/desc.txt; rc=$?
-tail -1 $OUT/desc.txt | tee -a $sm; rm -f $OUT/sass.txt; [ $rc = 0 ] || exit 3
+check_descriptors_or_stop
 step 60 "unit tests" tests.log $G/lockstep_tests
 grep -E '^\[  (PASSED|FAILED) |FAILED|Failure' $OUT/tests.log | head -12 | tee -a $sm
 F='^decode$|^flash_decoding$'

@@ -14,9 +14,7 @@
 BUDGET=${BUDGET:-560}
 source "$(pwd)/.gpu/run119_common.sh"
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,driver_version --format=csv,noheader | tee -a $sm
-command -v cuobjdump > /dev/null || { echo "no cuobjdump: descriptors not checked; stopping" | tee -a $sm; exit 3; }
-cuobjdump -sass $G/liblockstep.so.0 > $OUT/sass.txt; python3 $G/check_descriptors.py $OUT/sass.txt > $OUT/desc.txt; rc=$?
-tail -1 $OUT/desc.txt | tee -a $sm; rm -f $OUT/sass.txt; [ $rc = 0 ] || exit 3
+check_descriptors_or_stop
 cuobjdump -res-usage $G/liblockstep.so.0 2> /dev/null | grep -A1 -E 'FusedAttentionWgmma.*Li64ELi1E' | grep -oE 'REG:[0-9]+|STACK:[0-9]+|LOCAL:[0-9]+' | paste -sd' ' | tee -a $sm
 step 40 "the variant's unit tests" tests.log $G/lockstep_tests --gtest_filter='*FusedWgmma*'
 grep -E '^\[  (PASSED|FAILED|SKIPPED) |Failure|Skipped' $OUT/tests.log | head -8 | tee -a $sm

@@ -1228,19 +1228,9 @@ struct FusedAttentionWgmma {
                                        k_lbo, k_sbo, kk > 0);
       x.wgmma_commit();
     };
-    // Tile j: its scores in s_in (complete); the next tile's products into s_next meanwhile. The
-    // softmax reads s_in and writes its weights to s (Note [softmax output]).
-    auto step = [&](int j, F (&s_in)[1][kTile / 8][4], F (&s_next)[1][kTile / 8][4]) {
-      F s[1][kTile / 8][4];
-      issue(j + 2);  // into tile j - 1's slot
-      if (j + 1 < tiles) {
-        x.mbar_wait(full + (j + 1) % kStages, ((j + 1) / kStages) & 1);  // tile j + 1 has landed
-        issue_qk(j + 1, s_next);
-      }
-      Tc::softmax_tile(x, p, s_in, s, m, l, o, row0, tq, j * kTile, tile_keys(j), s0, shift, c2);
-      // O += P.V: the tile's keys in steps of 16 (every A fragment packed first, so that the
-      // products issue back to back after one fence).
-      I pa[kTile / 16][4];
+    // O += P.V of tile j from its weights s, issued: the tile's keys in steps of 16 (every A
+    // fragment packed into pa first, so that the products issue back to back after one fence).
+    auto issue_pv = [&](int j, F (&s)[1][kTile / 8][4], I (&pa)[kTile / 16][4]) {
       LOCKSTEP_UNROLL
       for (int kc = 0; kc < kTile / 16; ++kc) {
         pa[kc][0] = x.pack_half2(s[0][2 * kc][0], s[0][2 * kc][1]);
@@ -1255,6 +1245,28 @@ struct FusedAttentionWgmma {
         x.template wgmma<D, true>(o[0], pa[kc], Vs, (j % kStages) * kTileHalves + kc * 2 * kKeyGroupStep,
                                   v_lbo, v_sbo, true);
       x.wgmma_commit();
+    };
+    // Tile 0's scores into s0t, complete.
+    auto first_scores = [&](F (&s0t)[1][kTile / 8][4]) {
+      if (tiles > 0) {
+        x.mbar_wait(full, 0);  // tile 0
+        issue_qk(0, s0t);
+        x.template wgmma_wait<0>();
+        x.wgmma_hold(s0t[0]);
+      }
+    };
+    // Tile j: its scores in s_in (complete); the next tile's products into s_next meanwhile. The
+    // softmax reads s_in and writes its weights to s (Note [softmax output]).
+    auto step = [&](int j, F (&s_in)[1][kTile / 8][4], F (&s_next)[1][kTile / 8][4]) {
+      F s[1][kTile / 8][4];
+      issue(j + 2);  // into tile j - 1's slot
+      if (j + 1 < tiles) {
+        x.mbar_wait(full + (j + 1) % kStages, ((j + 1) / kStages) & 1);  // tile j + 1 has landed
+        issue_qk(j + 1, s_next);
+      }
+      Tc::softmax_tile(x, p, s_in, s, m, l, o, row0, tq, j * kTile, tile_keys(j), s0, shift, c2);
+      I pa[kTile / 16][4];
+      issue_pv(j, s, pa);
       x.template wgmma_wait<1>();  // S' (committed first) is complete
       x.wgmma_hold(s_next[0]);
       x.template wgmma_wait<0>();  // and P.V
@@ -1264,31 +1276,13 @@ struct FusedAttentionWgmma {
 
     if constexpr (!OV) {  // Note [four wgmma blocks per SM]
       F sc[1][kTile / 8][4];
-      if (tiles > 0) {
-        x.mbar_wait(full, 0);  // tile 0
-        issue_qk(0, sc);
-        x.template wgmma_wait<0>();
-        x.wgmma_hold(sc[0]);
-      }
+      first_scores(sc);
       for (int j = 0; j < tiles; ++j) {
         F s[1][kTile / 8][4];
         issue(j + 2);  // into tile j - 1's slot
         Tc::softmax_tile(x, p, sc, s, m, l, o, row0, tq, j * kTile, tile_keys(j), s0, shift, c2);
         I pa[kTile / 16][4];
-        LOCKSTEP_UNROLL
-        for (int kc = 0; kc < kTile / 16; ++kc) {
-          pa[kc][0] = x.pack_half2(s[0][2 * kc][0], s[0][2 * kc][1]);
-          pa[kc][1] = x.pack_half2(s[0][2 * kc][2], s[0][2 * kc][3]);
-          pa[kc][2] = x.pack_half2(s[0][2 * kc + 1][0], s[0][2 * kc + 1][1]);
-          pa[kc][3] = x.pack_half2(s[0][2 * kc + 1][2], s[0][2 * kc + 1][3]);
-        }
-        x.wgmma_ready(pa);
-        x.wgmma_fence();
-        LOCKSTEP_UNROLL
-        for (int kc = 0; kc < kTile / 16; ++kc)
-          x.template wgmma<D, true>(o[0], pa[kc], Vs, (j % kStages) * kTileHalves + kc * 2 * kKeyGroupStep,
-                                    v_lbo, v_sbo, true);
-        x.wgmma_commit();
+        issue_pv(j, s, pa);
         if (j + 1 < tiles) {
           x.mbar_wait(full + (j + 1) % kStages, ((j + 1) / kStages) & 1);  // tile j + 1 has landed
           issue_qk(j + 1, sc);  // while P.V of tile j runs
@@ -1306,12 +1300,7 @@ struct FusedAttentionWgmma {
       return;
     }
     F sa[1][kTile / 8][4], sb[1][kTile / 8][4];
-    if (tiles > 0) {
-      x.mbar_wait(full, 0);  // tile 0
-      issue_qk(0, sa);
-      x.template wgmma_wait<0>();
-      x.wgmma_hold(sa[0]);
-    }
+    first_scores(sa);
     for (int j = 0; j < tiles; j += 2) {
       step(j, sa, sb);
       if (j + 1 < tiles) step(j + 1, sb, sa);
