@@ -824,6 +824,15 @@ class CpuExec {
     block_wide();
     std::atomic_ref<std::int32_t>(*c).fetch_add(1, std::memory_order_acq_rel);
   }
+  // Note [device positions] (kernels/decode.hpp): *c = max(*c, v); blocks of one launch run on
+  // several threads here too, so the update is atomic. Idempotent, so a warp pass (which runs a
+  // block's scalar code once per warp) may call it.
+  void status_max(std::int32_t* c, int v) const {
+    std::atomic_ref<std::int32_t> a(*c);
+    std::int32_t cur = a.load(std::memory_order_relaxed);
+    while (cur < v && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+    }
+  }
   bool signal_last(std::int32_t* c, int target) const {  // Note [folded merge]
     block_wide();
     std::atomic_ref<std::int32_t> a(*c);

@@ -247,6 +247,11 @@ struct CudaExec {
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
 #endif
   }
+  // Note [device positions] (kernels/decode.hpp): *c = max(*c, v), v block-uniform; several
+  // blocks may flag rows in one launch, and the maximum does not depend on their order.
+  __device__ __forceinline__ void status_max(std::int32_t* c, int v) const {
+    if (threadIdx.x == 0) atomicMax(c, v);
+  }
   // Note [one grid] (kernels/decode.hpp): the block's ticket, *c before thread 0's atomic add,
   // the same for every thread; the block that takes ticket total - 1 resets *c to zero.
   __device__ __forceinline__ int block_ticket(std::int32_t* c, int total) const {

@@ -177,8 +177,9 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
 // positions[s] + 1 tokens; -1 skips the slot (zeros out, nothing written). The host never reads
 // the values, so (1) the cache's host-side lengths are not updated (KvCache::set_length), and
 // (2) a position outside [-1, max_len) is not an exception: the kernels skip that slot (nothing
-// written, zeros out) and, if `status` is given (one int32 on the device), set it to 1 + that
-// slot; lockstep never clears it. Shapes, devices and sizes are checked on the host as above
+// written, zeros out) and, if `status` is given (one int32 on the device), raise it to
+// max(status, 1 + slot): with several such slots it holds the highest, on every run and
+// backend; lockstep never clears it. Shapes, devices and sizes are checked on the host as above
 // (InvalidArgument, nothing enqueued). The first call on a stream sizes the stream's scratch for
 // max_len; later calls allocate nothing (run one call before capturing on that stream).
 void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,

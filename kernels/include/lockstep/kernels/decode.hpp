@@ -64,8 +64,8 @@ struct DecodeParams {
   std::int32_t fold;
   // Note [fused append]: null, or each row's new token, [rows, Hkv, D] (flash_decoding): the
   // row's last attended token (index length - 1) is taken from here, not from the cache, and
-  // written into the cache (k_append, v_append: p.k and p.v, writable). status: null, or set to
-  // 1 + a row whose length falls outside [0, max_len] (as KvScatterParams::status).
+  // written into the cache (k_append, v_append: p.k and p.v, writable). status: null, or raised
+  // to 1 + each row whose length falls outside [0, max_len] (as KvScatterParams::status).
   const float* k_new;
   const float* v_new;
   float* k_append;
@@ -181,8 +181,11 @@ LOCKSTEP_HD bool row_major_decode(const X& x) {
 // flash_decoding with positions in device memory (a step that a CUDA graph can replay) reads
 // each row's position p there: the scatter writes the new token at p and the attention covers
 // p + 1 tokens. The host cannot check p, so the kernels do: a p outside [-1, max_len) writes
-// nothing and attends nothing (the row's output is zeros), and the scatter records the row in a
-// status word. -1 is a done slot.
+// nothing and attends nothing (the row's output is zeros), and the kernel that appends records
+// the row in a status word: status = max(status, 1 + row), an atomic maximum, so that with several
+// such rows the word holds the highest, whichever block runs first (a plain store left the row
+// to the blocks' order: ThreadSanitizer reported the two stores on the CPU device). -1 is a done
+// slot.
 // position + length_bias wraps as the GPU's add does, where a signed overflow would be undefined
 // (a device position of INT32_MAX gives INT32_MIN: out of range like any other).
 LOCKSTEP_HD int add_wrapping(int a, int b) {
@@ -742,7 +745,7 @@ struct DecodeChunk
       // tiles leaves the status to its separate scatter).
       if (NS > 0 && p.status != nullptr && chunk == 0 && by == 0) {
         const int raw = raw_length(x, p, r);
-        if (raw < 0 || raw > p.max_len) x.store(p.status, x.thread() * 0, r + 1, x.thread() == 0);
+        if (raw < 0 || raw > p.max_len) x.status_max(p.status, r + 1);
       }
       if (t0 >= len) {  // block-uniform: this chunk is past the sequence
         if (counter != nullptr && finish_row(x, p, counter)) merge_r = r;
@@ -1127,7 +1130,7 @@ struct KvScatterParams {
   std::int64_t slot_stride, head_stride;
   std::int32_t rows, Hkv, D, position;
   std::int32_t max_len;          // positions at or past it (or below -1) write nothing
-  std::int32_t* status;          // null, or set to 1 + a row whose position was out of range
+  std::int32_t* status;          // null, or raised to 1 + each row whose position is out of range
   InlineInts inline_positions;   // when positions is null and count > 0 (Note [inline positions])
 };
 
@@ -1155,7 +1158,7 @@ struct KvScatter {
                                                      : p.position;
       if (pos < 0 || pos >= p.max_len) {  // a done slot (-1), or out of range: nothing to write
         if ((pos < -1 || pos >= p.max_len) && p.status != nullptr)
-          x.store(p.status, x.thread() * 0, r + 1, x.thread() == 0);  // Note [device positions]
+          x.status_max(p.status, r + 1);  // Note [device positions]
         continue;
       }
       const int slot = p.slots != nullptr ? x.load_uniform(p.slots + r) : r;
