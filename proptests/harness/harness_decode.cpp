@@ -232,11 +232,17 @@ class DevicePositionsCase final : public Case {
     // The first slot keeps its length (a plain step) where there are other slots to vary.
     if (sh.slots > 1) ++next;
     if (s.with_skip && next < order.size()) pos_[std::size_t(order[next++])] = -1;
+    // One to three slots out of range (blocks that flag them may run in any order): the status
+    // is 1 + the highest of them (Note [device positions]).
     if (s.with_out_of_range && next < order.size()) {
-      oob_ = order[next++];
-      static const std::int64_t bad[] = {0, -2, 1 << 30};
-      const int b = std::uniform_int_distribution<int>(0, 2)(g);
-      pos_[std::size_t(oob_)] = b == 0 ? sh.max_len : bad[b];
+      const int n_bad = std::uniform_int_distribution<int>(1, 3)(g);
+      for (int i = 0; i < n_bad && next < order.size(); ++i) {
+        const std::int64_t m = order[next++];
+        oob_ = std::max(oob_, m);
+        static const std::int64_t bad[] = {0, -2, 1 << 30};
+        const int b = std::uniform_int_distribution<int>(0, 2)(g);
+        pos_[std::size_t(m)] = b == 0 ? sh.max_len : bad[b];
+      }
     }
     if (s.with_rewind && next < order.size() && w_.lengths[std::size_t(order[next])] > 0) {
       const std::int64_t m = order[next++];
@@ -296,7 +302,7 @@ class DevicePositionsCase final : public Case {
  private:
   DecodeWorld w_;
   std::vector<std::int64_t> pos_, n_, written_;
-  std::int64_t oob_ = -1;
+  std::int64_t oob_ = -1;  // the highest out-of-range slot, or -1
 };
 
 class RopeCase final : public Case {
