@@ -20,3 +20,14 @@ check_descriptors_or_stop() {
   cuobjdump -sass $G/liblockstep.so.0 > $OUT/sass.txt; python3 $G/check_descriptors.py $OUT/sass.txt > $OUT/desc.txt; local rc=$?
   tail -1 $OUT/desc.txt | tee -a $sm; rm -f $OUT/sass.txt; [ $rc = 0 ] || exit 3
 }
+# Note [four wgmma blocks per SM]: ncu's occupancy limits of both head_dim 64 wgmma schedules
+# (LOCKSTEP_FUSED_TC_WGMMA_SERIAL=0/1) at 16x16x1024x64 causal, the last attention_fused shape on
+# cuda: the serial schedule is worth timing only if the SM holds four of its blocks.
+ncu_wgmma_occupancy() {
+  for serial in 0 1; do
+    LOCKSTEP_FUSED_TC_WGMMA_SERIAL=$serial step 60 "ncu occupancy, serial $serial" ncu-$serial.log ncu --clock-control none --kernel-name-base demangled --kernel-name regex:'FusedAttentionWgmma<\(int\)64, \(int\)1' --launch-count 1 \
+      --metrics gpu__time_duration.sum,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem,launch__occupancy_limit_warps,sm__warps_active.avg.pct_of_peak_sustained_active,sm__inst_issued.avg.pct_of_peak_sustained_active,launch__registers_per_thread \
+      $G/lockstep-bench --device cuda:0 --filter attention_fused --reps 2
+    grep -E "FusedAttentionWgmma|gpu__time|occupancy_limit|warps_active|inst_issued|registers" $OUT/ncu-$serial.log | sed 's/  */ /g' | head -12 | tee -a $sm
+  done
+}

@@ -41,12 +41,7 @@ step 40 "softmax_rows" softmax.log $G/lockstep-bench --device cuda:0 --filter '^
 grep -E "ceilings|^\| cuda.*softmax" $OUT/softmax.log | cut -c1-120 | tee -a $sm
 PYTHONUNBUFFERED=1 step 120 "PyTorch prefill at the same shapes" torch.log python3 $G/torch_peers.py --prefill --json $OUT/peers.json
 tail -12 $OUT/torch.log | tee -a $sm
-for serial in 0 1; do
-  LOCKSTEP_FUSED_TC_WGMMA_SERIAL=$serial step 60 "ncu occupancy, serial $serial" ncu-$serial.log ncu --clock-control none --kernel-name-base demangled --kernel-name regex:'FusedAttentionWgmma<\(int\)64, \(int\)1' --launch-count 1 \
-    --metrics gpu__time_duration.sum,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem,launch__occupancy_limit_warps,sm__warps_active.avg.pct_of_peak_sustained_active,sm__inst_issued.avg.pct_of_peak_sustained_active,launch__registers_per_thread \
-    $G/lockstep-bench --device cuda:0 --filter attention_fused --reps 2
-  grep -E "FusedAttentionWgmma|gpu__time|occupancy_limit|warps_active|inst_issued|registers" $OUT/ncu-$serial.log | sed 's/  */ /g' | head -12 | tee -a $sm
-done
+ncu_wgmma_occupancy
 RC_PARAMS="max_success=2000" step 150 "decode properties 2000" props.log $G/lockstep_proptests --gtest_filter='Decode.*:*IncrementalDecode*'
 grep -E "^\[ +(OK|FAILED)|Falsifiable" $OUT/props.log | tee -a $sm
 LOCKSTEP_FUSED_TC_WGMMA_SERIAL=1 LOCKSTEP_FUSED_TC_WGMMA_WG=1 RC_PARAMS="max_success=1000" step 150 "fused properties 1000, the serial schedule forced" props_fused.log $G/lockstep_proptests --gtest_filter='*Fused*'
