@@ -56,12 +56,17 @@ bool overlaps(const Buffer<T>& a, const Buffer<U>& b) {
              y = reinterpret_cast<std::uintptr_t>(b.data().get());
   return a.size_bytes() > 0 && b.size_bytes() > 0 && x < y + b.size_bytes() && y < x + a.size_bytes();
 }
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_overlap(std::string_view where, std::string_view out_name,
+                                                                 std::string_view in_name) {
+  throw_invalid(where, out_name, "memory that overlaps " + std::string(in_name),
+                "a buffer distinct from " + std::string(in_name) + " (this operation is not in place)");
+}
+// Inline, the throw out of line: an eager decode call makes about ten of these checks.
 template <class T, class U>
-void check_no_overlap(std::string_view where, std::string_view out_name, const Buffer<T>& out,
-                      std::string_view in_name, const Buffer<U>& in) {
-  const bool overlap = overlaps(out, in);
-  LOCKSTEP_CHECK_ARG(!overlap, where, out_name, "memory that overlaps " + std::string(in_name),
-            "a buffer distinct from " + std::string(in_name) + " (this operation is not in place)");
+inline void check_no_overlap(std::string_view where, std::string_view out_name, const Buffer<T>& out,
+                             std::string_view in_name, const Buffer<U>& in) {
+  if (overlaps(out, in)) [[unlikely]]
+    throw_overlap(where, out_name, in_name);
 }
 
 // An option of enum type must hold one of its named values (a cast from an integer can hold any

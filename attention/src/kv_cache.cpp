@@ -315,26 +315,34 @@ std::vector<std::int32_t> KvCache::checked_positions(std::string_view where, std
   return out;
 }
 
-// A wrapped view of `layer`'s own K or V as an input of a call that writes them is refused.
-template <class T>
-static void check_not_in_cache(std::string_view where, const KvCache& cache, std::int64_t layer,
-                               std::string_view name, const Buffer<T>& b) {
-  detail::check_no_overlap(where, name, b, "the cache's K", cache.k(layer));
-  detail::check_no_overlap(where, name, b, "the cache's V", cache.v(layer));
-}
+// A wrapped view of `layer`'s own K or V as an input of a call that writes them is refused. The
+// layer's K and V are looked up once per call (k() and v() check the layer each time).
+namespace {
+struct LayerKv {
+  const Buffer<float>& k;
+  const Buffer<float>& v;
+  LayerKv(const KvCache& cache, std::int64_t layer) : k(cache.k(layer)), v(cache.v(layer)) {}
+  template <class T>
+  void check_not_in(std::string_view where, std::string_view name, const Buffer<T>& b) const {
+    detail::check_no_overlap(where, name, b, "the cache's K", k);
+    detail::check_no_overlap(where, name, b, "the cache's V", v);
+  }
+};
+}  // namespace
 
 constexpr std::string_view kHeadsShape = "slots * num_heads * head_dim";
 constexpr std::string_view kKvHeadsShape = "slots * num_kv_heads * head_dim";
-// `heads` is the config's num_heads or num_kv_heads, and `shape` the product's text for the
-// message ("slots * num_heads * head_dim"): a literal, so that a call that passes builds no string.
+// The element count of a per-token buffer: slots * heads * head_dim, `heads` the config's
+// num_heads or num_kv_heads, and `shape` the product's text for the message (a literal, so that
+// a call that passes builds no string).
+static std::uint64_t token_elems(std::string_view where, const KvCacheConfig& c, std::int64_t heads,
+                                 std::string_view shape) {
+  return checked_product({std::uint64_t(c.slots), std::uint64_t(heads), std::uint64_t(c.head_dim)}, where, shape);
+}
 static void check_token_buffer(std::string_view where, std::string_view name, const Buffer<float>& b,
-                               Stream& s, const KvCacheConfig& c, std::int64_t heads,
-                               std::string_view shape) {
+                               Stream& s, std::uint64_t elems, std::string_view shape) {
   detail::check_on(where, name, b, s);
-  detail::check_size(where, name, b,
-                     checked_product({std::uint64_t(c.slots), std::uint64_t(heads), std::uint64_t(c.head_dim)},
-                                     where, shape),
-                     shape);
+  detail::check_size(where, name, b, elems, shape);
 }
 
 // Per-slot positions for a launch: in its parameters for up to kInlineRows slots (Note [inline
@@ -386,10 +394,12 @@ void KvCache::append(Stream& stream, std::int64_t layer, const Buffer<float>& k_
   check_layer(w, layer);
   LOCKSTEP_CHECK_ARG(&stream.device() == device_.get(), w, "stream.device", stream.device().id().str(),
             "the cache's device " + device_->id().str());
-  check_token_buffer(w, "k_new", k_new, stream, cfg_, cfg_.num_kv_heads, kKvHeadsShape);
-  check_token_buffer(w, "v_new", v_new, stream, cfg_, cfg_.num_kv_heads, kKvHeadsShape);
-  check_not_in_cache(w, *this, layer, "k_new", k_new);
-  check_not_in_cache(w, *this, layer, "v_new", v_new);
+  const std::uint64_t kv_elems = token_elems(w, cfg_, cfg_.num_kv_heads, kKvHeadsShape);
+  check_token_buffer(w, "k_new", k_new, stream, kv_elems, kKvHeadsShape);
+  check_token_buffer(w, "v_new", v_new, stream, kv_elems, kKvHeadsShape);
+  const LayerKv cache_kv(*this, layer);
+  cache_kv.check_not_in(w, "k_new", k_new);
+  cache_kv.check_not_in(w, "v_new", v_new);
   const auto pos = checked_positions(w, layer, positions);
   const StagedPositions st = stage_positions(stream, pos, 0);
   kernels::KvScatterParams p = scatter_params(*this, layer, k_new, v_new, st.ints);
@@ -399,39 +409,45 @@ void KvCache::append(Stream& stream, std::int64_t layer, const Buffer<float>& k_
 }
 
 namespace {
-// The checks both flash_decoding overloads make before anything is enqueued.
-void check_flash_args(std::string_view w, Stream& stream, const KvCache& cache, std::int64_t layer,
-                      const Buffer<float>& q, const Buffer<float>& k_new, const Buffer<float>& v_new,
-                      const Buffer<float>& out) {
+// The checks both flash_decoding overloads make before anything is enqueued; returns the layer's
+// K and V for the overloads' own checks.
+LayerKv check_flash_args(std::string_view w, Stream& stream, const KvCache& cache, std::int64_t layer,
+                         const Buffer<float>& q, const Buffer<float>& k_new, const Buffer<float>& v_new,
+                         const Buffer<float>& out) {
   LOCKSTEP_CHECK_ARG(cache.valid(), w, "cache", "a moved-from KvCache", "a cache that was not moved from");
   const auto& c = cache.config();
   LOCKSTEP_CHECK_ARG(layer >= 0 && layer < c.num_layers, w, "layer", layer,
             "in [0, num_layers = " + std::to_string(c.num_layers) + ")");
   LOCKSTEP_CHECK_ARG(&stream.device() == &cache.device(), w, "stream.device", stream.device().id().str(),
             "the cache's device " + cache.device().id().str());
-  check_token_buffer(w, "q", q, stream, c, c.num_heads, kHeadsShape);
-  check_token_buffer(w, "out", out, stream, c, c.num_heads, kHeadsShape);
-  check_token_buffer(w, "k_new", k_new, stream, c, c.num_kv_heads, kKvHeadsShape);
-  check_token_buffer(w, "v_new", v_new, stream, c, c.num_kv_heads, kKvHeadsShape);
+  const std::uint64_t head_elems = token_elems(w, c, c.num_heads, kHeadsShape);
+  const std::uint64_t kv_elems = token_elems(w, c, c.num_kv_heads, kKvHeadsShape);
+  check_token_buffer(w, "q", q, stream, head_elems, kHeadsShape);
+  check_token_buffer(w, "out", out, stream, head_elems, kHeadsShape);
+  check_token_buffer(w, "k_new", k_new, stream, kv_elems, kKvHeadsShape);
+  check_token_buffer(w, "v_new", v_new, stream, kv_elems, kKvHeadsShape);
   detail::check_aligned16(w, "q", q);  // 16-byte loads and copies (not out: scalar stores)
   detail::check_aligned16(w, "k_new", k_new);
   detail::check_aligned16(w, "v_new", v_new);
-  for (const auto& [name, b] : {std::pair<const char*, const Buffer<float>*>{"q", &q}, {"k_new", &k_new},
-                                {"v_new", &v_new}}) {
+  const LayerKv cache_kv(cache, layer);
+  using namespace std::string_view_literals;
+  for (const auto& [name, b] : {std::pair{"q"sv, &q}, std::pair{"k_new"sv, &k_new}, std::pair{"v_new"sv, &v_new}}) {
     detail::check_no_overlap(w, "out", out, name, *b);
-    check_not_in_cache(w, cache, layer, name, *b);
+    cache_kv.check_not_in(w, name, *b);
   }
-  check_not_in_cache(w, cache, layer, "out", out);
+  cache_kv.check_not_in(w, "out", out);
+  return cache_kv;
 }
-// Split-K attention of q over every slot of `layer`, `lengths` (+ length_bias) tokens per slot.
-kernels::DecodeParams flash_params(const KvCache& cache, std::int64_t layer, const Buffer<float>& q,
+// Split-K attention of q over every slot of the layer whose K and V are `kv`, `lengths`
+// (+ length_bias) tokens per slot, appending k_new and v_new first (Note [fused append]).
+kernels::DecodeParams flash_params(const KvCacheConfig& c, const LayerKv& kv, const Buffer<float>& q,
+                                   const Buffer<float>& k_new, const Buffer<float>& v_new,
                                    Buffer<float>& out, const std::int32_t* lengths,
-                                   std::int32_t length_bias) {
-  const auto& c = cache.config();
+                                   std::int32_t length_bias, std::int32_t* status) {
   kernels::DecodeParams p{};
   p.q = q.data().get();
-  p.k = cache.k(layer).data().get();
-  p.v = cache.v(layer).data().get();
+  p.k = kv.k.data().get();
+  p.v = kv.v.data().get();
   p.lengths = lengths;
   p.length_bias = length_bias;
   p.max_len = static_cast<std::int32_t>(c.max_len);
@@ -443,16 +459,12 @@ kernels::DecodeParams flash_params(const KvCache& cache, std::int64_t layer, con
   p.H = static_cast<std::int32_t>(c.num_heads);
   p.Hkv = static_cast<std::int32_t>(c.num_kv_heads);
   p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  return p;
-}
-// The new tokens flash_decoding appends (Note [fused append]).
-void with_append(kernels::DecodeParams& p, KvCache& cache, std::int64_t layer, const Buffer<float>& k_new,
-                 const Buffer<float>& v_new, std::int32_t* status) {
   p.k_new = k_new.data().get();
   p.v_new = v_new.data().get();
-  p.k_append = const_cast<float*>(cache.k(layer).data().get());  // as scatter_params
-  p.v_append = const_cast<float*>(cache.v(layer).data().get());
+  p.k_append = const_cast<float*>(p.k);  // the cache's own storage, as scatter_params
+  p.v_append = const_cast<float*>(p.v);
   p.status = status;
+  return p;
 }
 }  // namespace
 
@@ -461,7 +473,7 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
                     std::span<const std::int64_t> positions, Buffer<float>& out) {
   constexpr std::string_view w = "flash_decoding";
   const auto& c = cache.config();
-  check_flash_args(w, stream, cache, layer, q, k_new, v_new, out);
+  const LayerKv cache_kv = check_flash_args(w, stream, cache, layer, q, k_new, v_new, out);
   const auto pos = cache.checked_positions(w, layer, positions);
   // The positions (-1 for done slots) in the launch's parameters (Note [inline positions]), or
   // one staging copy when there are more slots; a slot attends position + 1 tokens.
@@ -470,9 +482,8 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
   const std::size_t ws_floats = detail::decode_workspace_floats(c.slots, c.num_heads, c.head_dim, longest);
   const StagedPositions st = stage_positions(stream, pos, ws_floats);
   // The append and the attention in one chunk launch (Note [fused append]).
-  kernels::DecodeParams p = flash_params(cache, layer, q, out, st.ints, 1);
+  kernels::DecodeParams p = flash_params(c, cache_kv, q, k_new, v_new, out, st.ints, 1, nullptr);
   p.inline_lengths = st.inline_ints;
-  with_append(p, cache, layer, k_new, v_new, nullptr);
   detail::launch_decode(stream, p, st.floats, c.head_dim, longest);
   cache.appended(layer, pos);
 }
@@ -483,7 +494,7 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
                     Buffer<std::int32_t>* status) {
   constexpr std::string_view w = "flash_decoding";
   const auto& c = cache.config();
-  check_flash_args(w, stream, cache, layer, q, k_new, v_new, out);
+  const LayerKv cache_kv = check_flash_args(w, stream, cache, layer, q, k_new, v_new, out);
   detail::check_on(w, "positions", positions, stream);
   detail::check_size(w, "positions", positions, std::uint64_t(c.slots), "slots");
   if (status != nullptr) {
@@ -491,21 +502,21 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
     detail::check_size(w, "status", *status, 1, "one int32");
   }
   detail::check_no_overlap(w, "out", out, "positions", positions);
-  check_not_in_cache(w, cache, layer, "positions", positions);
+  cache_kv.check_not_in(w, "positions", positions);
   if (status != nullptr) {
     for (const auto& [name, b] : {std::pair<const char*, const Buffer<float>*>{"q", &q}, {"k_new", &k_new},
                                   {"v_new", &v_new}, {"out", &out}})
       detail::check_no_overlap(w, "status", *status, name, *b);
     detail::check_no_overlap(w, "status", *status, "positions", positions);
-    check_not_in_cache(w, cache, layer, "status", *status);
+    cache_kv.check_not_in(w, "status", *status);
   }
   // The workspace for max_len (the lengths are on the device): the same size every call.
   const std::size_t ws_floats = detail::decode_workspace_floats(c.slots, c.num_heads, c.head_dim, c.max_len);
   const Staged st = stage(stream, {}, ws_floats);
   // A slot's position p: p + 1 tokens; -1 (done): 0 (Note [device positions]); the append and
   // the attention in one chunk launch (Note [fused append]).
-  kernels::DecodeParams p = flash_params(cache, layer, q, out, positions.data().get(), 1);
-  with_append(p, cache, layer, k_new, v_new, status != nullptr ? status->data().get() : nullptr);
+  kernels::DecodeParams p = flash_params(c, cache_kv, q, k_new, v_new, out, positions.data().get(), 1,
+                                         status != nullptr ? status->data().get() : nullptr);
   detail::launch_decode(stream, p, st.floats, c.head_dim, c.max_len);
   cache.appended_on_device(layer);
 }

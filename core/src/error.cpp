@@ -71,21 +71,12 @@ std::string to_text(double v) {
 }
 }  // namespace detail
 
-std::uint64_t checked_mul(std::uint64_t a, std::uint64_t b, std::string_view where,
-                          std::string_view what) {
-  std::uint64_t r;
-  if (__builtin_mul_overflow(a, b, &r))
-    throw InvalidArgument(where, what, std::to_string(a) + " * " + std::to_string(b),
-                          "representable in 64 bits (the product overflows)");
-  return r;
+namespace detail {
+void throw_mul_overflow(std::uint64_t a, std::uint64_t b, std::string_view where, std::string_view what) {
+  throw InvalidArgument(where, what, std::to_string(a) + " * " + std::to_string(b),
+                        "representable in 64 bits (the product overflows)");
 }
-
-std::uint64_t checked_product(std::initializer_list<std::uint64_t> factors,
-                              std::string_view where, std::string_view what) {
-  std::uint64_t r = 1;
-  for (auto f : factors) r = checked_mul(r, f, where, what);
-  return r;
-}
+}  // namespace detail
 
 std::uint64_t checked_add(std::uint64_t a, std::uint64_t b, std::string_view where,
                           std::string_view what) {
