@@ -8,7 +8,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <map>
-#include <set>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -20,6 +20,16 @@
 
 namespace lockstep::cuda {
 namespace {
+
+// The number of kernels kernel_entry knows (the indices below it are not null).
+std::size_t kernel_count() {
+  static const std::size_t n = [] {
+    std::size_t i = 0;
+    while (kernel_entry(static_cast<int>(i)) != nullptr) ++i;
+    return i;
+  }();
+  return n;
+}
 
 // LOCKSTEP_PDL=0 launches every kernel in plain stream order (Note [overlapped launches]).
 bool pdl_enabled() {
@@ -156,19 +166,33 @@ class CudaDevice final : public Device {
   void activate() const { check(cudaSetDevice(ordinal_), "cudaSetDevice"); }
 
   // Raises a kernel's dynamic shared memory limit once, when a launch needs more than 48 KB; and
-  // sets its carveout preference to the largest shared memory once, when it asks for that.
-  void ensure_shared(const void* fn, std::size_t bytes, bool max_shared_carveout) {
-    if (bytes <= 48 * 1024 && !max_shared_carveout) return;
+  // sets its carveout preference to the largest shared memory once, when it asks for that. Every
+  // launch of such a kernel passes here, so what was set is read without the lock (an atomic per
+  // kernel index: the limit raised to in bits 0-30, the carveout set in bit 31); the attribute
+  // calls and the stores are made under it.
+  void ensure_shared(int index, const void* fn, std::size_t bytes, bool max_shared_carveout) {
+    constexpr std::size_t kDefault = 48 * 1024;
+    constexpr std::uint32_t kCarveout = 0x80000000u, kBytes = 0x7fffffffu;
+    if (bytes <= kDefault && !max_shared_carveout) return;
+    auto& state = shared_state_[static_cast<std::size_t>(index)];
+    const auto done = [&](std::uint32_t have) {
+      return (bytes <= kDefault || (have & kBytes) >= bytes) && (!max_shared_carveout || (have & kCarveout) != 0);
+    };
+    if (done(state.load(std::memory_order_acquire))) return;
     std::lock_guard<std::mutex> lk(mu_);
-    auto& have = shared_set_[fn];
-    if (bytes > 48 * 1024 && have < bytes) {
+    std::uint32_t have = state.load(std::memory_order_relaxed);
+    if (bytes > kDefault && (have & kBytes) < bytes) {
+      LOCKSTEP_ASSERT(bytes <= kBytes, "dynamic shared memory fits 31 bits");
       check(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
             "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-      have = bytes;
+      have = (have & kCarveout) | static_cast<std::uint32_t>(bytes);
     }
-    if (max_shared_carveout && carveout_set_.insert(fn).second)
+    if (max_shared_carveout && (have & kCarveout) == 0) {
       check(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared),
             "cudaFuncSetAttribute(PreferredSharedMemoryCarveout)");
+      have |= kCarveout;
+    }
+    state.store(have, std::memory_order_release);
   }
 
  protected:
@@ -204,8 +228,8 @@ class CudaDevice final : public Device {
   std::string name_;
   mutable std::mutex mu_;
   std::uint64_t in_use_ = 0, peak_ = 0;
-  std::map<const void*, std::size_t> shared_set_;
-  std::set<const void*> carveout_set_;
+  std::unique_ptr<std::atomic<std::uint32_t>[]> shared_state_{
+      new std::atomic<std::uint32_t>[kernel_count()]()};
   std::unique_ptr<CudaStream> default_stream_;
 };
 
@@ -266,7 +290,7 @@ void CudaStream::launch(const lockstep::detail::KernelLaunch& l) {
   const void* fn = kernel_entry(l.kernel_index);
   LOCKSTEP_ASSERT(fn != nullptr, "kernel index out of range");
   dev_.activate();
-  dev_.ensure_shared(fn, l.config.shared_bytes, l.max_shared_carveout);
+  dev_.ensure_shared(l.kernel_index, fn, l.config.shared_bytes, l.max_shared_carveout);
   void* args[] = {const_cast<void*>(l.params)};
   const dim3 grid(l.config.grid.x, l.config.grid.y, l.config.grid.z);
   const dim3 block(l.config.block_threads, 1, 1);
