@@ -1947,8 +1947,8 @@ TEST_P(Attention, FusedWgmmaGivesTheTensorCoreBytesOnTheCpu) {
       }
 }
 
-// Note [four wgmma blocks per SM]: the serial schedule (LOCKSTEP_FUSED_TC_WGMMA_SERIAL=1) gives the
-// default schedule's bytes, with its own packing blocks and after the packing launch, causal or
+// Note [four wgmma blocks per SM]: the serial schedule (LOCKSTEP_FUSED_TC_WGMMA_SERIAL=1, the
+// default) gives the overlapping schedule's (=0) bytes, with its own packing blocks and after the packing launch, causal or
 // not, with partial tiles, a single tile and many. The launch record shows that the variant ran.
 // On the CPU device the wgmma kernel is forced (its emulation); on an sm_90a build on compute
 // capability 9.0 it runs where the one-warpgroup head_dim 64 wgmma kernel would.
@@ -1979,6 +1979,22 @@ TEST_P(Attention, FusedWgmmaSerialGivesTheSameBytes) {
         }
         EXPECT_TRUE(rec.launched(serial));
         EXPECT_TRUE(rec.launched(overlapped));
+        // With the knob unset the serial schedule is the one that runs (the default since run 124).
+        {
+          ::setenv("LOCKSTEP_FUSED_TC_PACK", pack, 1);
+          detail::LaunchRecorder by_default;
+          auto q = filled(std::size_t(sh.batch * sh.heads * sh.seq_q * sh.head_dim), 0.5f);
+          auto kv = filled(std::size_t(sh.batch * sh.kv_heads * sh.seq_kv * sh.head_dim), 0.25f);
+          auto out = filled(std::size_t(sh.batch * sh.heads * sh.seq_q * sh.head_dim), 42.0f);
+          AttentionOptions o;
+          o.precision = AttentionPrecision::kTensorCore;
+          o.causal = causal;
+          attention(s(), q, kv, kv, out, sh, o);
+          s().synchronize();
+          ::unsetenv("LOCKSTEP_FUSED_TC_PACK");
+          EXPECT_TRUE(by_default.launched(serial));
+          EXPECT_FALSE(by_default.launched(overlapped));
+        }
       }
   ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA_WG");
   if (cpu) ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA");
