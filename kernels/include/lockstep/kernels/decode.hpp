@@ -587,6 +587,8 @@ struct DecodeChunkBound<true, N> {
 // prefetch beside the unrolled copies, ptxas 13.0 gave those copies an unset descriptor (run 120:
 // an illegal instruction on the H200). A variant of its own, so that the default kernel's code
 // stays the one verified on the GPU: its SASS is unchanged by this note (checked with cuobjdump).
+// Measured in run 124 (an H100, two rounds): slower, not faster: B = 1 L = 32768 0.0948 ms with
+// N = 1 and 0.117 with every block prefetching, against 0.0941 with none. So the knob stays off.
 // Note [decode timeline]
 // A diagnostic: DecodeChunk<..., TL = true> (registered at head_dim 128 with 4 heads per block,
 // chosen by LOCKSTEP_DECODE_TIMELINE=<file>, which launch_decode then appends to) has thread 0
