@@ -103,7 +103,7 @@ int wgmma_warpgroups(std::int64_t blocks_at_64_rows) {
 // overlapping kernel (a measurement knob); the same bits either way (a unit test holds them to it).
 bool wgmma_serial() {
   const char* v = std::getenv("LOCKSTEP_FUSED_TC_WGMMA_SERIAL");
-  return v == nullptr || std::atoi(v) != 0;
+  return v == nullptr || *v == '\0' || std::atoi(v) != 0;  // unset or empty: the default
 }
 
 template <int D>
