@@ -2000,6 +2000,44 @@ TEST_P(Attention, FusedWgmmaSerialGivesTheSameBytes) {
   if (cpu) ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA");
 }
 
+// Note [deferred P.V wait]: the serial schedule with tile j's softmax during tile j - 1's P.V
+// (LOCKSTEP_FUSED_TC_WGMMA_DEFER=1) gives the serial schedule's bytes, with its own packing blocks
+// and after the packing launch, causal or not, partial tiles, one tile and many. Inputs in [-4, 4]
+// as well, so that a row's max moves past the lazy rescale's threshold after its first tile and
+// o's rescale, which this schedule moves to just before the next P.V, runs with alpha < 1.
+TEST_P(Attention, FusedWgmmaDeferredGivesTheSameBytes) {
+  const bool cpu = dev->id().kind == DeviceKind::kCpu;
+  Lcg rng{23};
+  if (cpu) ::setenv("LOCKSTEP_FUSED_TC_WGMMA", "1", 1);
+  ::setenv("LOCKSTEP_FUSED_TC_WGMMA_WG", "1", 1);
+  for (const char* pack : {"0", "1"})
+    for (const AttentionShape& sh : {AttentionShape{2, 4, 2, 200, 230, 64}, AttentionShape{3, 2, 1, 64, 700, 64},
+                                     AttentionShape{1, 2, 2, 40, 17, 64}})
+      for (bool causal : {false, true})
+        for (float range : {1.0f, 4.0f}) {
+          SCOPED_TRACE(std::string("packing blocks ") + pack + " B=" + std::to_string(sh.batch) + " Skv=" +
+                       std::to_string(sh.seq_kv) + (causal ? " causal" : "") + " range " + std::to_string(range));
+          ::setenv("LOCKSTEP_FUSED_TC_PACK", pack, 1);
+          detail::LaunchRecorder rec;
+          expect_knob_gives_same_bytes("LOCKSTEP_FUSED_TC_WGMMA_DEFER", "0", "1", AttentionPrecision::kTensorCore, sh,
+                                       causal, rng, range);
+          ::unsetenv("LOCKSTEP_FUSED_TC_PACK");
+          const bool pk = pack[0] == '1';
+          const int serial = pk ? kernels::kernel_index_v<kernels::FusedAttentionWgmma<64, 1, true, false>>
+                                : kernels::kernel_index_v<kernels::FusedAttentionWgmma<64, 1, false, false>>;
+          const int deferred = pk ? kernels::kernel_index_v<kernels::FusedAttentionWgmma<64, 1, true, false, true>>
+                                  : kernels::kernel_index_v<kernels::FusedAttentionWgmma<64, 1, false, false, true>>;
+          if (!cpu && !rec.launched(serial)) {
+            ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA_WG");
+            GTEST_SKIP() << "no wgmma kernel here (a library built without sm_90a, or compute capability not 9.0)";
+          }
+          EXPECT_TRUE(rec.launched(serial));
+          EXPECT_TRUE(rec.launched(deferred));
+        }
+  ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA_WG");
+  if (cpu) ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA");
+}
+
 // Note [packing blocks]: the wgmma kernel with K and V rounded to fp16 by its own blocks (kv head
 // by kv head, behind tickets and signals) gives the bytes of the packing kernel before it. On the
 // CPU device the wgmma kernel is forced (its emulation); on an sm_90a build on compute capability

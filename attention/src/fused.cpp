@@ -105,6 +105,13 @@ bool wgmma_serial() {
   const char* v = std::getenv("LOCKSTEP_FUSED_TC_WGMMA_SERIAL");
   return v == nullptr || *v == '\0' || std::atoi(v) != 0;  // unset or empty: the default
 }
+// Note [deferred P.V wait] (kernels/fused_attention.hpp): the serial kernel with tile j's softmax
+// during tile j - 1's P.V. LOCKSTEP_FUSED_TC_WGMMA_DEFER=1 picks it where the serial kernel would
+// run (a measurement variant until measured on the GPU); the same bits (a unit test holds them).
+bool wgmma_deferred() {
+  const char* v = std::getenv("LOCKSTEP_FUSED_TC_WGMMA_DEFER");
+  return v != nullptr && *v != '\0' && std::atoi(v) != 0;
+}
 
 template <int D>
 void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_t seq_q,
@@ -161,7 +168,9 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
         const int wg = wgmma_warpgroups(blocks64);
         bool launched = false;
         if constexpr (D == 64)
-          if (wg == 1 && wgmma_serial()) launched = packing(kernels::FusedAttentionWgmma<64, 1, true, false>{});
+          if (wg == 1 && wgmma_serial())
+            launched = wgmma_deferred() ? packing(kernels::FusedAttentionWgmma<64, 1, true, false, true>{})
+                                        : packing(kernels::FusedAttentionWgmma<64, 1, true, false>{});
         if (!launched)
           launched = wg == 2 ? packing(kernels::FusedAttentionWgmma<D, 2, true>{})
                              : packing(kernels::FusedAttentionWgmma<D, 1, true>{});
@@ -175,7 +184,9 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
     if (wgmma) {
       if (wgmma_warpgroups(blocks64) == 2) return go(kernels::FusedAttentionWgmma<D, 2>{}, tp);
       if constexpr (D == 64)
-        if (wgmma_serial()) return go(kernels::FusedAttentionWgmma<64, 1, false, false>{}, tp);
+        if (wgmma_serial())
+          return wgmma_deferred() ? go(kernels::FusedAttentionWgmma<64, 1, false, false, true>{}, tp)
+                                  : go(kernels::FusedAttentionWgmma<64, 1, false, false>{}, tp);
       return go(kernels::FusedAttentionWgmma<D, 1>{}, tp);
     }
   }

@@ -38,7 +38,7 @@ constexpr Knob kKnobs[] = {
     {"LOCKSTEP_DECODE_TAIL_PREFETCH", ""},    {"LOCKSTEP_FUSED_TC_ROWS", "64|128"},
     {"LOCKSTEP_FUSED_EXACT_P", "0|1"},        {"LOCKSTEP_FUSED_TC_PACK", "0|1"},
     {"LOCKSTEP_FUSED_TC_WGMMA", "0|1"},       {"LOCKSTEP_FUSED_TC_WGMMA_WG", "1|2"},
-    {"LOCKSTEP_FUSED_TC_WGMMA_SERIAL", "0|1"},
+    {"LOCKSTEP_FUSED_TC_WGMMA_SERIAL", "0|1"}, {"LOCKSTEP_FUSED_TC_WGMMA_DEFER", "0|1"},
 };
 
 bool decimal_integer(std::string_view s) {

@@ -655,6 +655,22 @@ struct FusedAttentionTensorCore {
     }
   }
 
+  // softmax_tile's two-array form without o (one m-tile): true when o must be rescaled by alpha
+  // before the tile's P.V (Note [deferred P.V wait]).
+  template <class X, class F, class I>
+  LOCKSTEP_HD static bool softmax_tile_alpha(X& x, const Params& p, const F (&sc)[1][kTile / 8][4],
+                                             F (&s)[1][kTile / 8][4], F (&m)[1][2], F (&l)[1][2], F (&alpha)[2],
+                                             const I (&row0)[1], const I& tq, int j0, int keys, int s0, int shift,
+                                             float c2) {
+    static_assert(kM == 1, "one m-tile");
+    const bool masked = keys < kTile || (p.causal && j0 + kTile - 1 > s0 + shift);
+    if (masked) {
+      mask_tile(x, p, sc[0], s[0], row0[0], tq, j0, keys, s0, shift);
+      return weights_alpha(x, s[0], s[0], m[0], l[0], alpha, c2);
+    }
+    return weights_alpha(x, s[0], sc[0], m[0], l[0], alpha, c2);
+  }
+
   // A partial or causal tile's scores sc with the keys a row does not see set to -inf, into s.
   template <class X, class F, class I>
   LOCKSTEP_HD static void mask_tile(X& x, const Params& p, const F (&sc)[kTile / 8][4], F (&s)[kTile / 8][4],
@@ -676,10 +692,26 @@ struct FusedAttentionTensorCore {
       for (int e = 0; e < 4; ++e) s[n][e] = x.select(lim[e >> 1] > 8 * n + (e & 1), sc[n][e], -kInf);
   }
 
-  // The softmax of one m-tile (softmax_tile): scores sc (masked), weights into w.
+  // The softmax of one m-tile (softmax_tile): scores sc (masked), weights into w; o rescaled.
   template <class X, class F>
   LOCKSTEP_HD static void weights(X& x, F (&w)[kTile / 8][4], const F (&sc)[kTile / 8][4], F (&m)[2],
                                   F (&l)[2], F (&o)[D / 8][4], float c2) {
+    F alpha[2];
+    if (weights_alpha(x, w, sc, m, l, alpha, c2)) rescale_o(o, alpha);
+  }
+  // o = o * alpha, the rescale that weights_alpha asked for.
+  template <class F>
+  LOCKSTEP_HD static void rescale_o(F (&o)[D / 8][4], const F (&alpha)[2]) {
+    LOCKSTEP_UNROLL
+    for (int n = 0; n < D / 8; ++n)
+      LOCKSTEP_UNROLL
+      for (int e = 0; e < 4; ++e) o[n][e] = o[n][e] * alpha[e >> 1];
+  }
+  // weights without o: true when o must be rescaled by alpha (then set) before the tile's P.V
+  // adds to it (Note [deferred P.V wait]); false: alpha is 1 for every row of the warp (GPU only).
+  template <class X, class F>
+  LOCKSTEP_HD static bool weights_alpha(X& x, F (&w)[kTile / 8][4], const F (&sc)[kTile / 8][4], F (&m)[2],
+                                        F (&l)[2], F (&alpha)[2], float c2) {
     using B = typename X::template Lanes<bool>;
     // A lane's max of the tile by max_num (one instruction; a NaN score is skipped here and
     // reaches the row through its weight, exp2_tc(NaN) = NaN, so the row's output and
@@ -728,21 +760,17 @@ struct FusedAttentionTensorCore {
     bool rescale = true;
     if constexpr (!X::kIsCpu) rescale = x.warp_any(moved[0] | moved[1]);
     if (rescale) {
-      F alpha[2];
       LOCKSTEP_UNROLL
       for (int h = 0; h < 2; ++h) {
         // (m_old - m) c, not fma(m_old, c, -mc): -inf when m_old is, so alpha = 0 then.
         alpha[h] = x.select(moved[h], x.exp2_tc((m_old[h] - m[h]) * c2), 1.0f);
         l[h] = l[h] * alpha[h] + ls[h];
       }
-      LOCKSTEP_UNROLL
-      for (int n = 0; n < D / 8; ++n)
-        LOCKSTEP_UNROLL
-        for (int e = 0; e < 4; ++e) o[n][e] = o[n][e] * alpha[e >> 1];
     } else {
       LOCKSTEP_UNROLL
       for (int h = 0; h < 2; ++h) l[h] = l[h] + ls[h];
     }
+    return rescale;
   }
 
   // O += P.V of one tile: P's A fragments are the S accumulators of two n-tiles, packed to fp16.
@@ -1067,15 +1095,34 @@ struct FusedHalfPackTiled {
 // on an H100 its four blocks per SM (ncu: 128 registers, no stack; three blocks with the overlap,
 // at 168) took 0.2026-0.2075 ms against 0.2089-0.2172 (five rounds each, same call), and the
 // kernel alone 194 us against 205. LOCKSTEP_FUSED_TC_WGMMA_SERIAL=0 picks the overlapping kernel.
-template <int D, int WG = 2, bool PK = false, bool OV = true>
+//
+// Note [deferred P.V wait]
+// FusedAttentionWgmma<64, 1, PK, false, true>: Note [four wgmma blocks per SM]'s kernel (128
+// registers, four blocks per SM) with FlashAttention-3's order inside a warpgroup, where the
+// serial schedule waits for tile j - 1's P.V before tile j's softmax. Per tile j >= 1: Q.K^T of
+// tile j issued; o rescaled by tile j - 1's alpha (no product on o in flight); P.V of tile j - 1
+// issued; a wait for Q.K^T only (committed first: wgmma_wait<1>); tile j's softmax, which writes
+// m, l, its weights and its alpha but not o (softmax_tile_alpha), while P.V of tile j - 1 runs on
+// the tensor cores; a wait for that P.V (wgmma_wait<0>); tile j - 1 released; tile j's weights
+// packed into P. Both products of a step are waited for within the step (no product in flight
+// across the loop's back edge, which ptxas does not follow: Note [wgmma products]). The registers
+// this adds to the serial kernel are P's 16 of tile j - 1 during tile j's softmax. The K/V ring
+// (3 tiles: j - 1 in P.V, j in Q.K^T, j + 1 in flight) issues tile j + 1 at step j, a step ahead
+// of its use (the serial kernel: a step and a half). Per element of o the same operations in the
+// same order as the serial kernel -- o * alpha_j, then tile j's P.V -- so the same bits (tested on
+// the CPU device, where every product completes at once, and on the GPU). Until measured: a
+// variant (LOCKSTEP_FUSED_TC_WGMMA_DEFER=1, where the serial kernel runs).
+template <int D, int WG = 2, bool PK = false, bool OV = true, bool DP = false>
 struct FusedAttentionWgmma {
   static_assert(D == 64 || D == 128, "wgmma attention: head_dim 64 or 128");
   static_assert(WG == 1 || WG == 2, "one or two warpgroups per block");
   static_assert(OV || (D == 64 && WG == 1), "the serial schedule: head_dim 64, one warpgroup");
+  static_assert(!DP || !OV, "the deferred P.V wait is a form of the serial schedule");
   using Tc = FusedAttentionTensorCore<D, 1>;
   static constexpr const char* kName =
-      PK ? (OV ? "fused_attention_wgmma_packing" : "fused_attention_wgmma_packing_serial")
-         : (OV ? "fused_attention_wgmma" : "fused_attention_wgmma_serial");
+      PK ? (OV ? "fused_attention_wgmma_packing"
+               : DP ? "fused_attention_wgmma_packing_deferred" : "fused_attention_wgmma_packing_serial")
+         : (OV ? "fused_attention_wgmma" : DP ? "fused_attention_wgmma_deferred" : "fused_attention_wgmma_serial");
   static constexpr int kWarps = 4 * WG;
   static constexpr int kThreads = kWarps * kWarpSize;
   static constexpr int kRows = 64 * WG;          // query rows per block
@@ -1230,9 +1277,8 @@ struct FusedAttentionWgmma {
                                        k_lbo, k_sbo, kk > 0);
       x.wgmma_commit();
     };
-    // O += P.V of tile j from its weights s, issued: the tile's keys in steps of 16 (every A
-    // fragment packed into pa first, so that the products issue back to back after one fence).
-    auto issue_pv = [&](int j, F (&s)[1][kTile / 8][4], I (&pa)[kTile / 16][4]) {
+    // P's A fragments from the weights s, fp16.
+    auto pack_p = [&](F (&s)[1][kTile / 8][4], I (&pa)[kTile / 16][4]) {
       LOCKSTEP_UNROLL
       for (int kc = 0; kc < kTile / 16; ++kc) {
         pa[kc][0] = x.pack_half2(s[0][2 * kc][0], s[0][2 * kc][1]);
@@ -1240,6 +1286,11 @@ struct FusedAttentionWgmma {
         pa[kc][2] = x.pack_half2(s[0][2 * kc + 1][0], s[0][2 * kc + 1][1]);
         pa[kc][3] = x.pack_half2(s[0][2 * kc + 1][2], s[0][2 * kc + 1][3]);
       }
+    };
+    // O += P.V of tile j from its weights s, issued: the tile's keys in steps of 16 (every A
+    // fragment packed into pa first, so that the products issue back to back after one fence).
+    auto issue_pv = [&](int j, F (&s)[1][kTile / 8][4], I (&pa)[kTile / 16][4]) {
+      pack_p(s, pa);
       x.wgmma_ready(pa);
       x.wgmma_fence();
       LOCKSTEP_UNROLL
@@ -1276,6 +1327,50 @@ struct FusedAttentionWgmma {
       x.mbar_arrive_warp(empty + j % kStages);  // this warp is done with tile j
     };
 
+    if constexpr (DP) {  // Note [deferred P.V wait]
+      F sc[1][kTile / 8][4], s[1][kTile / 8][4], alpha[2];
+      I pa[kTile / 16][4];
+      // P.V of tile j from pa, issued (o's pending rescale first).
+      auto issue_pv_packed = [&](int j, bool rescale) {
+        if (rescale) Tc::rescale_o(o[0], alpha);
+        x.wgmma_ready(pa);
+        x.wgmma_fence();
+        LOCKSTEP_UNROLL
+        for (int kc = 0; kc < kTile / 16; ++kc)
+          x.template wgmma<D, true>(o[0], pa[kc], Vs, (j % kStages) * kTileHalves + kc * 2 * kKeyGroupStep,
+                                    v_lbo, v_sbo, true);
+        x.wgmma_commit();
+      };
+      bool rescale = false;
+      first_scores(sc);
+      if (tiles > 0) {
+        rescale = Tc::softmax_tile_alpha(x, p, sc, s, m, l, alpha, row0, tq, 0, tile_keys(0), s0, shift, c2);
+        pack_p(s, pa);
+      }
+      for (int j = 1; j < tiles; ++j) {
+        issue(j + 1);  // into tile j - 2's slot
+        x.mbar_wait(full + j % kStages, (j / kStages) & 1);  // tile j has landed
+        issue_qk(j, sc);
+        issue_pv_packed(j - 1, rescale);
+        x.template wgmma_wait<1>();  // Q.K^T of tile j (committed first) is complete
+        x.wgmma_hold(sc[0]);
+        rescale = Tc::softmax_tile_alpha(x, p, sc, s, m, l, alpha, row0, tq, j * kTile, tile_keys(j), s0, shift, c2);
+        x.template wgmma_wait<0>();  // P.V of tile j - 1
+        x.wgmma_hold(o[0]);
+        x.wgmma_ready(pa);  // P's registers live up to here (an operand of the P.V in flight)
+        x.mbar_arrive_warp(empty + (j - 1) % kStages);  // this warp is done with tile j - 1
+        pack_p(s, pa);
+      }
+      if (tiles > 0) {
+        issue_pv_packed(tiles - 1, rescale);
+        x.template wgmma_wait<0>();
+        x.wgmma_hold(o[0]);
+        x.wgmma_ready(pa);
+        x.mbar_arrive_warp(empty + (tiles - 1) % kStages);
+      }
+      Tc::store_rows(x, p, fb, o, m, l, row0, tq);
+      return;
+    }
     if constexpr (!OV) {  // Note [four wgmma blocks per SM]
       F sc[1][kTile / 8][4];
       first_scores(sc);

@@ -70,6 +70,8 @@ using AllKernels = KernelList<
     FusedAttentionWgmma<128, 2, true>,
     // Note [four wgmma blocks per SM] (a measurement variant), without and with packing blocks
     FusedAttentionWgmma<64, 1, false, false>, FusedAttentionWgmma<64, 1, true, false>,
+    // Note [deferred P.V wait] (a measurement variant), without and with packing blocks
+    FusedAttentionWgmma<64, 1, false, false, true>, FusedAttentionWgmma<64, 1, true, false, true>,
     FusedHalfPack<32>, FusedHalfPack<64>, FusedHalfPack<96>, FusedHalfPack<128>, FusedHalfPack<256>,
     FusedHalfPackTiled<64>, FusedHalfPackTiled<128>>;
 
