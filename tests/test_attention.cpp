@@ -68,6 +68,20 @@ class Attention : public CallTest {
     ASSERT_NE(outs[0][0], 42.0f);
     ASSERT_NE(lses[0][0], 42.0f);
   }
+  // One TensorCore attention call with the defaults (LOCKSTEP_FUSED_TC_PACK=pack), synchronized:
+  // what a launch record around it shows is what runs by default.
+  void tensor_core_attention(const AttentionShape& sh, bool causal, const char* pack) {
+    ::setenv("LOCKSTEP_FUSED_TC_PACK", pack, 1);
+    auto q = filled(std::size_t(sh.batch * sh.heads * sh.seq_q * sh.head_dim), 0.5f);
+    auto kv = filled(std::size_t(sh.batch * sh.kv_heads * sh.seq_kv * sh.head_dim), 0.25f);
+    auto out = filled(std::size_t(sh.batch * sh.heads * sh.seq_q * sh.head_dim), 42.0f);
+    AttentionOptions o;
+    o.precision = AttentionPrecision::kTensorCore;
+    o.causal = causal;
+    attention(s(), q, kv, kv, out, sh, o);
+    s().synchronize();
+    ::unsetenv("LOCKSTEP_FUSED_TC_PACK");
+  }
   void expect_all(const Buffer<float>& b, float v) {
     for (float x : b.to_vector(s())) ASSERT_EQ(bits(x), bits(v)) << "a rejected call wrote";
   }
@@ -1948,7 +1962,8 @@ TEST_P(Attention, FusedWgmmaGivesTheTensorCoreBytesOnTheCpu) {
 }
 
 // Note [four wgmma blocks per SM]: the serial schedule (LOCKSTEP_FUSED_TC_WGMMA_SERIAL=1, the
-// default) gives the overlapping schedule's (=0) bytes, with its own packing blocks and after the packing launch, causal or
+// default, here in its own order: LOCKSTEP_FUSED_TC_WGMMA_DEFER=0) gives the overlapping
+// schedule's (=0) bytes, with its own packing blocks and after the packing launch, causal or
 // not, with partial tiles, a single tile and many. The launch record shows that the variant ran.
 // On the CPU device the wgmma kernel is forced (its emulation); on an sm_90a build on compute
 // capability 9.0 it runs where the one-warpgroup head_dim 64 wgmma kernel would.
@@ -1957,6 +1972,7 @@ TEST_P(Attention, FusedWgmmaSerialGivesTheSameBytes) {
   Lcg rng{17};
   if (cpu) ::setenv("LOCKSTEP_FUSED_TC_WGMMA", "1", 1);
   ::setenv("LOCKSTEP_FUSED_TC_WGMMA_WG", "1", 1);
+  ::setenv("LOCKSTEP_FUSED_TC_WGMMA_DEFER", "0", 1);
   for (const char* pack : {"0", "1"})
     for (const AttentionShape& sh : {AttentionShape{2, 4, 2, 200, 230, 64}, AttentionShape{3, 2, 1, 64, 700, 64},
                                      AttentionShape{1, 2, 2, 40, 17, 64}})
@@ -1975,33 +1991,27 @@ TEST_P(Attention, FusedWgmmaSerialGivesTheSameBytes) {
                                   : kernels::kernel_index_v<kernels::FusedAttentionWgmma<64, 1>>;
         if (!cpu && !rec.launched(overlapped)) {
           ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA_WG");
+          ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA_DEFER");
           GTEST_SKIP() << "no wgmma kernel here (a library built without sm_90a, or compute capability not 9.0)";
         }
         EXPECT_TRUE(rec.launched(serial));
         EXPECT_TRUE(rec.launched(overlapped));
-        // With the knob unset the serial schedule is the one that runs (the default since run 124).
+        // With the knob unset the serial schedule is the one that runs (the default since run 124;
+        // in its own order here, LOCKSTEP_FUSED_TC_WGMMA_DEFER=0).
         {
-          ::setenv("LOCKSTEP_FUSED_TC_PACK", pack, 1);
           detail::LaunchRecorder by_default;
-          auto q = filled(std::size_t(sh.batch * sh.heads * sh.seq_q * sh.head_dim), 0.5f);
-          auto kv = filled(std::size_t(sh.batch * sh.kv_heads * sh.seq_kv * sh.head_dim), 0.25f);
-          auto out = filled(std::size_t(sh.batch * sh.heads * sh.seq_q * sh.head_dim), 42.0f);
-          AttentionOptions o;
-          o.precision = AttentionPrecision::kTensorCore;
-          o.causal = causal;
-          attention(s(), q, kv, kv, out, sh, o);
-          s().synchronize();
-          ::unsetenv("LOCKSTEP_FUSED_TC_PACK");
+          tensor_core_attention(sh, causal, pack);
           EXPECT_TRUE(by_default.launched(serial));
           EXPECT_FALSE(by_default.launched(overlapped));
         }
       }
   ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA_WG");
+  ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA_DEFER");
   if (cpu) ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA");
 }
 
 // Note [deferred P.V wait]: the serial schedule with tile j's softmax during tile j - 1's P.V
-// (LOCKSTEP_FUSED_TC_WGMMA_DEFER=1) gives the serial schedule's bytes, with its own packing blocks
+// (LOCKSTEP_FUSED_TC_WGMMA_DEFER=1, the default) gives the serial order's bytes, with its own packing blocks
 // and after the packing launch, causal or not, partial tiles, one tile and many. Inputs in [-4, 4]
 // as well, so that a row's max moves past the lazy rescale's threshold after its first tile and
 // o's rescale, which this schedule moves to just before the next P.V, runs with alpha < 1.
@@ -2033,6 +2043,11 @@ TEST_P(Attention, FusedWgmmaDeferredGivesTheSameBytes) {
           }
           EXPECT_TRUE(rec.launched(serial));
           EXPECT_TRUE(rec.launched(deferred));
+          // With the knob unset the deferred order is the one that runs (the default since run 126).
+          detail::LaunchRecorder by_default;
+          tensor_core_attention(sh, causal, pack);
+          EXPECT_TRUE(by_default.launched(deferred));
+          EXPECT_FALSE(by_default.launched(serial));
         }
   ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA_WG");
   if (cpu) ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA");
