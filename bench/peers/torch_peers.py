@@ -100,6 +100,13 @@ def prefill(rows, B, H, S, D, causal):
         except Exception as e:  # noqa: BLE001
             rows.append(dict(op="prefill", dtype="fp16", backend=name, shape=shape, error=str(e)[:120]))
     q32, k32, v32 = q16.float(), k16.float(), v16.float()
+    # FA2 given what lockstep is given: fp32 Q, K, V rounded to fp16 in the timed call, an fp32
+    # output (lockstep's TensorCore call rounds K and V itself and writes fp32).
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        ms = median_ms(lambda: F.scaled_dot_product_attention(q32.half(), k32.half(), v32.half(),
+                                                              is_causal=causal).float())
+    rows.append(dict(op="prefill", dtype="fp32 in/out", backend="flash", shape=shape, median_ms=ms,
+                     TFLOPs=flops / ms / 1e9))
     with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
         ms = median_ms(lambda: F.scaled_dot_product_attention(q32, k32, v32, is_causal=causal))
     rows.append(dict(op="prefill", dtype="fp32", backend="efficient", shape=shape, median_ms=ms,

@@ -4,7 +4,8 @@
 # test), so first the unit tests, the deferred test on cuda:0 among them; the fused benchmarks in
 # five rounds alternating the default (deferred) and LOCKSTEP_FUSED_TC_WGMMA_DEFER=0 (the serial
 # order); memcheck and racecheck over the wgmma tests; the fused properties at 1000 cases with the
-# defaults; the decode properties at 2000 cases on the H200 (the CPU-only one left out). The
+# defaults; the decode properties at 2000 cases on the H200 (the CPU-only one left out); PyTorch's
+# prefill, with FA2 also timed on fp32 inputs rounded in the call (what lockstep is given). The
 # summary has (median ms, TFLOP/s) per knob set and round; everything under $OUT is packed into
 # results.tgz (the tool returns at most 8 files).
 # Staging: bash tools/gpu/stage.sh && cp tools/gpu/run119_common.sh tools/gpu/run127.sh tools/gpu/check_descriptors.py .gpu/
@@ -35,6 +36,8 @@ for f in sorted(glob.glob(out + '/f-*.json')):
             rows[(r['name'], r['shape'][:44], knob)].append((round(r['median_ms'], 4), round(r.get('GFLOPs', 0) / 1000, 1)))
 for k in sorted(rows): print(*k, rows[k])
 P
+PYTHONUNBUFFERED=1 step 60 "PyTorch prefill" torch.log python3 $G/torch_peers.py --prefill --json $OUT/peers.json
+grep -E "^\| prefill" $OUT/torch.log | tee -a $sm
 step 40 "memcheck wgmma tests" memcheck.log compute-sanitizer --tool memcheck --error-exitcode 9 $G/lockstep_tests --gtest_filter='*FusedWgmma*cuda*:*FusedTensorCore*cuda*'
 grep -E 'ERROR SUMMARY|^\[  PASSED|^\[  FAILED' $OUT/memcheck.log | tail -2 | tee -a $sm
 step 60 "racecheck wgmma tests" racecheck.log compute-sanitizer --tool racecheck --error-exitcode 9 $G/lockstep_tests --gtest_filter='*FusedWgmma*cuda*'
