@@ -44,6 +44,8 @@ step 60 "racecheck wgmma tests" racecheck.log compute-sanitizer --tool racecheck
 grep -E 'RACECHECK SUMMARY|^\[  PASSED|^\[  FAILED' $OUT/racecheck.log | tail -2 | tee -a $sm
 RC_PARAMS="max_success=1000" step 60 "fused properties 1000, defaults" props_fused.log $G/lockstep_proptests --gtest_filter='*Fused*'
 grep -E "^\[ +(OK|FAILED)|Falsifiable" $OUT/props_fused.log | tee -a $sm
+# The decode kernels are run 124's, whose properties passed at 2000 cases on an H100: here only on an H200.
+nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 &&
 RC_PARAMS="max_success=2000" step 330 "decode properties 2000" props_decode.log $G/lockstep_proptests --gtest_filter='Decode.*:*IncrementalDecode*:-Decode.CpuRowMajorGivesTheLaneBytes'
 grep -E "^\[ +(OK|FAILED)|Falsifiable|PASSED" $OUT/props_decode.log | tee -a $sm
 echo "elapsed $(( $(date +%s) - T0 )) s" | tee -a $sm
