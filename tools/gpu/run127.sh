@@ -21,7 +21,7 @@ for round in 1 2 3 4 5; do
   for knob in default serial; do
     unset LOCKSTEP_FUSED_TC_WGMMA_DEFER
     [ $knob = serial ] && export LOCKSTEP_FUSED_TC_WGMMA_DEFER=0
-    step 40 "round $round $knob" f-$knob-$round.log $G/lockstep-bench --device cuda:0 --filter attention_fused_tensor --json $OUT/f-$knob-$round.json
+    step 40 "round $round $knob" f-$knob-$round.log $G/lockstep-bench --device cuda:0 --filter attention_fused --json $OUT/f-$knob-$round.json
   done
 done
 unset LOCKSTEP_FUSED_TC_WGMMA_DEFER
