@@ -87,30 +87,33 @@ def mha_math(rows, B, S, H, D, causal=False):
 
 
 def prefill(rows, B, H, S, D, causal):
+    """median_ms: an idle stream when the start event is recorded, so the host's enqueue is timed
+    (as lockstep-bench's attention_fused figures, which include lockstep's own enqueue);
+    busy_ms: the stream kept busy, the device's time alone."""
     flops = 4 * B * H * S * S * D / (2 if causal else 1)
     shape = f"B={B} H={H} L={S} D={D}" + (" causal" if causal else "")
     q16 = torch.randn(B, H, S, D, device="cuda", dtype=torch.half)
     k16, v16 = torch.randn_like(q16), torch.randn_like(q16)
-    for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+    q32, k32, v32 = q16.float(), k16.float(), v16.float()
+
+    def timed(dtype, name, be, fn):
         try:
             with sdpa_kernel(be):
-                ms = median_ms(lambda: F.scaled_dot_product_attention(q16, k16, v16, is_causal=causal))
-            rows.append(dict(op="prefill", dtype="fp16", backend=name, shape=shape, median_ms=ms,
-                             TFLOPs=flops / ms / 1e9))
+                ms, busy = median_ms(fn), median_ms(fn, busy=True)
+            rows.append(dict(op="prefill", dtype=dtype, backend=name, shape=shape, median_ms=ms,
+                             TFLOPs=flops / ms / 1e9, busy_ms=busy))
         except Exception as e:  # noqa: BLE001
-            rows.append(dict(op="prefill", dtype="fp16", backend=name, shape=shape, error=str(e)[:120]))
-    q32, k32, v32 = q16.float(), k16.float(), v16.float()
+            rows.append(dict(op="prefill", dtype=dtype, backend=name, shape=shape, error=str(e)[:120]))
+
+    for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        timed("fp16", name, be, lambda: F.scaled_dot_product_attention(q16, k16, v16, is_causal=causal))
     # FA2 given what lockstep is given: fp32 Q, K, V rounded to fp16 in the timed call, an fp32
-    # output (lockstep's TensorCore call rounds K and V itself and writes fp32).
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        ms = median_ms(lambda: F.scaled_dot_product_attention(q32.half(), k32.half(), v32.half(),
-                                                              is_causal=causal).float())
-    rows.append(dict(op="prefill", dtype="fp32 in/out", backend="flash", shape=shape, median_ms=ms,
-                     TFLOPs=flops / ms / 1e9))
-    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
-        ms = median_ms(lambda: F.scaled_dot_product_attention(q32, k32, v32, is_causal=causal))
-    rows.append(dict(op="prefill", dtype="fp32", backend="efficient", shape=shape, median_ms=ms,
-                     TFLOPs=flops / ms / 1e9))
+    # output (lockstep's TensorCore call rounds K and V itself and writes fp32). Five calls from
+    # Python: at small shapes the idle-stream figure is mostly their enqueue (busy_ms is not).
+    timed("fp32 in/out", "flash", SDPBackend.FLASH_ATTENTION,
+          lambda: F.scaled_dot_product_attention(q32.half(), k32.half(), v32.half(), is_causal=causal).float())
+    timed("fp32", "efficient", SDPBackend.EFFICIENT_ATTENTION,
+          lambda: F.scaled_dot_product_attention(q32, k32, v32, is_causal=causal))
     del q16, k16, v16, q32, k32, v32
     torch.cuda.empty_cache()
 
@@ -135,7 +138,9 @@ def main():
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}")
     for r in rows:
         fig = r.get("GBps") and f"{r['GBps']:.1f} GB/s" or (r.get("TFLOPs") and f"{r['TFLOPs']:.1f} TFLOP/s") or r.get("error", "")
-        print(f"| {r['op']} | {r['dtype']} {r['backend']} | {r['shape']} | {r.get('median_ms', float('nan')):.4f} ms | {fig} |" + (f" idle stream {r['idle_stream_ms']:.4f} ms |" if 'idle_stream_ms' in r else ""))
+        print(f"| {r['op']} | {r['dtype']} {r['backend']} | {r['shape']} | {r.get('median_ms', float('nan')):.4f} ms | {fig} |"
+              + (f" idle stream {r['idle_stream_ms']:.4f} ms |" if 'idle_stream_ms' in r else "")
+              + (f" busy stream {r['busy_ms']:.4f} ms |" if 'busy_ms' in r else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(torch=torch.__version__, device=torch.cuda.get_device_name(), rows=rows), f, indent=1)
