@@ -68,9 +68,9 @@ using AllKernels = KernelList<
     // with packing blocks (Note [packing blocks])
     FusedAttentionWgmma<64, 1, true>, FusedAttentionWgmma<64, 2, true>, FusedAttentionWgmma<128, 1, true>,
     FusedAttentionWgmma<128, 2, true>,
-    // Note [four wgmma blocks per SM] (a measurement variant), without and with packing blocks
+    // Note [four wgmma blocks per SM] (LOCKSTEP_FUSED_TC_WGMMA_DEFER=0), without and with packing blocks
     FusedAttentionWgmma<64, 1, false, false>, FusedAttentionWgmma<64, 1, true, false>,
-    // Note [deferred P.V wait] (a measurement variant), without and with packing blocks
+    // Note [deferred P.V wait] (the default at head_dim 64, one warpgroup), without and with packing blocks
     FusedAttentionWgmma<64, 1, false, false, true>, FusedAttentionWgmma<64, 1, true, false, true>,
     FusedHalfPack<32>, FusedHalfPack<64>, FusedHalfPack<96>, FusedHalfPack<128>, FusedHalfPack<256>,
     FusedHalfPackTiled<64>, FusedHalfPackTiled<128>>;
