@@ -361,6 +361,10 @@ std::vector<Bench> attention_benches() {
              rs.push_back(fused(ctx, 4, 32, 4096, 128, false, tc));
              rs.push_back(fused(ctx, 4, 32, 4096, 128, true, tc));
              rs.push_back(fused(ctx, 16, 16, 1024, 64, true, tc));
+             if (tc) {  // head_dim 64 grids where the one-warpgroup wgmma kernel also runs (Note [deferred P.V wait])
+               rs.push_back(fused(ctx, 16, 16, 1024, 64, false, tc));
+               rs.push_back(fused(ctx, 2, 16, 4096, 64, true, tc));
+             }
            } else {
              rs.push_back(fused(ctx, 1, 4, 256, 64, false, tc));
              // Note [row-major exact]: prefill shapes for the CPU's exact path (the tensor-core
