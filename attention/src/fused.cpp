@@ -107,7 +107,8 @@ bool wgmma_serial() {
 }
 // Note [deferred P.V wait] (kernels/fused_attention.hpp): the serial kernel with tile j's softmax
 // during tile j - 1's P.V, the default where the serial kernel runs since run 126 (H200,
-// 16x16x1024x64 causal: 0.1935-0.1958 ms against 0.1947-0.2025, four rounds each).
+// 16x16x1024x64 causal: 0.1935-0.1958 ms against 0.1947-0.2025, four rounds each; run 130, an
+// H100: 1.7% faster at 16x16x1024x64 not causal, 3-4% at 2x16x4096x64 causal).
 // LOCKSTEP_FUSED_TC_WGMMA_DEFER=0 keeps the serial kernel's order; the same bits either way (a
 // unit test holds them to it).
 bool wgmma_deferred() {
