@@ -2012,7 +2012,8 @@ TEST_P(Attention, FusedWgmmaSerialGivesTheSameBytes) {
 
 // Note [deferred P.V wait]: the serial schedule with tile j's softmax during tile j - 1's P.V
 // (LOCKSTEP_FUSED_TC_WGMMA_DEFER=1, the default) gives the serial order's bytes, with its own packing blocks
-// and after the packing launch, causal or not, partial tiles, one tile and many. Inputs in [-4, 4]
+// and after the packing launch, causal or not, partial tiles, one tile and many, and (200 queries
+// over 17 keys, causal) blocks whose rows see no key at all (no tile). Inputs in [-4, 4]
 // as well, so that a row's max moves past the lazy rescale's threshold after its first tile and
 // o's rescale, which this schedule moves to just before the next P.V, runs with alpha < 1.
 TEST_P(Attention, FusedWgmmaDeferredGivesTheSameBytes) {
@@ -2022,7 +2023,7 @@ TEST_P(Attention, FusedWgmmaDeferredGivesTheSameBytes) {
   ::setenv("LOCKSTEP_FUSED_TC_WGMMA_WG", "1", 1);
   for (const char* pack : {"0", "1"})
     for (const AttentionShape& sh : {AttentionShape{2, 4, 2, 200, 230, 64}, AttentionShape{3, 2, 1, 64, 700, 64},
-                                     AttentionShape{1, 2, 2, 40, 17, 64}})
+                                     AttentionShape{1, 2, 2, 40, 17, 64}, AttentionShape{1, 2, 1, 200, 17, 64}})
       for (bool causal : {false, true})
         for (float range : {1.0f, 4.0f}) {
           SCOPED_TRACE(std::string("packing blocks ") + pack + " B=" + std::to_string(sh.batch) + " Skv=" +
