@@ -1301,10 +1301,9 @@ struct FusedAttentionWgmma {
         pa[kc][3] = x.pack_half2(s[0][2 * kc + 1][2], s[0][2 * kc + 1][3]);
       }
     };
-    // O += P.V of tile j from its weights s, issued: the tile's keys in steps of 16 (every A
-    // fragment packed into pa first, so that the products issue back to back after one fence).
-    auto issue_pv = [&](int j, F (&s)[1][kTile / 8][4], I (&pa)[kTile / 16][4]) {
-      pack_p(s, pa);
+    // O += P.V of tile j from P's packed fragments pa, issued: the tile's keys in steps of 16,
+    // back to back after one fence.
+    auto issue_pv_packed = [&](int j, I (&pa)[kTile / 16][4]) {
       x.wgmma_ready(pa);
       x.wgmma_fence();
       LOCKSTEP_UNROLL
@@ -1312,6 +1311,11 @@ struct FusedAttentionWgmma {
         x.template wgmma<D, true>(o[0], pa[kc], Vs, (j % kStages) * kTileHalves + kc * 2 * kKeyGroupStep,
                                   v_lbo, v_sbo, true);
       x.wgmma_commit();
+    };
+    // O += P.V of tile j from its weights s (every A fragment packed into pa first).
+    auto issue_pv = [&](int j, F (&s)[1][kTile / 8][4], I (&pa)[kTile / 16][4]) {
+      pack_p(s, pa);
+      issue_pv_packed(j, pa);
     };
     // Tile 0's scores into s0t, complete.
     auto first_scores = [&](F (&s0t)[1][kTile / 8][4]) {
@@ -1345,15 +1349,9 @@ struct FusedAttentionWgmma {
       F sc[1][kTile / 8][4], s[1][kTile / 8][4], alpha[2];
       I pa[kTile / 16][4];
       // P.V of tile j from pa, issued (o's pending rescale first).
-      auto issue_pv_packed = [&](int j, bool rescale) {
+      auto rescale_then_pv = [&](int j, bool rescale) {
         if (rescale) Tc::rescale_o(o[0], alpha);
-        x.wgmma_ready(pa);
-        x.wgmma_fence();
-        LOCKSTEP_UNROLL
-        for (int kc = 0; kc < kTile / 16; ++kc)
-          x.template wgmma<D, true>(o[0], pa[kc], Vs, (j % kStages) * kTileHalves + kc * 2 * kKeyGroupStep,
-                                    v_lbo, v_sbo, true);
-        x.wgmma_commit();
+        issue_pv_packed(j, pa);
       };
       bool rescale = false;
       first_scores(sc);
@@ -1365,7 +1363,7 @@ struct FusedAttentionWgmma {
         issue(j + 1);  // into tile j - 2's slot
         x.mbar_wait(full + j % kStages, (j / kStages) & 1);  // tile j has landed
         issue_qk(j, sc);
-        issue_pv_packed(j - 1, rescale);
+        rescale_then_pv(j - 1, rescale);
         x.template wgmma_wait<1>();  // Q.K^T of tile j (committed first) is complete
         x.wgmma_hold(sc[0]);
         rescale = Tc::softmax_tile_alpha(x, p, sc, s, m, l, alpha, row0, tq, j * kTile, tile_keys(j), s0, shift, c2);
@@ -1376,7 +1374,7 @@ struct FusedAttentionWgmma {
         pack_p(s, pa);
       }
       if (tiles > 0) {
-        issue_pv_packed(tiles - 1, rescale);
+        rescale_then_pv(tiles - 1, rescale);
         x.template wgmma_wait<0>();
         x.wgmma_hold(o[0]);
         x.wgmma_ready(pa);
