@@ -276,11 +276,13 @@ std::vector<Result> mha(Context& ctx, std::int64_t B, std::int64_t S, std::int64
   return rs;
 }
 
+// S query rows over Skv keys (S when Skv < 0; causal bottom-right aligned).
 Result fused(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t S, std::int64_t D, bool causal,
-             bool tc = false) {
-  const std::size_t n = std::size_t(B * H * S * D);
-  auto q = random_buffer(ctx.dev, n, 31, -1.0f, 1.0f), k = random_buffer(ctx.dev, n, 32, -1.0f, 1.0f),
-       v = random_buffer(ctx.dev, n, 33, -1.0f, 1.0f);
+             bool tc = false, std::int64_t Skv = -1) {
+  if (Skv < 0) Skv = S;
+  const std::size_t n = std::size_t(B * H * S * D), nkv = std::size_t(B * H * Skv * D);
+  auto q = random_buffer(ctx.dev, n, 31, -1.0f, 1.0f), k = random_buffer(ctx.dev, nkv, 32, -1.0f, 1.0f),
+       v = random_buffer(ctx.dev, nkv, 33, -1.0f, 1.0f);
   Buffer<float> out(ctx.dev, n);
   AttentionOptions o;
   o.causal = causal;
@@ -288,14 +290,20 @@ Result fused(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t S, std::
   Result r;
   r.name = tc ? "attention_fused_tensor_core" : "attention_fused_exact";
   r.shape = "B=" + std::to_string(B) + " H=" + std::to_string(H) + " L=" + std::to_string(S) +
-            " D=" + std::to_string(D) + (causal ? " causal" : "");
-  const auto call = [&] { attention(ctx.stream(), q, k, v, out, AttentionShape{B, H, H, S, S, D}, o); };
+            (Skv != S ? " Lkv=" + std::to_string(Skv) : std::string()) + " D=" + std::to_string(D) +
+            (causal ? " causal" : "");
+  const auto call = [&] { attention(ctx.stream(), q, k, v, out, AttentionShape{B, H, H, S, Skv, D}, o); };
   r.median_ms = median_ms(*ctx.dev, ctx.stream(), call, ctx.quick ? 0 : 1, std::max(1, ctx.reps / 4));
   // The stream kept busy when the start event is recorded: the device's time without this call's
   // host enqueue, which median_ms (an idle stream, as PyTorch's prefill figures) includes.
   if (ctx.cuda) r.extra["busy_stream_ms"] = busy_ms(*ctx.dev, ctx.stream(), call, 1, std::max(1, ctx.reps / 4));
-  r.flops = 4.0 * double(B) * double(H) * double(S) * double(S) * double(D) / (causal ? 2.0 : 1.0);
-  r.bytes = 4.0 * double(n) * 4;
+  // Score-weight pairs: causal row i sees Skv - S + i + 1 keys (S(S + 1) / 2 of them when S = Skv,
+  // counted as S^2 / 2 as PyTorch's figures count them).
+  const double pairs = !causal ? double(S) * double(Skv)
+                       : Skv == S ? double(S) * double(S) / 2.0
+                                  : double(S) * double(Skv - S) + double(S) * double(S + 1) / 2.0;
+  r.flops = 4.0 * double(B) * double(H) * pairs * double(D);
+  r.bytes = 4.0 * double(2 * n + 2 * nkv);
   r.note = tc ? "2 launches (K, V to fp16; the fused kernel: wgmma on sm_90a builds at head_dim 64 and 128, else mma.sync m16n8k16; S, P, O in registers; at head_dim 64 with large grids the first launch packs one kv head and the fused kernel's packing blocks the rest), fp32 accumulation and softmax, FlashAttention-2 schedule; FLOPs halved when causal"
              : "strict fp32 SIMT, FlashAttention-2 schedule; FLOPs halved when causal";
   // The H200's dense fp16 tensor-core figure (../shared/perf-targets.md), not measured here.
@@ -364,6 +372,10 @@ std::vector<Bench> attention_benches() {
              if (tc) {  // head_dim 64 grids where the one-warpgroup wgmma kernel also runs (Note [deferred P.V wait])
                rs.push_back(fused(ctx, 16, 16, 1024, 64, false, tc));
                rs.push_back(fused(ctx, 2, 16, 4096, 64, true, tc));
+               // Small grids over many keys (Note [split keys]): a causal chunk of 512 queries
+               // over an 8192-token context, and whisper-tiny causal.
+               rs.push_back(fused(ctx, 1, 32, 512, 128, true, tc, 8192));
+               rs.push_back(fused(ctx, 1, 6, 1500, 64, true, tc));
              }
            } else {
              rs.push_back(fused(ctx, 1, 4, 256, 64, false, tc));

@@ -219,6 +219,26 @@ RC_GTEST_PROP(Attention, FusedTensorCore, ()) {
   check(*fused_case(s));
 }
 
+// Note [split keys]: small grids over many keys, where attention() splits each query tile's key
+// tiles by default (from 8 key tiles: seq_kv > 448 at head_dim <= 128, > 224 at 256) and the last
+// block of a tile merges the ranges: CUDA against the CPU device and both against float64, within
+// the tensor-core bound, as FusedTensorCore.
+RC_GTEST_PROP(Attention, FusedTensorCoreSplitKeys, ()) {
+  FusedCaseShape s;
+  s.dim = *rc::gen::element<std::int64_t>(32, 64, 96, 128, 256);
+  s.batch = *rc::gen::inRange<std::int64_t>(1, 3);
+  s.kv_heads = *rc::gen::inRange<std::int64_t>(1, 3);
+  s.heads = s.kv_heads * *rc::gen::inRange<std::int64_t>(1, 3);
+  s.seq_q = *rc::gen::inRange<std::int64_t>(1, 140);
+  s.seq_kv = *rc::gen::inRange<std::int64_t>(s.dim == 256 ? 225 : 449, 1100);
+  s.causal = *rc::gen::arbitrary<bool>();
+  s.interleaved = *rc::gen::arbitrary<bool>();
+  s.tensor_core = true;
+  s.key_ramp = *rc::gen::element(0.0f, 0.002f, 0.02f);  // maxima that move from range to range
+  s.seed = *rc::gen::arbitrary<std::uint64_t>();
+  check(*fused_case(s));
+}
+
 // The fused kernel (Exact or TensorCore) and the unfused multi-head attention (fp32 GEMM) compute
 // the same function: within the sum of their bounds (two summation orders, and the tensor-core
 // rounding points).

@@ -116,12 +116,30 @@ bool wgmma_deferred() {
   return v == nullptr || *v == '\0' || std::atoi(v) != 0;  // unset or empty: the default
 }
 
+// Note [split keys] (kernels/fused_attention.hpp): a TensorCore grid of fewer than two waves of
+// 132 SMs at 64 rows per block (whisper-tiny's 1x6x1500x64: 144 tiles of 64 rows, 24 key tiles
+// each) splits each query tile's key tiles into S ranges, one block each, the last of them
+// merging: S = min(4 x 132 / blocks, key tiles / 4, 8), at least 1. A function of the shape alone,
+// not of the device, so the CPU device splits where CUDA does (the same schedule; TensorCore's
+// bound). LOCKSTEP_FUSED_TC_SPLITS=1..16 overrides (a measurement knob; 1: no split).
+int kv_splits(int D, std::int64_t blocks_at_64_rows, std::int64_t skv) {
+  if (const char* v = std::getenv("LOCKSTEP_FUSED_TC_SPLITS"); v != nullptr) {
+    const int n = std::atoi(v);
+    if (n >= 1 && n <= 16) return n;
+  }
+  if (blocks_at_64_rows >= 2 * 132 || blocks_at_64_rows <= 0) return 1;
+  const std::int64_t tiles = kernels::ceil_div(skv, std::int64_t{D <= 128 ? 64 : 32});
+  const std::int64_t n = std::min<std::int64_t>({4 * 132 / blocks_at_64_rows, tiles / 4, 8});
+  return static_cast<int>(std::max<std::int64_t>(n, 1));
+}
+
 template <int D>
 void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_t seq_q,
                   std::int64_t heads, std::int64_t batch, bool tensor_core) {
   auto go = [&](auto k, const kernels::FusedAttentionParams& kp) {
     using K = decltype(k);
-    const Dim3 grid{static_cast<std::uint32_t>(kernels::ceil_div(seq_q, K::kRows)),
+    const std::int64_t splits = kp.kv_splits > 1 ? kp.kv_splits : 1;  // Note [split keys]
+    const Dim3 grid{static_cast<std::uint32_t>(kernels::ceil_div(seq_q, K::kRows) * splits),
                     static_cast<std::uint32_t>(heads), static_cast<std::uint32_t>(batch)};
     launch<K>(s, grid, K::kSharedBytes, kp);
   };
@@ -139,13 +157,29 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
   kernels::FusedAttentionParams tp = p;
   const std::int64_t blocks64 = kernels::ceil_div(seq_q, std::int64_t{64}) * heads * batch;
   const bool wgmma = use_wgmma(s, D, blocks64);  // false at other head_dims
+  // Note [split keys]: not with the packing blocks (grids of two waves or more).
+  const bool packing_blocks = (D == 64 || D == 128) && wgmma && pack_in_kernel(D, blocks64);
+  const int splits = p.Skv > 0 && !packing_blocks ? kv_splits(D, blocks64, p.Skv) : 1;
   if (p.Skv > 0) {
     const std::int64_t skv_packed = wgmma ? kernels::ceil_div(p.Skv, 64) * 64 : p.Skv;
     const std::size_t half_bytes =
         std::size_t(batch) * std::size_t(p.Hkv) * std::size_t(skv_packed) * std::size_t(D) * 2;
-    auto* ws = static_cast<char*>(detail::StreamAccess::scratch(s, 2 * half_bytes));
+    // With split keys, the partials after K and V: [B, H, S, Sq, D] o, then [B, H, S, Sq, 2] (m, l).
+    const std::size_t part_rows = splits > 1 ? std::size_t(batch) * std::size_t(heads) * std::size_t(splits) *
+                                                   std::size_t(seq_q)
+                                             : 0;
+    auto* ws = static_cast<char*>(
+        detail::StreamAccess::scratch(s, 2 * half_bytes + part_rows * (std::size_t(D) + 2) * sizeof(float)));
     tp.k_half = ws;
     tp.v_half = ws + half_bytes;
+    if (splits > 1) {
+      tp.kv_splits = splits;
+      tp.part = reinterpret_cast<float*>(ws + 2 * half_bytes);
+      tp.part_ml = tp.part + part_rows * std::size_t(D);
+      // A zero per 64 query rows of every (batch, head), after the stream's first counter (Note
+      // [one grid]); the last block of each query tile resets its own.
+      tp.split_counters = detail::StreamAccess::counters(s, std::size_t(1 + blocks64)) + 1;
+    }
     auto pack = [&](auto k, std::int64_t rows) {
       using P = decltype(k);
       const Dim3 grid{static_cast<std::uint32_t>(kernels::ceil_div(p.Skv, rows)),
@@ -153,7 +187,7 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
       launch<P>(s, grid, P::kSharedBytes, tp);
     };
     if constexpr (D == 64 || D == 128) {
-      if (wgmma && pack_in_kernel(D, blocks64)) {
+      if (packing_blocks) {
         // Note [packing blocks]: kv head 0 of batch 0 here, the others by the attention's blocks.
         const auto packing = [&](auto k) {
           using K = decltype(k);
@@ -185,7 +219,7 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
   }
   if constexpr (D == 64 || D == 128) {
     if (wgmma) {
-      if (wgmma_warpgroups(blocks64) == 2) return go(kernels::FusedAttentionWgmma<D, 2>{}, tp);
+      if (wgmma_warpgroups(blocks64 * splits) == 2) return go(kernels::FusedAttentionWgmma<D, 2>{}, tp);
       if constexpr (D == 64)
         if (wgmma_serial())
           return wgmma_deferred() ? go(kernels::FusedAttentionWgmma<64, 1, false, false, true>{}, tp)
@@ -194,7 +228,7 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
     }
   }
   if constexpr (D >= 64 && D <= 128) {
-    const std::int64_t blocks128 = kernels::ceil_div(seq_q, std::int64_t{128}) * heads * batch;
+    const std::int64_t blocks128 = kernels::ceil_div(seq_q, std::int64_t{128}) * heads * batch * splits;
     if (use_two_m_tiles(D, blocks128)) return go(kernels::FusedAttentionTensorCore<D, 2>{}, tp);
   }
   go(kernels::FusedAttentionTensorCore<D>{}, tp);

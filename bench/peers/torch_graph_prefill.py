@@ -8,6 +8,7 @@ import json
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
 
 def graph_ms(fn, reps=20):
@@ -40,19 +41,25 @@ def main():
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rows = []
-    for B, H, S, D, causal in ((1, 6, 1500, 64, False), (4, 32, 4096, 128, False), (4, 32, 4096, 128, True),
-                               (16, 16, 1024, 64, True)):
-        flops = 4 * B * H * S * S * D / (2 if causal else 1)
-        shape = f"B={B} H={H} L={S} D={D}" + (" causal" if causal else "")
+    # (B, H, Lq, Lkv, D, causal); causal bottom-right aligned where Lq < Lkv (as lockstep's), the
+    # FLOPs counted as lockstep-bench counts them.
+    for B, H, S, Skv, D, causal in ((1, 6, 1500, 1500, 64, False), (4, 32, 4096, 4096, 128, False),
+                                    (4, 32, 4096, 4096, 128, True), (16, 16, 1024, 1024, 64, True),
+                                    (1, 6, 1500, 1500, 64, True), (1, 32, 512, 8192, 128, True)):
+        pairs = S * Skv if not causal else S * S / 2 if S == Skv else S * (Skv - S) + S * (S + 1) / 2
+        flops = 4 * B * H * pairs * D
+        shape = f"B={B} H={H} L={S}" + (f" Lkv={Skv}" if Skv != S else "") + f" D={D}" + (" causal" if causal else "")
         q16 = torch.randn(B, H, S, D, device="cuda", dtype=torch.half)
-        k16, v16 = torch.randn_like(q16), torch.randn_like(q16)
+        k16 = torch.randn(B, H, Skv, D, device="cuda", dtype=torch.half)
+        v16 = torch.randn_like(k16)
         q32, k32, v32 = q16.float(), k16.float(), v16.float()
+        kw = dict(is_causal=True) if causal and S == Skv else dict(attn_mask=causal_lower_right(S, Skv)) if causal else {}
         cases = (("fp16", "flash", SDPBackend.FLASH_ATTENTION,
-                  lambda: F.scaled_dot_product_attention(q16, k16, v16, is_causal=causal)),
+                  lambda: F.scaled_dot_product_attention(q16, k16, v16, **kw)),
                  ("fp16", "cudnn", SDPBackend.CUDNN_ATTENTION,
-                  lambda: F.scaled_dot_product_attention(q16, k16, v16, is_causal=causal)),
+                  lambda: F.scaled_dot_product_attention(q16, k16, v16, **kw)),
                  ("fp32 in/out", "flash", SDPBackend.FLASH_ATTENTION,
-                  lambda: F.scaled_dot_product_attention(q32.half(), k32.half(), v32.half(), is_causal=causal).float()))
+                  lambda: F.scaled_dot_product_attention(q32.half(), k32.half(), v32.half(), **kw).float()))
         for dtype, name, be, fn in cases:
             try:
                 with sdpa_kernel(be):

@@ -439,7 +439,9 @@ std::vector<KernelEntry> fused_entries() {
            {fixed(17, 32, 3, 37, 128, true, false, true, 41),
             // 17 x 16 = 272 blocks of 64 rows >= 2 x 132 at head_dim 64: on sm_90a
             // FusedAttentionWgmma<64, 1, true> (packing blocks); FusedAttentionTensorCore<64> elsewhere.
-            fixed(17, 16, 5, 70, 64, false, true, true, 42)}}};
+            fixed(17, 16, 5, 70, 64, false, true, true, 42),
+            // 3 x 4 = 12 query tiles over 15 key tiles: split keys, S = 3 (Note [split keys]).
+            fixed(1, 4, 130, 900, 64, true, false, true, 43), fixed(1, 4, 100, 700, 128, false, true, true, 44)}}};
 }
 
 }  // namespace lockstep::harness

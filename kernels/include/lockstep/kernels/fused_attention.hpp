@@ -39,6 +39,14 @@ struct FusedAttentionParams {
   // tickets from, then a zero pair per kv head of every batch ([B * Hkv][2]). Null otherwise.
   std::int32_t* ticket;
   std::int32_t* pack_counters;
+  // Note [split keys] (TensorCore): 0 or 1, or the S > 1 ranges that a query tile's key tiles
+  // are split into, one block each; part: the blocks' unnormalized outputs, [B, H, S, Sq, D];
+  // part_ml: their rows' running max and sum, [B, H, S, Sq, 2]; split_counters: a zero per
+  // (batch, head, query tile) that the last of a tile's S blocks resets. Unused when S <= 1.
+  std::int32_t kv_splits;
+  float* part;
+  float* part_ml;
+  std::int32_t* split_counters;
 };
 
 // What a block of either fused kernel owns: query rows [s0, s0 + rows) of head h in batch b, kv
@@ -58,13 +66,25 @@ struct FusedBlock {
   const float* vb;
   float* ob;
   int q_ss, k_ss, v_ss, o_ss;
+  int split = 0;   // Note [split keys]: which of the tile's key ranges the block takes
+  int splits = 1;  // ... of how many
 
+  // With p.kv_splits = S > 1, block x takes key range x % S of query tile x / S (Note [split keys]).
   template <class X>
   LOCKSTEP_HD FusedBlock(X& x, const FusedAttentionParams& p, int kRows, bool reverse_causal = false)
       : FusedBlock(p, x.block_z(), x.block_y(),
-                   reverse_causal && p.causal ? x.grid_x() - 1 - x.block_x() : x.block_x(), kRows) {}
+                   reverse_causal && p.causal ? x.grid_x() - 1 - x.block_x() : x.block_x(), kRows, true) {}
   // Query tile `tile` of head h in batch b (Note [packing blocks]: the tile a ticket gives).
   LOCKSTEP_HD FusedBlock(const FusedAttentionParams& p, int b_, int h_, int tile, int kRows)
+      : FusedBlock(p, b_, h_, tile, kRows, false) {}
+  LOCKSTEP_HD FusedBlock(const FusedAttentionParams& p, int b_, int h_, int x, int kRows, bool split_x)
+      : FusedBlock(p, b_, h_, split_x && p.kv_splits > 1 ? x / p.kv_splits : x, kRows, 0) {
+    if (split_x && p.kv_splits > 1) {
+      splits = p.kv_splits;
+      split = x - (x / p.kv_splits) * p.kv_splits;
+    }
+  }
+  LOCKSTEP_HD FusedBlock(const FusedAttentionParams& p, int b_, int h_, int tile, int kRows, int /*tag*/)
       : b(b_), h(h_), hk(h / (p.H / p.Hkv)), s0(tile * kRows),
         rows(static_cast<int>(imin(p.Sq - s0, kRows))), shift(p.Skv - p.Sq),
         qb(p.q + b * p.q_sb + h * p.q_sh + std::int64_t{s0} * p.q_ss),
@@ -78,6 +98,20 @@ struct FusedBlock {
   LOCKSTEP_HD int last_key(const FusedAttentionParams& p) const {
     return p.causal ? static_cast<int>(imin(p.Skv, s0 + rows + shift)) : p.Skv;
   }
+  // The block's key tiles of `tile` keys, [t0, t1): those its rows see, and of them, with splits,
+  // range `split` of the S ranges that cut the ceil(Skv / tile) tiles of the sequence (Note [split
+  // keys]: the cuts do not depend on the block's rows, so neither does a row's result).
+  LOCKSTEP_HD void key_tiles(const FusedAttentionParams& p, int tile, int& t0, int& t1) const {
+    const int lk = last_key(p);
+    const int n = lk > 0 ? static_cast<int>((lk + tile - 1) / tile) : 0;
+    t0 = 0;
+    t1 = n;
+    if (splits > 1) {  // 32-bit: all <= 2^26 tiles of 32 keys, splits <= 16 (no 64-bit division)
+      const int all = static_cast<int>((std::int64_t{p.Skv} + tile - 1) / tile);
+      t0 = static_cast<int>(imin(all * split / splits, n));
+      t1 = static_cast<int>(imin(all * (split + 1) / splits, n));
+    }
+  }
 
   // The log-sum-exp of row `row` of the block (a lane value) finished with running max m and
   // sum l: -inf for a fully masked row (l == 0); stored by the lanes where `writer` holds.
@@ -90,6 +124,27 @@ struct FusedBlock {
     x.store(lrow, row, lse, writer);
   }
 };
+
+// Note [split keys]
+// A TensorCore grid of fewer than two waves at 64 rows per block leaves SMs idle and each block a
+// long serial walk over the keys: whisper-tiny's 1x6x1500x64 is 144 query tiles (72 blocks of two
+// warpgroups) of 24 key tiles each. With p.kv_splits = S > 1 (attention/src/fused.cpp picks S
+// from the shape alone, so the CPU device splits where CUDA does) the ceil(Skv / kTile) key tiles
+// of the sequence are cut into S ranges, [s T / S, (s + 1) T / S), and block x of the grid (S
+// times as wide) runs range x % S of query tile x / S: the same online softmax over its range
+// only (FusedBlock::key_tiles; causal tiles past the block's last row skipped as before, so a
+// range may be empty). Its rows end in the partials -- o not divided, the row's running max m
+// and the quad's sum l, at [b, h, s, row] -- and an arrival on the tile's counter (x.signal_last:
+// a release, then an atomic add); the block that brings it to S (the last, whichever range it
+// ran) sees every partial (an acquire), resets the counter for the next call, and merges the
+// rows in split order: M = max_s m_s, w_s = 2^((m_s - M) c) (0 for a range that saw nothing of
+// the row, m_s = -inf, without computing -inf - -inf), out = sum_s w_s o_s / sum_s w_s l_s and
+// log-sum-exp M scale + log(sum_s w_s l_s), zeros and -inf where that sum is 0. Nothing waits,
+// so no deadlock whatever order the blocks run in. The cuts do not depend on the rows per block,
+// so the 64- and 128-row kernels and the wgmma kernel give the same bytes (tested on the CPU
+// device); against the unsplit schedule the bytes differ (the per-range maxima and the merge's
+// roundings), within the tensor-core bound (Note [tensor-core emulation]). Measured: see
+// attention/src/fused.cpp.
 
 // Note [exact register tiles]
 // Grid: x = ceil(Sq / kRows) query tiles, y = H, z = B; 16 * KG threads. Thread t owns the 4
@@ -838,6 +893,78 @@ struct FusedAttentionTensorCore {
       }
   }
 
+  // The block's rows finished: store_rows, or with split keys (Note [split keys]) the block's
+  // partial rows (o not divided, m, and the quad's l), then, in the last of the tile's S blocks
+  // to arrive, the merge of the S partials in split order into out and lse.
+  template <class X, class F, class I>
+  LOCKSTEP_HD static void finish(X& x, const Params& p, const FusedBlock& fb, const F (&o)[kM][D / 8][4],
+                                 const F (&m)[kM][2], const F (&l)[kM][2], const I (&row0)[kM], const I& tq) {
+    if (fb.splits <= 1) return store_rows(x, p, fb, o, m, l, row0, tq);
+    using B = typename X::template Lanes<bool>;
+    const int S = fb.splits;
+    const std::int64_t bh = std::int64_t{fb.b} * p.H + fb.h;
+    // Split s's rows of this block: o at part_o(s) + row D, (m, l) at part_ml(s) + row 2.
+    auto part_o = [&](int s) { return p.part + ((bh * S + s) * p.Sq + fb.s0) * D; };
+    auto part_ml = [&](int s) { return p.part_ml + ((bh * S + s) * p.Sq + fb.s0) * 2; };
+    LOCKSTEP_UNROLL
+    for (int mt = 0; mt < kM; ++mt)
+      LOCKSTEP_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const F lt = x.template warp_sum<4>(l[mt][h]);
+        const I row = row0[mt] + h * 8;
+        const B live = row < fb.rows;
+        LOCKSTEP_UNROLL
+        for (int n = 0; n < D / 8; ++n)
+          LOCKSTEP_UNROLL
+          for (int e = 0; e < 2; ++e) x.store(part_o(fb.split), row * D + (tq * 2 + (8 * n + e)), o[mt][n][h * 2 + e], live);
+        x.store(part_ml(fb.split), row * 2, m[mt][h], live & (tq == 0));
+        x.store(part_ml(fb.split), row * 2 + 1, lt, live & (tq == 0));
+      }
+    // A counter per 64 query rows, whatever the kernel's rows per block (s0 is a multiple of 64).
+    const std::int64_t tiles_q = (std::int64_t{p.Sq} + 63) / 64;
+    if (!x.signal_last(p.split_counters + bh * tiles_q + fb.s0 / 64, S)) return;
+    // The last block: every split's partials are visible. Per row, M = the splits' largest max;
+    // split s weighs 2^((m_s - M) c) (0 where it saw nothing: m_s = -inf); out = sum_s w_s o_s /
+    // sum_s w_s l_s, summed in split order; a row no split saw anything of gives zeros, -inf.
+    const float c2 = p.scale_log2;
+    LOCKSTEP_UNROLL
+    for (int mt = 0; mt < kM; ++mt)
+      LOCKSTEP_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const I row = row0[mt] + h * 8;
+        const B live = row < fb.rows;
+        F mx = F(-kInf);
+        for (int s = 0; s < S; ++s) mx = x.max_num(mx, x.load(part_ml(s), row * 2, live, -kInf));
+        F lt = F(0.0f);
+        F acc[D / 8][2];
+        LOCKSTEP_UNROLL
+        for (int n = 0; n < D / 8; ++n) {
+          acc[n][0] = F(0.0f);
+          acc[n][1] = F(0.0f);
+        }
+        for (int s = 0; s < S; ++s) {
+          const F ms = x.load(part_ml(s), row * 2, live, -kInf);
+          const F w = x.select(ms == -kInf, 0.0f, x.exp2_tc((ms - mx) * c2));
+          lt = lt + w * x.load(part_ml(s), row * 2 + 1, live, 0.0f);
+          LOCKSTEP_UNROLL
+          for (int n = 0; n < D / 8; ++n)
+            LOCKSTEP_UNROLL
+            for (int e = 0; e < 2; ++e)
+              acc[n][e] = acc[n][e] + w * x.load(part_o(s), row * D + (tq * 2 + (8 * n + e)), live, 0.0f);
+        }
+        const B empty = lt == 0.0f;
+        LOCKSTEP_UNROLL
+        for (int n = 0; n < D / 8; ++n)
+          LOCKSTEP_UNROLL
+          for (int e = 0; e < 2; ++e)
+            x.store(fb.ob, row * fb.o_ss + (tq * 2 + (8 * n + e)), x.select(empty, 0.0f, acc[n][e] / lt), live);
+        if (p.lse != nullptr) {
+          float* lrow = p.lse + bh * p.Sq + fb.s0;
+          x.store(lrow, row, x.select(empty, -kInf, mx * p.scale + x.log(lt)), live & (tq == 0));
+        }
+      }
+  }
+
   template <class X>
   LOCKSTEP_HD static void run(X& x, const Params& p) {
     using F = typename X::template Lanes<float>;
@@ -871,12 +998,14 @@ struct FusedAttentionTensorCore {
     const I v_off = lr * kLd + lc;                                      // V: B (transposed), two n-tiles
 
     const int last_key = fb.last_key(p);
-    const int tiles = last_key > 0 ? static_cast<int>((last_key + kTile - 1) / kTile) : 0;
-    // Keys of tile j (the last may be partial).
-    auto tile_keys = [&](int j) { return static_cast<int>(imin(last_key - std::int64_t{j} * kTile, kTile)); };
+    int t0 = 0, t1 = 0;  // the block's key tiles (Note [split keys]); j below counts from t0
+    fb.key_tiles(p, kTile, t0, t1);
+    const int tiles = t1 - t0;
+    // Keys of tile t0 + j (the last may be partial).
+    auto tile_keys = [&](int j) { return static_cast<int>(imin(last_key - std::int64_t{t0 + j} * kTile, kTile)); };
     if (tiles > 0) {
-      issue_tile(x, Ks, kh, tile_keys(0), t);
-      issue_tile(x, Vs, vh, tile_keys(0), t);
+      issue_tile(x, Ks, kh + std::int64_t{t0} * kTile * D, tile_keys(0), t);
+      issue_tile(x, Vs, vh + std::int64_t{t0} * kTile * D, tile_keys(0), t);
     }
     x.async_commit();
 
@@ -920,16 +1049,16 @@ struct FusedAttentionTensorCore {
         if (kQInKBuffer) x.sync();  // every warp has its Q before tile 1 overwrites it
       }
       if (j + 1 < tiles) {         // tile j - 1's buffers take tile j + 1, landing during this tile
-        issue_tile(x, Ks + ((j + 1) & 1) * (kTile * kLd), kh + std::int64_t{j + 1} * kTile * D, tile_keys(j + 1), t);
-        issue_tile(x, Vs + ((j + 1) & 1) * (kTile * kLd), vh + std::int64_t{j + 1} * kTile * D, tile_keys(j + 1), t);
+        issue_tile(x, Ks + ((j + 1) & 1) * (kTile * kLd), kh + std::int64_t{t0 + j + 1} * kTile * D, tile_keys(j + 1), t);
+        issue_tile(x, Vs + ((j + 1) & 1) * (kTile * kLd), vh + std::int64_t{t0 + j + 1} * kTile * D, tile_keys(j + 1), t);
       }
       x.async_commit();
       qk_tile(x, s, qf, Qs, q_off, Kt, k_off);
-      softmax_tile(x, p, s, m, l, o, row0, tq, j * kTile, tile_keys(j), s0, shift, c2);
+      softmax_tile(x, p, s, m, l, o, row0, tq, (t0 + j) * kTile, tile_keys(j), s0, shift, c2);
       pv_tile(x, s, o, Vt, v_off);
     }
 
-    store_rows(x, p, fb, o, m, l, row0, tq);
+    finish(x, p, fb, o, m, l, row0, tq);
   }
 };
 
@@ -1248,16 +1377,20 @@ struct FusedAttentionWgmma {
     row0[0] = w * 16 + g;  // lane 4g + t of warp w holds rows row0 and row0 + 8
 
     const int last_key = fb.last_key(p);
-    const int tiles = last_key > 0 ? static_cast<int>((last_key + kTile - 1) / kTile) : 0;
-    auto tile_keys = [&](int j) { return static_cast<int>(imin(last_key - std::int64_t{j} * kTile, kTile)); };
+    // The block's key tiles t0 .. t1 - 1 (Note [split keys]); j below is t0 + j's place in the
+    // ring's order: slots and phases count from the block's first tile, keys and data from t0.
+    int t0 = 0, t1 = 0;
+    fb.key_tiles(p, kTile, t0, t1);
+    const int tiles = t1 - t0;
+    auto tile_keys = [&](int j) { return static_cast<int>(imin(last_key - std::int64_t{t0 + j} * kTile, kTile)); };
     // Tile j into its ring slot (thread 0; from the fourth tile on, once the slot's previous tile,
     // j - 3, has been released by every warp).
     auto issue = [&](int j) {
       if (j < tiles) {
         const int b = j % kStages;
         x.bulk_tiles(full + b, empty + b, (j / kStages + 1) & 1, j >= kStages, Ks + b * kTileHalves,
-                     kh + std::int64_t{j} * kTileHalves, Vs + b * kTileHalves, vh + std::int64_t{j} * kTileHalves,
-                     kTileHalves * 2);
+                     kh + std::int64_t{t0 + j} * kTileHalves, Vs + b * kTileHalves,
+                     vh + std::int64_t{t0 + j} * kTileHalves, kTileHalves * 2);
       }
     };
     issue(0);
@@ -1335,7 +1468,7 @@ struct FusedAttentionWgmma {
         x.mbar_wait(full + (j + 1) % kStages, ((j + 1) / kStages) & 1);  // tile j + 1 has landed
         issue_qk(j + 1, s_next);
       }
-      Tc::softmax_tile(x, p, s_in, s, m, l, o, row0, tq, j * kTile, tile_keys(j), s0, shift, c2);
+      Tc::softmax_tile(x, p, s_in, s, m, l, o, row0, tq, (t0 + j) * kTile, tile_keys(j), s0, shift, c2);
       I pa[kTile / 16][4];
       issue_pv(j, s, pa);
       x.template wgmma_wait<1>();  // S' (committed first) is complete
@@ -1356,7 +1489,7 @@ struct FusedAttentionWgmma {
       bool rescale = false;
       first_scores(sc);
       if (tiles > 0) {
-        rescale = Tc::softmax_tile_alpha(x, p, sc, s, m, l, alpha, row0, tq, 0, tile_keys(0), s0, shift, c2);
+        rescale = Tc::softmax_tile_alpha(x, p, sc, s, m, l, alpha, row0, tq, t0 * kTile, tile_keys(0), s0, shift, c2);
         pack_p(s, pa);
       }
       for (int j = 1; j < tiles; ++j) {
@@ -1366,7 +1499,8 @@ struct FusedAttentionWgmma {
         rescale_then_pv(j - 1, rescale);
         x.template wgmma_wait<1>();  // Q.K^T of tile j (committed first) is complete
         x.wgmma_hold(sc[0]);
-        rescale = Tc::softmax_tile_alpha(x, p, sc, s, m, l, alpha, row0, tq, j * kTile, tile_keys(j), s0, shift, c2);
+        rescale = Tc::softmax_tile_alpha(x, p, sc, s, m, l, alpha, row0, tq, (t0 + j) * kTile, tile_keys(j), s0,
+                                          shift, c2);
         x.template wgmma_wait<0>();  // P.V of tile j - 1
         x.wgmma_hold(o[0]);
         x.wgmma_ready(pa);  // P's registers live up to here (an operand of the P.V in flight)
@@ -1380,7 +1514,7 @@ struct FusedAttentionWgmma {
         x.wgmma_ready(pa);
         x.mbar_arrive_warp(empty + (tiles - 1) % kStages);
       }
-      Tc::store_rows(x, p, fb, o, m, l, row0, tq);
+      Tc::finish(x, p, fb, o, m, l, row0, tq);
       return;
     }
     if constexpr (!OV) {  // Note [four wgmma blocks per SM]
@@ -1389,7 +1523,7 @@ struct FusedAttentionWgmma {
       for (int j = 0; j < tiles; ++j) {
         F s[1][kTile / 8][4];
         issue(j + 2);  // into tile j - 1's slot
-        Tc::softmax_tile(x, p, sc, s, m, l, o, row0, tq, j * kTile, tile_keys(j), s0, shift, c2);
+        Tc::softmax_tile(x, p, sc, s, m, l, o, row0, tq, (t0 + j) * kTile, tile_keys(j), s0, shift, c2);
         I pa[kTile / 16][4];
         issue_pv(j, s, pa);
         if (j + 1 < tiles) {
@@ -1405,7 +1539,7 @@ struct FusedAttentionWgmma {
         x.wgmma_ready(pa);
         x.mbar_arrive_warp(empty + j % kStages);  // this warp is done with tile j
       }
-      Tc::store_rows(x, p, fb, o, m, l, row0, tq);
+      Tc::finish(x, p, fb, o, m, l, row0, tq);
       return;
     }
     F sa[1][kTile / 8][4], sb[1][kTile / 8][4];
@@ -1414,7 +1548,7 @@ struct FusedAttentionWgmma {
       step(j, sa, sb);
       if (j + 1 < tiles) step(j + 1, sb, sa);
     }
-    Tc::store_rows(x, p, fb, o, m, l, row0, tq);  // every issued tile was waited for
+    Tc::finish(x, p, fb, o, m, l, row0, tq);  // every issued tile was waited for
   }
 };
 
