@@ -221,9 +221,9 @@ RC_GTEST_PROP(Attention, FusedTensorCore, ()) {
 
 // Note [split keys]: small grids over many keys, where attention() splits each query tile's key
 // tiles by default (from 8 key tiles: seq_kv > 448 at head_dim <= 128, > 224 at 256) and the last
-// block of a tile merges the ranges: CUDA against the CPU device and both against float64, within
-// the tensor-core bound, as FusedTensorCore.
-RC_GTEST_PROP(Attention, FusedTensorCoreSplitKeys, ()) {
+// block of a tile merges the ranges: CUDA against the CPU device (bitwise for Exact, within the
+// bound for TensorCore) and both against float64, as FusedExact and FusedTensorCore.
+FusedCaseShape split_keys_shape(bool tensor_core) {
   FusedCaseShape s;
   s.dim = *rc::gen::element<std::int64_t>(32, 64, 96, 128, 256);
   s.batch = *rc::gen::inRange<std::int64_t>(1, 3);
@@ -233,11 +233,15 @@ RC_GTEST_PROP(Attention, FusedTensorCoreSplitKeys, ()) {
   s.seq_kv = *rc::gen::inRange<std::int64_t>(s.dim == 256 ? 225 : 449, 1100);
   s.causal = *rc::gen::arbitrary<bool>();
   s.interleaved = *rc::gen::arbitrary<bool>();
-  s.tensor_core = true;
+  s.tensor_core = tensor_core;
   s.key_ramp = *rc::gen::element(0.0f, 0.002f, 0.02f);  // maxima that move from range to range
   s.seed = *rc::gen::arbitrary<std::uint64_t>();
-  check(*fused_case(s));
+  return s;
 }
+
+RC_GTEST_PROP(Attention, FusedTensorCoreSplitKeys, ()) { check(*fused_case(split_keys_shape(true))); }
+
+RC_GTEST_PROP(Attention, FusedExactSplitKeys, ()) { check(*fused_case(split_keys_shape(false))); }
 
 // The fused kernel (Exact or TensorCore) and the unfused multi-head attention (fp32 GEMM) compute
 // the same function: within the sum of their bounds (two summation orders, and the tensor-core

@@ -85,6 +85,103 @@ class Attention : public CallTest {
   void expect_all(const Buffer<float>& b, float v) {
     for (float x : b.to_vector(s())) ASSERT_EQ(bits(x), bits(v)) << "a rejected call wrote";
   }
+  // Note [split keys]: a small grid splits each query tile's key tiles into S ranges, one block
+  // each, and the last block of a tile merges them in split order. Shapes: one kv head of 700 keys
+  // under 150 rows (11 tiles, S = 2 by default); GQA, two batches, 1100 keys at head_dim 128 (18
+  // tiles, S = 4 by default; 70 rows: partial query tiles); 600 queries over 560 keys (9 tiles, S =
+  // 2), causal: the first 40 rows see no key, and the later splits of early query tiles none either.
+  // For each, with `knob` = 3 and with the default: against a float64 reference within `tol(qmag,
+  // keys, D)` (qmag: the row's largest sum of |q k| scale), rows that see no key +0 with
+  // log-sum-exp -inf, the same bytes from a second call on the stream (the counters are zeros
+  // again), and other bytes than without splits (`knob` = 1: the split ran). Then, on the CPU
+  // device, `same_bytes(sh, causal, rng, range)` with `knob` = 3 set (the schedule variants' bytes).
+  template <class Tol, class SameBytes>
+  void split_keys_case(AttentionPrecision precision, const char* knob, Tol tol, SameBytes same_bytes) {
+    Lcg rng{31};
+    for (const AttentionShape& sh : {AttentionShape{1, 2, 1, 150, 700, 64}, AttentionShape{2, 4, 2, 70, 1100, 128},
+                                     AttentionShape{1, 2, 1, 600, 560, 64}})
+      for (bool causal : {false, true})
+        for (float range : {1.0f, 4.0f}) {
+          SCOPED_TRACE("B=" + std::to_string(sh.batch) + " Sq=" + std::to_string(sh.seq_q) + " Skv=" +
+                       std::to_string(sh.seq_kv) + " D=" + std::to_string(sh.head_dim) + (causal ? " causal" : "") +
+                       " range " + std::to_string(range));
+          const std::int64_t D = sh.head_dim, Sq = sh.seq_q, Skv = sh.seq_kv, g = sh.heads / sh.kv_heads;
+          const std::size_t nq = std::size_t(sh.batch * sh.heads * Sq * D);
+          const std::size_t nkv = std::size_t(sh.batch * sh.kv_heads * Skv * D);
+          const std::size_t nl = std::size_t(sh.batch * sh.heads * Sq);
+          const auto hq = rng.floats(nq, range), hk = rng.floats(nkv, range), hv = rng.floats(nkv, 1.0f);
+          auto up = [&](const std::vector<float>& h) {
+            Buffer<float> x(dev, h.size());
+            x.copy_from_host(s(), h);
+            return x;
+          };
+          auto q = up(hq), k = up(hk), v = up(hv);
+          auto call = [&](const char* splits, std::vector<float>& lse_out) {
+            auto out = up(std::vector<float>(nq, 42.0f)), lse = up(std::vector<float>(nl, 42.0f));
+            AttentionOptions o;
+            o.precision = precision;
+            o.causal = causal;
+            o.lse = &lse;
+            if (splits != nullptr) ::setenv(knob, splits, 1);
+            attention(s(), q, k, v, out, sh, o);
+            ::unsetenv(knob);
+            lse_out = lse.to_vector(s());
+            return out.to_vector(s());
+          };
+          std::vector<float> l1, l3, l3b, ld;
+          const auto o1 = call("1", l1), o3 = call("3", l3), o3b = call("3", l3b), od = call(nullptr, ld);
+          for (std::size_t e = 0; e < nq; ++e) ASSERT_EQ(bits(o3[e]), bits(o3b[e])) << e;
+          for (std::size_t e = 0; e < nl; ++e) ASSERT_EQ(bits(l3[e]), bits(l3b[e])) << e;
+          EXPECT_FALSE(same(o1, o3));
+          EXPECT_FALSE(same(o1, od));  // the default splits these shapes too
+          // float64 reference per row: softmax of the visible keys' scaled scores.
+          const double scale = 1.0 / std::sqrt(double(D));
+          for (const auto* run : {&o3, &od}) {
+            const auto& lr = run == &o3 ? l3 : ld;
+            for (std::int64_t b = 0; b < sh.batch; ++b)
+              for (std::int64_t h = 0; h < sh.heads; ++h)
+                for (std::int64_t i = 0; i < Sq; ++i) {
+                  const std::int64_t vis = causal ? std::clamp<std::int64_t>(i + 1 + Skv - Sq, 0, Skv) : Skv;
+                  const std::size_t row = std::size_t((b * sh.heads + h) * Sq + i);
+                  if (vis == 0) {
+                    for (std::int64_t d = 0; d < D; ++d) ASSERT_EQ(bits((*run)[row * D + d]), bits(0.0f)) << row;
+                    ASSERT_TRUE(std::isinf(lr[row]) && lr[row] < 0) << row;
+                    continue;
+                  }
+                  const float* qr = hq.data() + row * D;
+                  const std::size_t kv0 = std::size_t((b * sh.kv_heads + h / g) * Skv) * D;
+                  std::vector<double> sc(static_cast<std::size_t>(vis));
+                  double mx = -INFINITY, qmag = 0;
+                  for (std::int64_t j = 0; j < vis; ++j) {
+                    double dot = 0, mag = 0;
+                    for (std::int64_t d = 0; d < D; ++d) {
+                      dot += double(qr[d]) * hk[kv0 + std::size_t(j * D + d)];
+                      mag += std::fabs(double(qr[d]) * hk[kv0 + std::size_t(j * D + d)]);
+                    }
+                    sc[std::size_t(j)] = dot * scale;
+                    mx = std::max(mx, sc[std::size_t(j)]);
+                    qmag = std::max(qmag, mag * scale);
+                  }
+                  double l = 0;
+                  std::vector<double> acc(std::size_t(D), 0.0);
+                  for (std::int64_t j = 0; j < vis; ++j) {
+                    const double w = std::exp(sc[std::size_t(j)] - mx);
+                    l += w;
+                    for (std::int64_t d = 0; d < D; ++d) acc[std::size_t(d)] += w * hv[kv0 + std::size_t(j * D + d)];
+                  }
+                  const double e = tol(qmag, vis, D);  // |v| <= 1
+                  for (std::int64_t d = 0; d < D; ++d)
+                    ASSERT_NEAR((*run)[row * D + d], acc[std::size_t(d)] / l, e) << row << " " << d;
+                  ASSERT_NEAR(lr[row], mx + std::log(l), e + 1e-6 * std::fabs(mx)) << row;
+                }
+          }
+          if (dev->id().kind == DeviceKind::kCpu) {
+            ::setenv(knob, "3", 1);
+            same_bytes(sh, causal, rng, range);
+            ::unsetenv(knob);
+          }
+        }
+  }
 };
 
 TEST_P(Attention, IncrementalBadInputIsTypedAndWritesNothing) {
@@ -2105,113 +2202,46 @@ TEST_P(Attention, FusedWgmmaPackingBlocksGiveTheSameBytes) {
   if (cpu) ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA");
 }
 
-// Note [split keys]: a small TensorCore grid splits each query tile's key tiles into S ranges, one
-// block each, and the last block of a tile merges them in split order. Shapes: one kv head of
-// 700 keys under 150 rows (11 tiles, S = 2 by default); GQA, two batches, 1100 keys at head_dim
-// 128 (18 tiles, S = 4 by default; 70 rows: partial query tiles); 600 queries over 560 keys (9
-// tiles, S = 2), causal: the first 40 rows see no key, and the later splits of early query tiles
-// none either. For each: LOCKSTEP_FUSED_TC_SPLITS=3 (and the default) against a float64 reference
-// (the tensor-core bound's two largest terms: fp16 operands and the weights' rounding), rows that
-// see no key +0 with log-sum-exp -inf, the same bytes from a second call on the stream (the
-// counters are zeros again), and other bytes than without splits (=1: the split ran). On the CPU
-// device the wgmma kernel (forced, one and two warpgroups) gives FusedAttentionTensorCore's
+// TensorCore: within fp16's rounding of Q, K (scores within 2 uh qmag), P and V (a few uh); on the
+// CPU device the wgmma kernel (forced, one and two warpgroups) gives FusedAttentionTensorCore's
 // bytes with splits too, and FusedAttentionTensorCore<D, 2> (128 rows) those of <D, 1>.
 TEST_P(Attention, FusedTensorCoreSplitKeys) {
-  const bool cpu = dev->id().kind == DeviceKind::kCpu;
-  Lcg rng{31};
-  for (const AttentionShape& sh : {AttentionShape{1, 2, 1, 150, 700, 64}, AttentionShape{2, 4, 2, 70, 1100, 128},
-                                   AttentionShape{1, 2, 1, 600, 560, 64}})
-    for (bool causal : {false, true})
-      for (float range : {1.0f, 4.0f}) {
-        SCOPED_TRACE("B=" + std::to_string(sh.batch) + " Sq=" + std::to_string(sh.seq_q) + " Skv=" +
-                     std::to_string(sh.seq_kv) + " D=" + std::to_string(sh.head_dim) + (causal ? " causal" : "") +
-                     " range " + std::to_string(range));
-        const std::int64_t D = sh.head_dim, Sq = sh.seq_q, Skv = sh.seq_kv, g = sh.heads / sh.kv_heads;
-        const std::size_t nq = std::size_t(sh.batch * sh.heads * Sq * D);
-        const std::size_t nkv = std::size_t(sh.batch * sh.kv_heads * Skv * D);
-        const std::size_t nl = std::size_t(sh.batch * sh.heads * Sq);
-        const auto hq = rng.floats(nq, range), hk = rng.floats(nkv, range), hv = rng.floats(nkv, 1.0f);
-        auto up = [&](const std::vector<float>& h) {
-          Buffer<float> x(dev, h.size());
-          x.copy_from_host(s(), h);
-          return x;
-        };
-        auto q = up(hq), k = up(hk), v = up(hv);
-        auto call = [&](const char* splits, std::vector<float>& lse_out) {
-          auto out = filled(nq, 42.0f), lse = filled(nl, 42.0f);
-          AttentionOptions o;
-          o.precision = AttentionPrecision::kTensorCore;
-          o.causal = causal;
-          o.lse = &lse;
-          if (splits != nullptr) ::setenv("LOCKSTEP_FUSED_TC_SPLITS", splits, 1);
-          attention(s(), q, k, v, out, sh, o);
-          ::unsetenv("LOCKSTEP_FUSED_TC_SPLITS");
-          lse_out = lse.to_vector(s());
-          return out.to_vector(s());
-        };
-        std::vector<float> l1, l3, l3b, ld;
-        const auto o1 = call("1", l1), o3 = call("3", l3), o3b = call("3", l3b), od = call(nullptr, ld);
-        for (std::size_t e = 0; e < nq; ++e) ASSERT_EQ(bits(o3[e]), bits(o3b[e])) << e;
-        for (std::size_t e = 0; e < nl; ++e) ASSERT_EQ(bits(l3[e]), bits(l3b[e])) << e;
-        EXPECT_FALSE(same(o1, o3));
-        EXPECT_FALSE(same(o1, od));  // the default splits these shapes too
-        // float64 reference per row: softmax of the visible keys' scaled scores.
-        const double scale = 1.0 / std::sqrt(double(D)), u = std::ldexp(1.0, -11);
-        for (const auto* run : {&o3, &od}) {
-          const auto& lr = run == &o3 ? l3 : ld;
-          for (std::int64_t b = 0; b < sh.batch; ++b)
-            for (std::int64_t h = 0; h < sh.heads; ++h)
-              for (std::int64_t i = 0; i < Sq; ++i) {
-                const std::int64_t vis = causal ? std::clamp<std::int64_t>(i + 1 + Skv - Sq, 0, Skv) : Skv;
-                const std::size_t row = std::size_t((b * sh.heads + h) * Sq + i);
-                if (vis == 0) {
-                  for (std::int64_t d = 0; d < D; ++d) ASSERT_EQ(bits((*run)[row * D + d]), bits(0.0f)) << row;
-                  ASSERT_TRUE(std::isinf(lr[row]) && lr[row] < 0) << row;
-                  continue;
-                }
-                const float* qr = hq.data() + row * D;
-                const std::size_t kv0 = std::size_t((b * sh.kv_heads + h / g) * Skv) * D;
-                std::vector<double> sc(static_cast<std::size_t>(vis));
-                double mx = -INFINITY, qmag = 0;
-                for (std::int64_t j = 0; j < vis; ++j) {
-                  double dot = 0, mag = 0;
-                  for (std::int64_t d = 0; d < D; ++d) {
-                    dot += double(qr[d]) * hk[kv0 + std::size_t(j * D + d)];
-                    mag += std::fabs(double(qr[d]) * hk[kv0 + std::size_t(j * D + d)]);
-                  }
-                  sc[std::size_t(j)] = dot * scale;
-                  mx = std::max(mx, sc[std::size_t(j)]);
-                  qmag = std::max(qmag, mag * scale);
-                }
-                double l = 0;
-                std::vector<double> acc(std::size_t(D), 0.0);
-                for (std::int64_t j = 0; j < vis; ++j) {
-                  const double w = std::exp(sc[std::size_t(j)] - mx);
-                  l += w;
-                  for (std::int64_t d = 0; d < D; ++d) acc[std::size_t(d)] += w * hv[kv0 + std::size_t(j * D + d)];
-                }
-                // fp16 Q, K (scores within 2 u qmag), fp16 weights and V: a few u of max |v| (<= 1).
-                const double tol = 4.0 * qmag * u + 8.0 * u;
-                for (std::int64_t d = 0; d < D; ++d)
-                  ASSERT_NEAR((*run)[row * D + d], acc[std::size_t(d)] / l, tol) << row << " " << d;
-                ASSERT_NEAR(lr[row], mx + std::log(l), 4.0 * qmag * u + 1e-5 * std::fabs(mx)) << row;
-              }
-        }
-        if (cpu) {
-          ::setenv("LOCKSTEP_FUSED_TC_SPLITS", "3", 1);
-          for (const char* wg : {"1", "2"}) {
-            ::setenv("LOCKSTEP_FUSED_TC_WGMMA_WG", wg, 1);
-            expect_knob_gives_same_bytes("LOCKSTEP_FUSED_TC_WGMMA", "0", "1", AttentionPrecision::kTensorCore, sh,
-                                         causal, rng, range);
-            ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA_WG");
-          }
-          ::setenv("LOCKSTEP_FUSED_TC_WGMMA", "0", 1);
-          expect_knob_gives_same_bytes("LOCKSTEP_FUSED_TC_ROWS", "64", "128", AttentionPrecision::kTensorCore, sh,
+  const double uh = std::ldexp(1.0, -11);
+  split_keys_case(
+      AttentionPrecision::kTensorCore, "LOCKSTEP_FUSED_TC_SPLITS",
+      [uh](double qmag, std::int64_t, std::int64_t) { return 4.0 * qmag * uh + 8.0 * uh; },
+      [this](const AttentionShape& sh, bool causal, Lcg& rng, float range) {
+        for (const char* wg : {"1", "2"}) {
+          ::setenv("LOCKSTEP_FUSED_TC_WGMMA_WG", wg, 1);
+          expect_knob_gives_same_bytes("LOCKSTEP_FUSED_TC_WGMMA", "0", "1", AttentionPrecision::kTensorCore, sh,
                                        causal, rng, range);
-          ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA");
-          ::unsetenv("LOCKSTEP_FUSED_TC_SPLITS");
+          ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA_WG");
         }
-      }
+        ::setenv("LOCKSTEP_FUSED_TC_WGMMA", "0", 1);
+        expect_knob_gives_same_bytes("LOCKSTEP_FUSED_TC_ROWS", "64", "128", AttentionPrecision::kTensorCore, sh,
+                                     causal, rng, range);
+        ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA");
+      });
+}
+
+// Exact: within fp32's bound (every score's error, (D + 4) u qmag, and the sums', (keys + D + 40)
+// u; the merge adds a few u); the CUDA bytes are the CPU's (the property FusedExactSplitKeys). On
+// the CPU device the row-major path gives the lane path's bytes with splits too
+// (LOCKSTEP_CPU_EXACT_LANES), and P in its own buffer those of P in K's memory (head_dim 64).
+TEST_P(Attention, FusedExactSplitKeys) {
+  const double u = std::ldexp(1.0, -24);
+  split_keys_case(
+      AttentionPrecision::kExact, "LOCKSTEP_FUSED_EXACT_SPLITS",
+      [u](double qmag, std::int64_t keys, std::int64_t D) {
+        return 4.0 * (qmag * double(D + 4) + double(keys + D + 40)) * u;
+      },
+      [this](const AttentionShape& sh, bool causal, Lcg& rng, float range) {
+        expect_knob_gives_same_bytes("LOCKSTEP_CPU_EXACT_LANES", "0", "1", AttentionPrecision::kExact, sh, causal,
+                                     rng, range);
+        if (sh.head_dim == 64)
+          expect_knob_gives_same_bytes("LOCKSTEP_FUSED_EXACT_P", "0", "1", AttentionPrecision::kExact, sh, causal,
+                                       rng, range);
+      });
 }
 
 // Exact skips the mask on tiles whose every key is visible to every row of a full 64-row block.

@@ -116,14 +116,15 @@ bool wgmma_deferred() {
   return v == nullptr || *v == '\0' || std::atoi(v) != 0;  // unset or empty: the default
 }
 
-// Note [split keys] (kernels/fused_attention.hpp): a TensorCore grid of fewer than two waves of
-// 132 SMs at 64 rows per block (whisper-tiny's 1x6x1500x64: 144 tiles of 64 rows, 24 key tiles
-// each) splits each query tile's key tiles into S ranges, one block each, the last of them
-// merging: S = min(4 x 132 / blocks, key tiles / 4, 8), at least 1. A function of the shape alone,
-// not of the device, so the CPU device splits where CUDA does (the same schedule; TensorCore's
-// bound). LOCKSTEP_FUSED_TC_SPLITS=1..16 overrides (a measurement knob; 1: no split).
-int kv_splits(int D, std::int64_t blocks_at_64_rows, std::int64_t skv) {
-  if (const char* v = std::getenv("LOCKSTEP_FUSED_TC_SPLITS"); v != nullptr) {
+// Note [split keys] (kernels/fused_attention.hpp): a grid of fewer than two waves of 132 SMs at 64
+// rows per block (whisper-tiny's 1x6x1500x64: 144 tiles of 64 rows, 24 key tiles each) splits
+// each query tile's key tiles into S ranges, one block each, the last of them merging: S = min(4 x
+// 132 / blocks, key tiles / 4, 8), at least 1. A function of the shape alone, not of the device,
+// so the CPU device splits where CUDA does (the same schedule: TensorCore's bound, Exact's bytes).
+// LOCKSTEP_FUSED_TC_SPLITS and LOCKSTEP_FUSED_EXACT_SPLITS = 1..16 override (measurement knobs;
+// 1: no split).
+int kv_splits(const char* knob, int D, std::int64_t blocks_at_64_rows, std::int64_t skv) {
+  if (const char* v = std::getenv(knob); v != nullptr) {
     const int n = std::atoi(v);
     if (n >= 1 && n <= 16) return n;
   }
@@ -144,12 +145,21 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
     launch<K>(s, grid, K::kSharedBytes, kp);
   };
   if (!tensor_core) {
+    const std::int64_t blocks = kernels::ceil_div(seq_q, std::int64_t{64}) * heads * batch;  // 64 rows each
+    kernels::FusedAttentionParams ep = p;
+    const int splits = p.Skv > 0 ? kv_splits("LOCKSTEP_FUSED_EXACT_SPLITS", D, blocks, p.Skv) : 1;
+    if (splits > 1) {  // Note [split keys]: [B, H, S, Sq, D] o, then [B, H, S, Sq, 1 + KG] (m, l)
+      const std::size_t part_rows = std::size_t(batch) * std::size_t(heads) * std::size_t(splits) * std::size_t(seq_q);
+      ep.kv_splits = splits;
+      ep.part = static_cast<float*>(detail::StreamAccess::scratch(s, part_rows * (std::size_t(D) + 17) * sizeof(float)));
+      ep.part_ml = ep.part + part_rows * std::size_t(D);
+      ep.split_counters = detail::StreamAccess::counters(s, std::size_t(1 + blocks)) + 1;
+    }
     if constexpr (D == 64) {
       using SeparateP = kernels::FusedAttentionExact<64, 8, 1>;
-      const std::int64_t blocks = kernels::ceil_div(seq_q, std::int64_t{SeparateP::kRows}) * heads * batch;
-      if (use_separate_p(blocks, s.device().caps().multiprocessors)) return go(SeparateP{}, p);
+      if (use_separate_p(blocks * splits, s.device().caps().multiprocessors)) return go(SeparateP{}, ep);
     }
-    return go(kernels::FusedAttentionExact<D>{}, p);
+    return go(kernels::FusedAttentionExact<D>{}, ep);
   }
   // K and V rounded to fp16 once, packed in the stream's scratch (Note [fused tensor-core
   // rounding points]), then the fused kernel: the wgmma kernel's packing is tiled (Note [wgmma
@@ -159,7 +169,7 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
   const bool wgmma = use_wgmma(s, D, blocks64);  // false at other head_dims
   // Note [split keys]: not with the packing blocks (grids of two waves or more).
   const bool packing_blocks = (D == 64 || D == 128) && wgmma && pack_in_kernel(D, blocks64);
-  const int splits = p.Skv > 0 && !packing_blocks ? kv_splits(D, blocks64, p.Skv) : 1;
+  const int splits = p.Skv > 0 && !packing_blocks ? kv_splits("LOCKSTEP_FUSED_TC_SPLITS", D, blocks64, p.Skv) : 1;
   if (p.Skv > 0) {
     const std::int64_t skv_packed = wgmma ? kernels::ceil_div(p.Skv, 64) * 64 : p.Skv;
     const std::size_t half_bytes =

@@ -1451,9 +1451,12 @@ class CpuExec {
     return s.p;
   }
   template <int D, int KG, int kTile>
+  // Keys [key_begin, last_key); with part_o (Note [split keys] in kernels/fused_attention.hpp) the
+  // rows' partials instead of out and lse: o not divided at part_o + r D, the row's max and each
+  // lane's sum at part_ml + r ml_pitch (FusedAttentionExact::kMlPitch).
   void exact_rows(const float* qb, int q_ss, const float* kb, int k_ss, const float* vb, int v_ss, float* ob,
-                  int o_ss, float* lse, int rows, int s0, int shift, int last_key, bool causal,
-                  float scale) const {
+                  int o_ss, float* lse, int rows, int s0, int shift, int key_begin, int last_key, bool causal,
+                  float scale, float* part_o, float* part_ml, int ml_pitch) const {
     constexpr int kRows = 64;
     constexpr int kKeys = kTile / KG;  // keys per thread and tile
     static_assert(kKeys % 4 == 0, "whole key quads per lane (kTile a multiple of 4 KG)");
@@ -1499,7 +1502,7 @@ class CpuExec {
       for (int c = 0; c < D; c += kL) hn::Store(hn::Zero(d), d, acc + r * D + c);
     }
     for (int c = 0; c < D; c += kL) hn::Store(hn::Zero(d), d, zeros + c);
-    for (int j0 = 0; j0 < last_key; j0 += kTile) {
+    for (int j0 = key_begin; j0 < last_key; j0 += kTile) {
       const int keys = std::min(last_key - j0, kTile);
       // K^T: Kt[dd * kTile + key], zeros past the tile's keys, in 8 x 8 blocks (transpose8).
       for (int k8 = 0; k8 < kTile; k8 += 8) {
@@ -1592,6 +1595,14 @@ class CpuExec {
             for (int u = 0; u < kNC; ++u) hn::Store(a[i][u], d, acc + (r + i) * D + c0 + u * kL);
         }
       }
+    }
+    if (part_o != nullptr) {
+      for (int r = 0; r < rows; ++r) {
+        for (int c = 0; c < D; ++c) part_o[std::int64_t(r) * D + c] = acc[r * D + c];
+        part_ml[std::int64_t(r) * ml_pitch] = m[r];
+        for (int g = 0; g < KG; ++g) part_ml[std::int64_t(r) * ml_pitch + 1 + g] = l[r][g];
+      }
+      return;
     }
     for (int r = 0; r < rows; ++r) {
       float* orow = ob + std::int64_t(r) * o_ss;

@@ -40,6 +40,7 @@ constexpr Knob kKnobs[] = {
     {"LOCKSTEP_FUSED_TC_WGMMA", "0|1"},       {"LOCKSTEP_FUSED_TC_WGMMA_WG", "1|2"},
     {"LOCKSTEP_FUSED_TC_WGMMA_SERIAL", "0|1"}, {"LOCKSTEP_FUSED_TC_WGMMA_DEFER", "0|1"},
     {"LOCKSTEP_FUSED_TC_SPLITS", "1|2|3|4|5|6|7|8|9|10|11|12|13|14|15|16"},
+    {"LOCKSTEP_FUSED_EXACT_SPLITS", "1|2|3|4|5|6|7|8|9|10|11|12|13|14|15|16"},
 };
 
 bool decimal_integer(std::string_view s) {

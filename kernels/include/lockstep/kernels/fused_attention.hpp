@@ -328,11 +328,21 @@ struct FusedAttentionExact {
     float* Vs = x.template shared<float>(kVFloats);
 
     const FusedBlock fb(x, p, kRows, /*reverse_causal=*/true);
+    // The block's keys [key_begin, key_end): all it sees, or its range of them (Note [split keys]).
+    int t0 = 0, t1 = 0;
+    fb.key_tiles(p, kTile, t0, t1);
+    const int key_begin = t0 * kTile;
+    const int key_end = static_cast<int>(imin(std::int64_t{t1} * kTile, fb.last_key(p)));
     if constexpr (row_major_exact_v<X>) {
       if (x.row_major_exact()) {  // Note [row-major exact]
         float* lse = p.lse != nullptr ? p.lse + (std::int64_t{fb.b} * p.H + fb.h) * p.Sq + fb.s0 : nullptr;
+        // With splits the rows' partials (the lane path's bits) go to part_o and part_ml instead.
+        float* po = fb.splits > 1 ? part_o(p, fb, fb.split) : nullptr;
+        float* pml = fb.splits > 1 ? part_ml(p, fb, fb.split) : nullptr;
         x.template exact_rows<D, KG, kTile>(fb.qb, fb.q_ss, fb.kb, fb.k_ss, fb.vb, fb.v_ss, fb.ob, fb.o_ss, lse,
-                                            fb.rows, fb.s0, fb.shift, fb.last_key(p), p.causal != 0, p.scale);
+                                            fb.rows, fb.s0, fb.shift, key_begin, key_end, p.causal != 0, p.scale,
+                                            po, pml, kMlPitch);
+        if (fb.splits > 1) merge_splits(x, p, fb);
         return;
       }
     }
@@ -351,11 +361,11 @@ struct FusedAttentionExact {
     // Note [exact tile pipeline]: K_0 and V_0 are copied while Q is loaded.
     const bool k_async = (reinterpret_cast<std::uintptr_t>(kb) & 15) == 0 && k_ss % 4 == 0;
     const bool v_async = (reinterpret_cast<std::uintptr_t>(vb) & 15) == 0 && v_ss % 4 == 0;
-    const int last_key = fb.last_key(p);
-    if (last_key > 0) {
-      const int keys0 = static_cast<int>(imin(last_key, kTile));
-      issue_tile<true>(x, Ks, kb, k_ss, keys0, k_async);
-      issue_tile<false>(x, Vs, vb, v_ss, keys0, v_async);
+    const int last_key = key_end;  // the loop's last key + 1; its first is key_begin
+    if (last_key > key_begin) {
+      const int keys0 = static_cast<int>(imin(last_key - key_begin, kTile));
+      issue_tile<true>(x, Ks, kb + std::int64_t{key_begin} * p.k_ss, k_ss, keys0, k_async);
+      issue_tile<false>(x, Vs, vb + std::int64_t{key_begin} * p.v_ss, v_ss, keys0, v_async);
     }
 
     // The block's query rows, transposed (rows past Sq are zeros, never stored). At head_dim 128
@@ -382,18 +392,18 @@ struct FusedAttentionExact {
         for (int e = 0; e < 4; ++e) acc[i][u][e] = 0.0f;
     }
 
-    for (int j0 = 0; j0 < last_key; j0 += kTile) {
+    for (int j0 = key_begin; j0 < last_key; j0 += kTile) {
       const int keys = static_cast<int>(imin(last_key - j0, kTile));
       const int next_keys = static_cast<int>(imin(last_key - j0 - kTile, kTile));  // <= 0: none
       // K_j: pending after it are V_0 on the first tile and nothing later (V_{j-1} was waited for
       // before P x V).
-      if (j0 == 0) {
+      if (j0 == key_begin) {
         x.template async_wait<1>();
       } else {
         x.template async_wait<0>();
       }
       x.sync();  // K_j (and Q) visible; every thread is done with tile j - 1's P and V
-      if (j0 > 0) issue_tile<false>(x, Vs, vb + std::int64_t{j0} * p.v_ss, v_ss, keys, v_async);
+      if (j0 > key_begin) issue_tile<false>(x, Vs, vb + std::int64_t{j0} * p.v_ss, v_ss, keys, v_async);
 
       // Scores: each an fma chain over d, four d at a time.
       F s[4][kKeys];
@@ -506,6 +516,23 @@ struct FusedAttentionExact {
       }
     }
 
+    if (fb.splits > 1) {  // Note [split keys]: the partials, then the last block merges
+      LOCKSTEP_UNROLL
+      for (int i = 0; i < 4; ++i) {
+        const I row = r4 + i;
+        const B live = row < rows;
+        float* po = part_o(p, fb, fb.split);
+        float* pml = part_ml(p, fb, fb.split);
+        LOCKSTEP_UNROLL
+        for (int u = 0; u < kColQuads; ++u)
+          LOCKSTEP_UNROLL
+          for (int e = 0; e < 4; ++e) x.store(po, row * D + kg * 4 + (4 * KG * u + e), acc[i][u][e], live);
+        x.store(pml, row * kMlPitch, m[i], live & (kg == 0));
+        x.store(pml, row * kMlPitch + 1 + kg, l[i], live);
+      }
+      merge_splits(x, p, fb);
+      return;
+    }
     LOCKSTEP_UNROLL
     for (int i = 0; i < 4; ++i) {
       const I row = r4 + i;
@@ -518,6 +545,64 @@ struct FusedAttentionExact {
           x.store(ob, row * o_ss + kg * 4 + (4 * KG * u + e), x.select(empty, 0.0f, acc[i][u][e] / l[i]),
                   live);
       fb.store_lse(x, p, row, live & (kg == 0), m[i], l[i]);
+    }
+  }
+
+  // Note [split keys]: split s's partials of the block's rows: o (not divided) at part_o + row D,
+  // and at part_ml + row kMlPitch the row's max, then each of its KG lanes' sum (a lane's sum is
+  // what divides the lane's output columns, as without splits).
+  static constexpr int kMlPitch = 1 + KG;
+  LOCKSTEP_HD static float* part_o(const Params& p, const FusedBlock& fb, int s) {
+    return p.part + ((std::int64_t{fb.b} * p.H + fb.h) * fb.splits + s) * p.Sq * D + std::int64_t{fb.s0} * D;
+  }
+  LOCKSTEP_HD static float* part_ml(const Params& p, const FusedBlock& fb, int s) {
+    return p.part_ml + (((std::int64_t{fb.b} * p.H + fb.h) * fb.splits + s) * p.Sq + fb.s0) * kMlPitch;
+  }
+  // The block's arrival on its query tile's counter; the last of the S blocks merges the rows in
+  // split order with the strict exp (the same bits on both backends): M = max_s m_s, w_s =
+  // exp(m_s - M) (0 where m_s = -inf), out = sum_s w_s o_s / sum_s w_s l_s (each lane's own sums),
+  // log-sum-exp M + log of lane 0's; zeros and -inf where the sum is 0.
+  template <class X>
+  LOCKSTEP_HD static void merge_splits(X& x, const Params& p, const FusedBlock& fb) {
+    using F = typename X::template Lanes<float>;
+    using I = typename X::template Lanes<lane_int>;
+    using B = typename X::template Lanes<bool>;
+    const std::int64_t tiles_q = (std::int64_t{p.Sq} + kRows - 1) / kRows;
+    if (!x.signal_last(p.split_counters + (std::int64_t{fb.b} * p.H + fb.h) * tiles_q + fb.s0 / kRows, fb.splits))
+      return;
+    const I t = x.thread();
+    const I kg = t & (KG - 1);
+    const I r4 = (t >> (KG == 8 ? 3 : 4)) * 4;
+    LOCKSTEP_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const I row = r4 + i;
+      const B live = row < fb.rows;
+      F mx = F(-kInf);
+      for (int s = 0; s < fb.splits; ++s) mx = x.max(mx, x.load(part_ml(p, fb, s), row * kMlPitch, live, -kInf));
+      F lt = F(0.0f);
+      F acc[kColQuads][4];
+      LOCKSTEP_UNROLL
+      for (int u = 0; u < kColQuads; ++u)
+        LOCKSTEP_UNROLL
+        for (int e = 0; e < 4; ++e) acc[u][e] = F(0.0f);
+      for (int s = 0; s < fb.splits; ++s) {
+        const F ms = x.load(part_ml(p, fb, s), row * kMlPitch, live, -kInf);
+        const F w = x.select(ms == -kInf, 0.0f, x.exp(ms - mx));
+        lt = lt + w * x.load(part_ml(p, fb, s), row * kMlPitch + 1 + kg, live, 0.0f);
+        const float* po = part_o(p, fb, s);
+        LOCKSTEP_UNROLL
+        for (int u = 0; u < kColQuads; ++u)
+          LOCKSTEP_UNROLL
+          for (int e = 0; e < 4; ++e)
+            acc[u][e] = acc[u][e] + w * x.load(po, row * D + kg * 4 + (4 * KG * u + e), live, 0.0f);
+      }
+      const B empty = lt == 0.0f;
+      LOCKSTEP_UNROLL
+      for (int u = 0; u < kColQuads; ++u)
+        LOCKSTEP_UNROLL
+        for (int e = 0; e < 4; ++e)
+          x.store(fb.ob, row * fb.o_ss + kg * 4 + (4 * KG * u + e), x.select(empty, 0.0f, acc[u][e] / lt), live);
+      fb.store_lse(x, p, row, live & (kg == 0), mx, lt);
     }
   }
 };
