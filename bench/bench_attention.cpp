@@ -372,11 +372,11 @@ std::vector<Bench> attention_benches() {
              if (tc) {  // head_dim 64 grids where the one-warpgroup wgmma kernel also runs (Note [deferred P.V wait])
                rs.push_back(fused(ctx, 16, 16, 1024, 64, false, tc));
                rs.push_back(fused(ctx, 2, 16, 4096, 64, true, tc));
-               // Small grids over many keys (Note [split keys]): a causal chunk of 512 queries
-               // over an 8192-token context, and whisper-tiny causal.
-               rs.push_back(fused(ctx, 1, 32, 512, 128, true, tc, 8192));
-               rs.push_back(fused(ctx, 1, 6, 1500, 64, true, tc));
              }
+             // Small grids over many keys (Note [split keys]): a causal chunk of 512 queries over an
+             // 8192-token context, and whisper-tiny causal.
+             rs.push_back(fused(ctx, 1, 32, 512, 128, true, tc, 8192));
+             rs.push_back(fused(ctx, 1, 6, 1500, 64, true, tc));
            } else {
              rs.push_back(fused(ctx, 1, 4, 256, 64, false, tc));
              // Note [row-major exact]: prefill shapes for the CPU's exact path (the tensor-core

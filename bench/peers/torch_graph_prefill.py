@@ -59,7 +59,9 @@ def main():
                  ("fp16", "cudnn", SDPBackend.CUDNN_ATTENTION,
                   lambda: F.scaled_dot_product_attention(q16, k16, v16, **kw)),
                  ("fp32 in/out", "flash", SDPBackend.FLASH_ATTENTION,
-                  lambda: F.scaled_dot_product_attention(q32.half(), k32.half(), v32.half(), **kw).float()))
+                  lambda: F.scaled_dot_product_attention(q32.half(), k32.half(), v32.half(), **kw).float()),
+                 ("fp32", "efficient", SDPBackend.EFFICIENT_ATTENTION,
+                  lambda: F.scaled_dot_product_attention(q32, k32, v32, **kw)))
         for dtype, name, be, fn in cases:
             try:
                 with sdpa_kernel(be):
