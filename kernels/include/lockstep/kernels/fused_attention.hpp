@@ -126,25 +126,29 @@ struct FusedBlock {
 };
 
 // Note [split keys]
-// A TensorCore grid of fewer than two waves at 64 rows per block leaves SMs idle and each block a
-// long serial walk over the keys: whisper-tiny's 1x6x1500x64 is 144 query tiles (72 blocks of two
-// warpgroups) of 24 key tiles each. With p.kv_splits = S > 1 (attention/src/fused.cpp picks S
-// from the shape alone, so the CPU device splits where CUDA does) the ceil(Skv / kTile) key tiles
-// of the sequence are cut into S ranges, [s T / S, (s + 1) T / S), and block x of the grid (S
-// times as wide) runs range x % S of query tile x / S: the same online softmax over its range
-// only (FusedBlock::key_tiles; causal tiles past the block's last row skipped as before, so a
-// range may be empty). Its rows end in the partials -- o not divided, the row's running max m
-// and the quad's sum l, at [b, h, s, row] -- and an arrival on the tile's counter (x.signal_last:
-// a release, then an atomic add); the block that brings it to S (the last, whichever range it
-// ran) sees every partial (an acquire), resets the counter for the next call, and merges the
-// rows in split order: M = max_s m_s, w_s = 2^((m_s - M) c) (0 for a range that saw nothing of
-// the row, m_s = -inf, without computing -inf - -inf), out = sum_s w_s o_s / sum_s w_s l_s and
+// A grid of few blocks leaves SMs idle and each block a long serial walk over the keys:
+// whisper-tiny's 1x6x1500x64 is 144 query tiles of 64 rows (FusedAttentionExact: 4 warps each,
+// about one block per SM; FusedAttentionWgmma: 72 blocks of two warpgroups), 24 key tiles each.
+// With p.kv_splits = S > 1 (attention/src/fused.cpp picks S from the shape alone, so the CPU
+// device splits where CUDA does) the ceil(Skv / kTile) key tiles of the sequence are cut into S
+// ranges, [s T / S, (s + 1) T / S), and block x of the grid (S times as wide) runs range x % S of
+// query tile x / S: the same online softmax over its range only (FusedBlock::key_tiles; causal
+// tiles past the block's last row skipped as before, so a range may be empty). Its rows end in
+// partials -- o not divided, the row's running max m and its sum l (TensorCore: the quad's;
+// Exact: each lane's, since a lane's own sum divides its columns) -- and an arrival on the query
+// tile's counter (x.signal_last: a release, then an atomic add); the block that brings it to S
+// (the last, whichever range it ran) sees every partial (an acquire), resets the counter for the
+// next call, and merges the rows in split order: M = max_s m_s, w_s = 2^((m_s - M) c) (exp2_tc;
+// Exact: exp(m_s - M), the strict exp, on its scaled scores), 0 for a range that saw nothing of
+// the row (m_s = -inf, without computing -inf - -inf), out = sum_s w_s o_s / sum_s w_s l_s and
 // log-sum-exp M scale + log(sum_s w_s l_s), zeros and -inf where that sum is 0. Nothing waits,
 // so no deadlock whatever order the blocks run in. The cuts do not depend on the rows per block,
-// so the 64- and 128-row kernels and the wgmma kernel give the same bytes (tested on the CPU
-// device); against the unsplit schedule the bytes differ (the per-range maxima and the merge's
-// roundings), within the tensor-core bound (Note [tensor-core emulation]). Measured: see
-// attention/src/fused.cpp.
+// so the 64- and 128-row kernels and the wgmma kernel give the same bytes, and Exact's row-major
+// CPU path writes the lane path's partials (tested on the CPU device). Against the unsplit
+// schedule the bytes differ (the per-range maxima and the merge's roundings), within the bound;
+// Exact stays byte-identical across backends. Measured (run 131, an H100): Exact at whisper-tiny
+// 0.17 ms against 0.24 (causal 0.11 against 0.20, six ranges), TensorCore 5% faster with two
+// ranges and slower with more; which shapes split: attention/src/fused.cpp.
 
 // Note [exact register tiles]
 // Grid: x = ceil(Sq / kRows) query tiles, y = H, z = B; 16 * KG threads. Thread t owns the 4
