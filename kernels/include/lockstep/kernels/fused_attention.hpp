@@ -1183,7 +1183,6 @@ struct FusedHalfPackTiled {
 
   template <class X>
   LOCKSTEP_HD static void run(X& x, const Params& p) {
-    x.allow_dependent_grids();  // Note [overlapped prefill launch]: the wgmma kernel after it may start
     pack_tile<kThreads>(x, p, x.block_z(), x.block_y(), x.block_x(), x.grid_x());
   }
 
@@ -1326,13 +1325,6 @@ struct FusedHalfPackTiled {
 // at 168) took 0.2026-0.2075 ms against 0.2089-0.2172 (five rounds each, same call), and the
 // kernel alone 194 us against 205. LOCKSTEP_FUSED_TC_WGMMA_SERIAL=0 picks the overlapping kernel.
 //
-// Note [overlapped prefill launch]
-// FusedAttentionWgmma is launched with programmatic stream serialization (kOverlapsPrior, Note
-// [overlapped launches]) and waits for the prior grid before it touches memory; the packing
-// launch before it (FusedHalfPackTiled) allows dependents at its start. So the attention grid's
-// blocks are scheduled, and their launch latency spent, while the packing kernel runs. The same
-// memory order as two plain launches: the same bits. LOCKSTEP_PDL=0 launches it plainly.
-//
 // Note [deferred P.V wait]
 // FusedAttentionWgmma<64, 1, PK, false, true>: Note [four wgmma blocks per SM]'s kernel (128
 // registers, four blocks per SM) with FlashAttention-3's order inside a warpgroup, where the
@@ -1375,10 +1367,6 @@ struct FusedAttentionWgmma {
   // Four blocks of kSharedBytes (49 KB) need the SM's 228 KB shared-memory configuration, which the
   // driver need not pick unasked (Note [four wgmma blocks per SM]).
   static constexpr bool kMaxSharedCarveout = !OV;
-  // Note [overlapped prefill launch]: launched after FusedHalfPackTiled (or, without keys, after
-  // whatever came before), it may be scheduled while that kernel runs and waits for it first
-  // (Note [overlapped launches] in kernels/launch.hpp).
-  static constexpr bool kOverlapsPrior = true;
   static constexpr int kTileHalves = kTile * D;  // one K or V tile, no padding
   static constexpr std::size_t kSharedBytes = std::size_t(2) * kStages * kTileHalves * 2 + 2 * kStages * 8 + 64;
   // Core-matrix strides (halves): along head_dim 64 (one core matrix), along keys 8 D.
@@ -1389,7 +1377,6 @@ struct FusedAttentionWgmma {
   template <class X>
   LOCKSTEP_HD static void run(X& x, const Params& p) {
     using F = typename X::template Lanes<float>;
-    x.wait_prior_grids();  // before any access to memory (Note [overlapped prefill launch])
     if constexpr (PK) {
       // Note [packing blocks]: the ticket gives the block its query tile and kv head (kv heads of
       // every batch in order, then query heads of its group, then tiles).
