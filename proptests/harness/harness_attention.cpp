@@ -431,7 +431,10 @@ std::vector<KernelEntry> fused_entries() {
            [draw](std::mt19937_64& g) { return draw(g, false); },
            // 26 x 16 = 416 blocks > 3 x 132: FusedAttentionExact<64> with P in K's memory (on the
            // CPU device every grid above 3 blocks per worker thread takes it).
-           {fixed(26, 16, 3, 37, 64, true, false, false, 31), fixed(26, 16, 3, 37, 64, false, true, false, 32)}},
+           {fixed(26, 16, 3, 37, 64, true, false, false, 31), fixed(26, 16, 3, 37, 64, false, true, false, 32),
+            // Split keys (Note [split keys]): 12 query tiles over 15 key tiles, S = 3; 8 over 11
+            // at head_dim 128, S = 2.
+            fixed(1, 4, 130, 900, 64, true, false, false, 33), fixed(1, 4, 100, 700, 128, false, true, false, 34)}},
           {"attention_fused_tensor_core",
            [draw](std::mt19937_64& g) { return draw(g, true); },
            // 17 x 32 = 544 blocks of 128 rows >= 2 x 2 x 132: FusedAttentionTensorCore<128, 2>
@@ -440,7 +443,8 @@ std::vector<KernelEntry> fused_entries() {
             // 17 x 16 = 272 blocks of 64 rows >= 2 x 132 at head_dim 64: on sm_90a
             // FusedAttentionWgmma<64, 1, true> (packing blocks); FusedAttentionTensorCore<64> elsewhere.
             fixed(17, 16, 5, 70, 64, false, true, true, 42),
-            // 3 x 4 = 12 query tiles over 15 key tiles: split keys, S = 3 (Note [split keys]).
+            // 3 x 4 = 12 query tiles over 15 key tiles at head_dim 64: split keys, S = 2 (Note
+            // [split keys]); at head_dim 128 TensorCore does not split.
             fixed(1, 4, 130, 900, 64, true, false, true, 43), fixed(1, 4, 100, 700, 128, false, true, true, 44)}}};
 }
 
