@@ -276,9 +276,10 @@ std::vector<Result> mha(Context& ctx, std::int64_t B, std::int64_t S, std::int64
   return rs;
 }
 
-// S query rows over Skv keys (S when Skv < 0; causal bottom-right aligned).
+// S query rows over Skv keys (S when Skv < 0; causal bottom-right aligned); invariant:
+// AttentionOptions::batch_invariant (false: small grids split keys, Note [split keys]).
 Result fused(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t S, std::int64_t D, bool causal,
-             bool tc = false, std::int64_t Skv = -1) {
+             bool tc = false, std::int64_t Skv = -1, bool invariant = true) {
   if (Skv < 0) Skv = S;
   const std::size_t n = std::size_t(B * H * S * D), nkv = std::size_t(B * H * Skv * D);
   auto q = random_buffer(ctx.dev, n, 31, -1.0f, 1.0f), k = random_buffer(ctx.dev, nkv, 32, -1.0f, 1.0f),
@@ -287,11 +288,12 @@ Result fused(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t S, std::
   AttentionOptions o;
   o.causal = causal;
   o.precision = tc ? AttentionPrecision::kTensorCore : AttentionPrecision::kExact;
+  o.batch_invariant = invariant;
   Result r;
   r.name = tc ? "attention_fused_tensor_core" : "attention_fused_exact";
   r.shape = "B=" + std::to_string(B) + " H=" + std::to_string(H) + " L=" + std::to_string(S) +
             (Skv != S ? " Lkv=" + std::to_string(Skv) : std::string()) + " D=" + std::to_string(D) +
-            (causal ? " causal" : "");
+            (causal ? " causal" : "") + (invariant ? "" : " batch_invariant=false");
   const auto call = [&] { attention(ctx.stream(), q, k, v, out, AttentionShape{B, H, H, S, Skv, D}, o); };
   r.median_ms = median_ms(*ctx.dev, ctx.stream(), call, ctx.quick ? 0 : 1, std::max(1, ctx.reps / 4));
   // The stream kept busy when the start event is recorded: the device's time without this call's
@@ -374,9 +376,12 @@ std::vector<Bench> attention_benches() {
                rs.push_back(fused(ctx, 2, 16, 4096, 64, true, tc));
              }
              // Small grids over many keys (Note [split keys]): a causal chunk of 512 queries over an
-             // 8192-token context, and whisper-tiny causal.
+             // 8192-token context, and whisper-tiny causal; whisper-tiny with batch_invariant =
+             // false (split keys).
              rs.push_back(fused(ctx, 1, 32, 512, 128, true, tc, 8192));
              rs.push_back(fused(ctx, 1, 6, 1500, 64, true, tc));
+             rs.push_back(fused(ctx, 1, 6, 1500, 64, false, tc, -1, false));
+             rs.push_back(fused(ctx, 1, 6, 1500, 64, true, tc, -1, false));
            } else {
              rs.push_back(fused(ctx, 1, 4, 256, 64, false, tc));
              // Note [row-major exact]: prefill shapes for the CPU's exact path (the tensor-core

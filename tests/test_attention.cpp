@@ -94,8 +94,9 @@ class Attention : public CallTest {
   // For each, with `knob` = 3 and with the default: against a float64 reference within `tol(qmag,
   // keys, D)` (qmag: the row's largest sum of |q k| scale), rows that see no key +0 with
   // log-sum-exp -inf, the same bytes from a second call on the stream (the counters are zeros
-  // again), and other bytes than without splits (`knob` = 1: the split ran); by default, other
-  // bytes where `by_default(shape)` says the library splits, else the same. Then, on the CPU
+  // again), and other bytes than without splits (`knob` = 1: the split ran); by default
+  // (batch_invariant) the bytes of no split; with batch_invariant = false, other bytes where
+  // `by_default(shape)` says the library splits, else the same. Then, on the CPU
   // device, `same_bytes(sh, causal, rng, range)` with `knob` = 3 set (the schedule variants' bytes).
   // LOCKSTEP_TEST_SPLIT_SHAPES=1 keeps the first shape (for compute-sanitizer's slower runs).
   template <class Tol, class ByDefault, class SameBytes>
@@ -123,28 +124,32 @@ class Attention : public CallTest {
             return x;
           };
           auto q = up(hq), k = up(hk), v = up(hv);
-          auto call = [&](const char* splits, std::vector<float>& lse_out) {
+          auto call = [&](const char* splits, std::vector<float>& lse_out, bool invariant = true) {
             auto out = up(std::vector<float>(nq, 42.0f)), lse = up(std::vector<float>(nl, 42.0f));
             AttentionOptions o;
             o.precision = precision;
             o.causal = causal;
             o.lse = &lse;
+            o.batch_invariant = invariant;
             if (splits != nullptr) ::setenv(knob, splits, 1);
             attention(s(), q, k, v, out, sh, o);
             ::unsetenv(knob);
             lse_out = lse.to_vector(s());
             return out.to_vector(s());
           };
-          std::vector<float> l1, l3, l3b, ld;
-          const auto o1 = call("1", l1), o3 = call("3", l3), o3b = call("3", l3b), od = call(nullptr, ld);
+          std::vector<float> l1, l3, l3b, ld, lf;
+          const auto o1 = call("1", l1), o3 = call("3", l3), o3b = call("3", l3b), od = call(nullptr, ld),
+                     of = call(nullptr, lf, false);
           for (std::size_t e = 0; e < nq; ++e) ASSERT_EQ(bits(o3[e]), bits(o3b[e])) << e;
           for (std::size_t e = 0; e < nl; ++e) ASSERT_EQ(bits(l3[e]), bits(l3b[e])) << e;
           EXPECT_FALSE(same(o1, o3));
-          EXPECT_EQ(same(o1, od), !by_default(sh));  // the default's schedule
+          EXPECT_TRUE(same(o1, od));                 // batch-invariant by default: no split
+          EXPECT_TRUE(same(l1, ld));
+          EXPECT_EQ(same(o1, of), !by_default(sh));  // batch_invariant = false: the heuristic's
           // float64 reference per row: softmax of the visible keys' scaled scores.
           const double scale = 1.0 / std::sqrt(double(D));
-          for (const auto* run : {&o3, &od}) {
-            const auto& lr = run == &o3 ? l3 : ld;
+          for (const auto* run : {&o3, &of}) {
+            const auto& lr = run == &o3 ? l3 : lf;
             for (std::int64_t b = 0; b < sh.batch; ++b)
               for (std::int64_t h = 0; h < sh.heads; ++h)
                 for (std::int64_t i = 0; i < Sq; ++i) {

@@ -116,10 +116,14 @@ bool wgmma_deferred() {
   return v == nullptr || *v == '\0' || std::atoi(v) != 0;  // unset or empty: the default
 }
 
-// Note [split keys] (kernels/fused_attention.hpp): small grids split each query tile's key tiles
-// into S ranges, one block each, the last of them merging. S is a function of the shape alone, not
-// of the device, so the CPU device splits where CUDA does (the same schedule: TensorCore's bound,
-// Exact's bytes); at least 8 key tiles (4 per range). Run 131 (an H100, against no split):
+// Note [split keys] (kernels/fused_attention.hpp): with options.batch_invariant = false, small
+// grids split each query tile's key tiles into S ranges, one block each, the last of them merging.
+// S depends on the grid's size (batch x heads x query tiles), so the bytes then depend on the
+// batch: the design's rule for split-K (a fixed chunk, never a split count from the batch or the
+// occupancy) holds only for the default, batch_invariant = true, which never splits. S is a
+// function of the shape alone, not of the device, so the CPU device splits where CUDA does (the
+// same schedule: TensorCore's bound, Exact's bytes); at least 8 key tiles (4 per range). Run 131
+// (an H100, against no split):
 //   - Exact, whose 64-row blocks are 8 warps at head_dim 128 and 4 elsewhere, splits where the
 //     grid has fewer than 12 warps per SM of 132, into S = min(8, key tiles / 4, 2 x 528 / blocks)
 //     ranges: whisper-tiny's 144 blocks, S = 6: 0.171 ms against 0.236-0.239 (S = 3: 0.166, 2:
@@ -129,8 +133,8 @@ bool wgmma_deferred() {
 //     whisper-tiny 0.0324 ms against 0.0340-0.0343 (causal 0.0315 against 0.0324-0.0327), where
 //     S = 3 was 5% slower than none and 4 or 6 slower still; at head_dim 128 the 512-query chunk
 //     took 0.309 with S = 2 against 0.282-0.283 (its 128 blocks of 128 rows fill the SMs once).
-// LOCKSTEP_FUSED_TC_SPLITS and LOCKSTEP_FUSED_EXACT_SPLITS = 1..16 override (measurement knobs; 1:
-// no split).
+// LOCKSTEP_FUSED_TC_SPLITS and LOCKSTEP_FUSED_EXACT_SPLITS = 1..16 override either option
+// (measurement knobs; 1: no split).
 int split_knob(const char* knob) {
   if (const char* v = std::getenv(knob); v != nullptr) {
     const int n = std::atoi(v);
@@ -139,12 +143,14 @@ int split_knob(const char* knob) {
   return 0;
 }
 std::int64_t key_tiles(int D, std::int64_t skv) { return kernels::ceil_div(skv, std::int64_t{D <= 128 ? 64 : 32}); }
-int tensor_core_splits(int D, std::int64_t blocks_at_64_rows, std::int64_t skv) {
+int tensor_core_splits(int D, std::int64_t blocks_at_64_rows, std::int64_t skv, bool batch_invariant) {
   if (const int n = split_knob("LOCKSTEP_FUSED_TC_SPLITS"); n > 0) return n;
+  if (batch_invariant) return 1;
   return D == 64 && blocks_at_64_rows < 2 * 132 && key_tiles(D, skv) >= 8 ? 2 : 1;
 }
-int exact_splits(int D, std::int64_t blocks_at_64_rows, std::int64_t skv) {
+int exact_splits(int D, std::int64_t blocks_at_64_rows, std::int64_t skv, bool batch_invariant) {
   if (const int n = split_knob("LOCKSTEP_FUSED_EXACT_SPLITS"); n > 0) return n;
+  if (batch_invariant) return 1;
   const std::int64_t warps = D == 128 ? 8 : 4;  // FusedAttentionExact<D>::kThreads / 32
   if (blocks_at_64_rows * warps >= 12 * 132) return 1;
   const std::int64_t n = std::min<std::int64_t>({8, key_tiles(D, skv) / 4, 2 * 528 / blocks_at_64_rows});
@@ -153,7 +159,7 @@ int exact_splits(int D, std::int64_t blocks_at_64_rows, std::int64_t skv) {
 
 template <int D>
 void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_t seq_q,
-                  std::int64_t heads, std::int64_t batch, bool tensor_core) {
+                  std::int64_t heads, std::int64_t batch, bool tensor_core, bool batch_invariant) {
   auto go = [&](auto k, const kernels::FusedAttentionParams& kp) {
     using K = decltype(k);
     const std::int64_t splits = kp.kv_splits > 1 ? kp.kv_splits : 1;  // Note [split keys]
@@ -164,7 +170,7 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
   if (!tensor_core) {
     const std::int64_t blocks = kernels::ceil_div(seq_q, std::int64_t{64}) * heads * batch;  // 64 rows each
     kernels::FusedAttentionParams ep = p;
-    const int splits = p.Skv > 0 ? exact_splits(D, blocks, p.Skv) : 1;
+    const int splits = p.Skv > 0 ? exact_splits(D, blocks, p.Skv, batch_invariant) : 1;
     if (splits > 1) {  // Note [split keys]: [B, H, S, Sq, D] o, then [B, H, S, Sq, 1 + KG] (m, l)
       const std::size_t part_rows = std::size_t(batch) * std::size_t(heads) * std::size_t(splits) * std::size_t(seq_q);
       ep.kv_splits = splits;
@@ -186,7 +192,7 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
   const bool wgmma = use_wgmma(s, D, blocks64);  // false at other head_dims
   // Note [split keys]: not with the packing blocks (grids of two waves or more).
   const bool packing_blocks = (D == 64 || D == 128) && wgmma && pack_in_kernel(D, blocks64);
-  const int splits = p.Skv > 0 && !packing_blocks ? tensor_core_splits(D, blocks64, p.Skv) : 1;
+  const int splits = p.Skv > 0 && !packing_blocks ? tensor_core_splits(D, blocks64, p.Skv, batch_invariant) : 1;
   if (p.Skv > 0) {
     const std::int64_t skv_packed = wgmma ? kernels::ceil_div(p.Skv, 64) * 64 : p.Skv;
     const std::size_t half_bytes =
@@ -347,11 +353,11 @@ void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
   p.scale = 1.0f / std::sqrt(static_cast<float>(D));
   p.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
   switch (D) {
-    case 32: launch_fused<32>(stream, p, sh.seq_q, sh.heads, sh.batch, tensor_core); break;
-    case 64: launch_fused<64>(stream, p, sh.seq_q, sh.heads, sh.batch, tensor_core); break;
-    case 96: launch_fused<96>(stream, p, sh.seq_q, sh.heads, sh.batch, tensor_core); break;
-    case 128: launch_fused<128>(stream, p, sh.seq_q, sh.heads, sh.batch, tensor_core); break;
-    default: launch_fused<256>(stream, p, sh.seq_q, sh.heads, sh.batch, tensor_core); break;
+    case 32: launch_fused<32>(stream, p, sh.seq_q, sh.heads, sh.batch, tensor_core, o.batch_invariant); break;
+    case 64: launch_fused<64>(stream, p, sh.seq_q, sh.heads, sh.batch, tensor_core, o.batch_invariant); break;
+    case 96: launch_fused<96>(stream, p, sh.seq_q, sh.heads, sh.batch, tensor_core, o.batch_invariant); break;
+    case 128: launch_fused<128>(stream, p, sh.seq_q, sh.heads, sh.batch, tensor_core, o.batch_invariant); break;
+    default: launch_fused<256>(stream, p, sh.seq_q, sh.heads, sh.batch, tensor_core, o.batch_invariant); break;
   }
 }
 

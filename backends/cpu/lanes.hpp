@@ -1450,10 +1450,10 @@ class CpuExec {
     }
     return s.p;
   }
-  template <int D, int KG, int kTile>
   // Keys [key_begin, last_key); with part_o (Note [split keys] in kernels/fused_attention.hpp) the
   // rows' partials instead of out and lse: o not divided at part_o + r D, the row's max and each
   // lane's sum at part_ml + r ml_pitch (FusedAttentionExact::kMlPitch).
+  template <int D, int KG, int kTile>
   void exact_rows(const float* qb, int q_ss, const float* kb, int k_ss, const float* vb, int v_ss, float* ob,
                   int o_ss, float* lse, int rows, int s0, int shift, int key_begin, int last_key, bool causal,
                   float scale, float* part_o, float* part_ml, int ml_pitch) const {

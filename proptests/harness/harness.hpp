@@ -192,6 +192,7 @@ struct FusedCaseShape {
   // Key j scaled by 1 + key_ramp * j: scores whose row max rises from tile to tile by more or less
   // than the tensor-core kernel's lazy-rescale threshold (Note [lazy rescale]).
   float key_ramp = 0.0f;
+  bool batch_invariant = true;  // AttentionOptions::batch_invariant (false: Note [split keys])
   std::uint64_t seed = 0;
 };
 // attention() with precision Exact or TensorCore (and the log-sum-exp appended to the output).

@@ -324,7 +324,8 @@ class FusedCase final : public Case {
            " Hkv=" + std::to_string(s_.kv_heads) + " Sq=" + std::to_string(s_.seq_q) + " Skv=" +
            std::to_string(s_.seq_kv) + " D=" + std::to_string(s_.dim) + (s_.causal ? " causal" : "") +
            (s_.interleaved ? " interleaved" : " heads-first") +
-           (s_.key_ramp != 0.0f ? " key ramp " + std::to_string(s_.key_ramp) : std::string());
+           (s_.key_ramp != 0.0f ? " key ramp " + std::to_string(s_.key_ramp) : std::string()) +
+           (s_.batch_invariant ? std::string() : " batch_invariant=false");
   }
   Run run(const std::shared_ptr<Device>& dev) const override {
     auto& st = dev->default_stream();
@@ -340,6 +341,7 @@ class FusedCase final : public Case {
     opt.precision = s_.tensor_core ? AttentionPrecision::kTensorCore : AttentionPrecision::kExact;
     opt.layout = s_.interleaved ? AttentionLayout::kInterleaved : AttentionLayout::kHeadsFirst;
     opt.lse = &lse;
+    opt.batch_invariant = s_.batch_invariant;
     attention(st, q, k, v, o, AttentionShape{s_.batch, s_.heads, s_.kv_heads, s_.seq_q, s_.seq_kv, s_.dim}, opt);
     Run r = collect(st, o);
     const Run rl = collect(st, lse);
@@ -419,11 +421,12 @@ std::vector<KernelEntry> fused_entries() {
   // arithmetic, reaching variants that attention/src/fused.cpp picks only for large grids (H200:
   // 132 SMs; the CPU device: one "multiprocessor" per worker thread).
   auto fixed = [](std::int64_t batch, std::int64_t heads, std::int64_t seq_q, std::int64_t seq_kv, std::int64_t dim,
-                  bool causal, bool interleaved, bool tc, std::uint64_t seed) {
+                  bool causal, bool interleaved, bool tc, std::uint64_t seed, bool batch_invariant = true) {
     return [=] {
       FusedCaseShape s;
       s.batch = batch, s.heads = heads, s.kv_heads = 4, s.seq_q = seq_q, s.seq_kv = seq_kv, s.dim = dim;
       s.causal = causal, s.interleaved = interleaved, s.tensor_core = tc, s.seed = seed;
+      s.batch_invariant = batch_invariant;
       return fused_case(s);
     };
   };
@@ -432,9 +435,10 @@ std::vector<KernelEntry> fused_entries() {
            // 26 x 16 = 416 blocks > 3 x 132: FusedAttentionExact<64> with P in K's memory (on the
            // CPU device every grid above 3 blocks per worker thread takes it).
            {fixed(26, 16, 3, 37, 64, true, false, false, 31), fixed(26, 16, 3, 37, 64, false, true, false, 32),
-            // Split keys (Note [split keys]): 12 query tiles over 15 key tiles, S = 3; 8 over 11
-            // at head_dim 128, S = 2.
-            fixed(1, 4, 130, 900, 64, true, false, false, 33), fixed(1, 4, 100, 700, 128, false, true, false, 34)}},
+            // Split keys (batch_invariant = false, Note [split keys]): 12 query tiles over 15 key
+            // tiles, S = 3; 8 over 11 at head_dim 128, S = 2.
+            fixed(1, 4, 130, 900, 64, true, false, false, 33, false),
+            fixed(1, 4, 100, 700, 128, false, true, false, 34, false)}},
           {"attention_fused_tensor_core",
            [draw](std::mt19937_64& g) { return draw(g, true); },
            // 17 x 32 = 544 blocks of 128 rows >= 2 x 2 x 132: FusedAttentionTensorCore<128, 2>
@@ -443,9 +447,10 @@ std::vector<KernelEntry> fused_entries() {
             // 17 x 16 = 272 blocks of 64 rows >= 2 x 132 at head_dim 64: on sm_90a
             // FusedAttentionWgmma<64, 1, true> (packing blocks); FusedAttentionTensorCore<64> elsewhere.
             fixed(17, 16, 5, 70, 64, false, true, true, 42),
-            // 3 x 4 = 12 query tiles over 15 key tiles at head_dim 64: split keys, S = 2 (Note
-            // [split keys]); at head_dim 128 TensorCore does not split.
-            fixed(1, 4, 130, 900, 64, true, false, true, 43), fixed(1, 4, 100, 700, 128, false, true, true, 44)}}};
+            // 3 x 4 = 12 query tiles over 15 key tiles at head_dim 64 with batch_invariant =
+            // false: split keys, S = 2 (Note [split keys]); at head_dim 128 TensorCore does not split.
+            fixed(1, 4, 130, 900, 64, true, false, true, 43, false),
+            fixed(1, 4, 100, 700, 128, false, true, true, 44, false)}}};
 }
 
 }  // namespace lockstep::harness

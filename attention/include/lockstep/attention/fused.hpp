@@ -26,6 +26,11 @@ struct AttentionOptions {
   AttentionPrecision precision = AttentionPrecision::kAuto;
   AttentionLayout layout = AttentionLayout::kHeadsFirst;
   Buffer<float>* lse = nullptr;  // optional [batch, heads, seq_q] log-sum-exp
+  // true: a row's bytes do not depend on the batch, the number of heads or seq_q (the schedule's
+  // sums have one order whatever the grid). false: small grids may split each query tile's keys
+  // into ranges merged by the last block (Note [split keys]), faster there, with bytes that depend
+  // on the grid's size (within the same bound; Exact still CPU == CUDA bitwise).
+  bool batch_invariant = true;
 };
 
 // q [.., seq_q, ..], k and v [.., seq_kv, ..] with kv_heads heads, out like q. A fully masked row

@@ -130,7 +130,8 @@ struct FusedBlock {
 // whisper-tiny's 1x6x1500x64 is 144 query tiles of 64 rows (FusedAttentionExact: 4 warps each,
 // about one block per SM; FusedAttentionWgmma: 72 blocks of two warpgroups), 24 key tiles each.
 // With p.kv_splits = S > 1 (attention/src/fused.cpp picks S from the shape alone, so the CPU
-// device splits where CUDA does) the ceil(Skv / kTile) key tiles of the sequence are cut into S
+// device splits where CUDA does, and only when AttentionOptions::batch_invariant is false: S
+// depends on the grid's size) the ceil(Skv / kTile) key tiles of the sequence are cut into S
 // ranges, [s T / S, (s + 1) T / S), and block x of the grid (S times as wide) runs range x % S of
 // query tile x / S: the same online softmax over its range only (FusedBlock::key_tiles; causal
 // tiles past the block's last row skipped as before, so a range may be empty). Its rows end in
@@ -140,7 +141,7 @@ struct FusedBlock {
 // (the last, whichever range it ran) sees every partial (an acquire), resets the counter for the
 // next call, and merges the rows in split order: M = max_s m_s, w_s = 2^((m_s - M) c) (exp2_tc;
 // Exact: exp(m_s - M), the strict exp, on its scaled scores), 0 for a range that saw nothing of
-// the row (m_s = -inf, without computing -inf - -inf), out = sum_s w_s o_s / sum_s w_s l_s and
+// the row (m_s = -inf: a select, whatever -inf - -inf gives), out = sum_s w_s o_s / sum_s w_s l_s and
 // log-sum-exp M scale + log(sum_s w_s l_s), zeros and -inf where that sum is 0. Nothing waits,
 // so no deadlock whatever order the blocks run in. The cuts do not depend on the rows per block,
 // so the 64- and 128-row kernels and the wgmma kernel give the same bytes, and Exact's row-major
