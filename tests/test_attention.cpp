@@ -18,6 +18,7 @@
 #include "lockstep/attention/kv_cache.hpp"
 #include "lockstep/attention/multihead.hpp"
 #include "lockstep/kernels/decode.hpp"
+#include "harness/harness.hpp"
 #include "support/random.hpp"
 #include "lockstep/kernels/launch.hpp"
 #include "support/calls.hpp"
@@ -91,8 +92,9 @@ class Attention : public CallTest {
   // under 150 rows (11 tiles, S = 2 by default); GQA, two batches, 1100 keys at head_dim 128 (18
   // tiles, S = 4 by default; 70 rows: partial query tiles); 600 queries over 560 keys (9 tiles, S =
   // 2), causal: the first 40 rows see no key, and the later splits of early query tiles none either.
-  // For each, with `knob` = 3 and with the default: against a float64 reference within `tol(qmag,
-  // keys, D)` (qmag: the row's largest sum of |q k| scale), rows that see no key +0 with
+  // For each, with `knob` = 3 and with the default: against the float64 reference
+  // (harness::attention_reference) within `tol(qmag, keys, D)` (qmag: the row's largest sum of
+  // |q k| scale), rows that see no key +0 with
   // log-sum-exp -inf, the same bytes from a second call on the stream (the counters are zeros
   // again), and other bytes than without splits (`knob` = 1: the split ran); by default
   // (batch_invariant) the bytes of no split; with batch_invariant = false, other bytes where
@@ -146,12 +148,15 @@ class Attention : public CallTest {
           EXPECT_TRUE(same(o1, od));                 // batch-invariant by default: no split
           EXPECT_TRUE(same(l1, ld));
           EXPECT_EQ(same(o1, of), !by_default(sh));  // batch_invariant = false: the heuristic's
-          // float64 reference per row: softmax of the visible keys' scaled scores.
-          const double scale = 1.0 / std::sqrt(double(D));
-          for (const auto* run : {&o3, &of}) {
-            const auto& lr = run == &o3 ? l3 : lf;
-            for (std::int64_t b = 0; b < sh.batch; ++b)
-              for (std::int64_t h = 0; h < sh.heads; ++h)
+          // The float64 reference (the properties' oracle), once per (batch, head) for both runs.
+          for (std::int64_t b = 0; b < sh.batch; ++b)
+            for (std::int64_t h = 0; h < sh.heads; ++h) {
+              const std::size_t q0 = std::size_t((b * sh.heads + h) * Sq) * D;
+              const std::size_t kv0 = std::size_t((b * sh.kv_heads + h / g) * Skv) * D;
+              const auto ref = harness::attention_reference(hq.data() + q0, D, hk.data() + kv0, hv.data() + kv0, D,
+                                                            Sq, Skv, D, causal);
+              for (const auto* run : {&o3, &of}) {
+                const auto& lr = run == &o3 ? l3 : lf;
                 for (std::int64_t i = 0; i < Sq; ++i) {
                   const std::int64_t vis = causal ? std::clamp<std::int64_t>(i + 1 + Skv - Sq, 0, Skv) : Skv;
                   const std::size_t row = std::size_t((b * sh.heads + h) * Sq + i);
@@ -160,33 +165,14 @@ class Attention : public CallTest {
                     ASSERT_TRUE(std::isinf(lr[row]) && lr[row] < 0) << row;
                     continue;
                   }
-                  const float* qr = hq.data() + row * D;
-                  const std::size_t kv0 = std::size_t((b * sh.kv_heads + h / g) * Skv) * D;
-                  std::vector<double> sc(static_cast<std::size_t>(vis));
-                  double mx = -INFINITY, qmag = 0;
-                  for (std::int64_t j = 0; j < vis; ++j) {
-                    double dot = 0, mag = 0;
-                    for (std::int64_t d = 0; d < D; ++d) {
-                      dot += double(qr[d]) * hk[kv0 + std::size_t(j * D + d)];
-                      mag += std::fabs(double(qr[d]) * hk[kv0 + std::size_t(j * D + d)]);
-                    }
-                    sc[std::size_t(j)] = dot * scale;
-                    mx = std::max(mx, sc[std::size_t(j)]);
-                    qmag = std::max(qmag, mag * scale);
-                  }
-                  double l = 0;
-                  std::vector<double> acc(std::size_t(D), 0.0);
-                  for (std::int64_t j = 0; j < vis; ++j) {
-                    const double w = std::exp(sc[std::size_t(j)] - mx);
-                    l += w;
-                    for (std::int64_t d = 0; d < D; ++d) acc[std::size_t(d)] += w * hv[kv0 + std::size_t(j * D + d)];
-                  }
-                  const double e = tol(qmag, vis, D);  // |v| <= 1
+                  const double e = tol(ref.qk_mag[std::size_t(i)], vis, D);  // |v| <= 1
                   for (std::int64_t d = 0; d < D; ++d)
-                    ASSERT_NEAR((*run)[row * D + d], acc[std::size_t(d)] / l, e) << row << " " << d;
-                  ASSERT_NEAR(lr[row], mx + std::log(l), e + 1e-6 * std::fabs(mx)) << row;
+                    ASSERT_NEAR((*run)[row * D + d], ref.out[std::size_t(i * D + d)], e) << row << " " << d;
+                  const double ref_lse = ref.lse[std::size_t(i)];
+                  ASSERT_NEAR(lr[row], ref_lse, e + 1e-6 * std::fabs(ref_lse)) << row;
                 }
-          }
+              }
+            }
           if (dev->id().kind == DeviceKind::kCpu) {
             ::setenv(knob, "3", 1);
             same_bytes(sh, causal, rng, range);
