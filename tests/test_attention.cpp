@@ -2248,35 +2248,40 @@ TEST_P(Attention, FusedExactSplitKeys) {
 // Rows do not interact, so a block of 63 rows (every tile masked) must give the same bytes for
 // its rows as a block of 64 (full tiles unmasked): non-causal, and causal with the diagonal two
 // tiles to the right (the extra row of the 64-row call sees one more key that no other row sees).
+// Also with the keys cut into three ranges (Note [split keys]: the ranges depend on Skv's tiles
+// only, the same for both calls), where the unmasked tiles are inside a range and the merge follows.
 TEST_P(Attention, FusedExactUnmaskedTilesGiveTheMaskedBytes) {
   Lcg rng{14};
-  for (std::int64_t D : {64, 128})
-    for (bool causal : {false, true}) {
-      SCOPED_TRACE("D=" + std::to_string(D) + (causal ? " causal" : ""));
-      const std::int64_t skv = causal ? 192 : 200;
-      const auto hq = rng.floats(std::size_t(64 * D), 2.0f);
-      const auto hk = rng.floats(std::size_t(skv * D), 2.0f), hv = rng.floats(std::size_t(skv * D), 2.0f);
-      std::vector<float> outs[2], lses[2];
-      for (int i = 0; i < 2; ++i) {
-        const std::int64_t sq = 64 - i, sk = causal ? skv - i : skv;  // causal: the same shift
-        const AttentionShape sh{1, 1, 1, sq, sk, D};
-        Buffer<float> q(dev, std::size_t(sq * D)), k(dev, std::size_t(sk * D)), v(dev, std::size_t(sk * D));
-        q.copy_from_host(s(), std::vector<float>(hq.begin(), hq.begin() + sq * D));
-        k.copy_from_host(s(), std::vector<float>(hk.begin(), hk.begin() + sk * D));
-        v.copy_from_host(s(), std::vector<float>(hv.begin(), hv.begin() + sk * D));
-        auto out = filled(std::size_t(sq * D), 42.0f), lse = filled(std::size_t(sq), 42.0f);
-        AttentionOptions o;
-        o.precision = AttentionPrecision::kExact;
-        o.causal = causal;
-        o.lse = &lse;
-        attention(s(), q, k, v, out, sh, o);
-        outs[i] = out.to_vector(s());
-        lses[i] = lse.to_vector(s());
+  for (const char* splits : {"1", "3"})
+    for (std::int64_t D : {64, 128})
+      for (bool causal : {false, true}) {
+        SCOPED_TRACE(std::string("splits ") + splits + " D=" + std::to_string(D) + (causal ? " causal" : ""));
+        ::setenv("LOCKSTEP_FUSED_EXACT_SPLITS", splits, 1);
+        const std::int64_t skv = causal ? 192 : 200;
+        const auto hq = rng.floats(std::size_t(64 * D), 2.0f);
+        const auto hk = rng.floats(std::size_t(skv * D), 2.0f), hv = rng.floats(std::size_t(skv * D), 2.0f);
+        std::vector<float> outs[2], lses[2];
+        for (int i = 0; i < 2; ++i) {
+          const std::int64_t sq = 64 - i, sk = causal ? skv - i : skv;  // causal: the same shift
+          const AttentionShape sh{1, 1, 1, sq, sk, D};
+          Buffer<float> q(dev, std::size_t(sq * D)), k(dev, std::size_t(sk * D)), v(dev, std::size_t(sk * D));
+          q.copy_from_host(s(), std::vector<float>(hq.begin(), hq.begin() + sq * D));
+          k.copy_from_host(s(), std::vector<float>(hk.begin(), hk.begin() + sk * D));
+          v.copy_from_host(s(), std::vector<float>(hv.begin(), hv.begin() + sk * D));
+          auto out = filled(std::size_t(sq * D), 42.0f), lse = filled(std::size_t(sq), 42.0f);
+          AttentionOptions o;
+          o.precision = AttentionPrecision::kExact;
+          o.causal = causal;
+          o.lse = &lse;
+          attention(s(), q, k, v, out, sh, o);
+          outs[i] = out.to_vector(s());
+          lses[i] = lse.to_vector(s());
+        }
+        ::unsetenv("LOCKSTEP_FUSED_EXACT_SPLITS");
+        for (std::size_t e = 0; e < outs[1].size(); ++e) ASSERT_EQ(bits(outs[0][e]), bits(outs[1][e])) << e;
+        for (std::size_t e = 0; e < lses[1].size(); ++e) ASSERT_EQ(bits(lses[0][e]), bits(lses[1][e])) << e;
+        ASSERT_NE(outs[1][0], 42.0f);
       }
-      for (std::size_t e = 0; e < outs[1].size(); ++e) ASSERT_EQ(bits(outs[0][e]), bits(outs[1][e])) << e;
-      for (std::size_t e = 0; e < lses[1].size(); ++e) ASSERT_EQ(bits(lses[0][e]), bits(lses[1][e])) << e;
-      ASSERT_NE(outs[1][0], 42.0f);
-    }
 }
 
 // Exact at head_dim 64 with P in K's memory and with P in a buffer of its own (the host picks by
