@@ -87,11 +87,12 @@ class Attention : public CallTest {
   void expect_all(const Buffer<float>& b, float v) {
     for (float x : b.to_vector(s())) ASSERT_EQ(bits(x), bits(v)) << "a rejected call wrote";
   }
-  // Note [split keys]: a small grid splits each query tile's key tiles into S ranges, one block
-  // each, and the last block of a tile merges them in split order. Shapes: one kv head of 700 keys
-  // under 150 rows (11 tiles, S = 2 by default); GQA, two batches, 1100 keys at head_dim 128 (18
-  // tiles, S = 4 by default; 70 rows: partial query tiles); 600 queries over 560 keys (9 tiles, S =
-  // 2), causal: the first 40 rows see no key, and the later splits of early query tiles none either.
+  // Note [split keys]: a split cuts each query tile's key tiles into S ranges, one block each, and
+  // the last block of a tile merges them in split order. Shapes: one kv head of 700 keys under 150
+  // rows (11 tiles; Exact's S = 2 with batch_invariant = false); GQA, two batches, 1100 keys at
+  // head_dim 128 (18 tiles, Exact's S = 4; 70 rows: partial query tiles); 600 queries over 560 keys
+  // (9 tiles, S = 2), causal: the first 40 rows see no key, and the later splits of early query
+  // tiles none either. (TensorCore splits only when its knob asks.)
   // For each, with `knob` = 3 and with the default: against the float64 reference
   // (harness::attention_reference) within `tol(qmag, keys, D)` (qmag: the row's largest sum of
   // |q k| scale), rows that see no key +0 with
@@ -2146,6 +2147,19 @@ TEST_P(Attention, FusedWgmmaDeferredGivesTheSameBytes) {
           EXPECT_FALSE(by_default.launched(serial));
         }
   ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA_WG");
+  // Grids under two waves of 132 SMs (at 64 rows per block), by default: one warpgroup per block
+  // at head_dim 64 (this kernel), two at head_dim 128 (wgmma_warpgroups; run 137).
+  for (std::int64_t D : {64, 128}) {
+    SCOPED_TRACE("small grid, D=" + std::to_string(D));
+    detail::LaunchRecorder rec;
+    tensor_core_attention(AttentionShape{1, 2, 1, 200, 230, D}, false, "0");
+    const int one = D == 64 ? kernels::kernel_index_v<kernels::FusedAttentionWgmma<64, 1, false, false, true>>
+                            : kernels::kernel_index_v<kernels::FusedAttentionWgmma<128, 1>>;
+    const int two = D == 64 ? kernels::kernel_index_v<kernels::FusedAttentionWgmma<64, 2>>
+                            : kernels::kernel_index_v<kernels::FusedAttentionWgmma<128, 2>>;
+    EXPECT_EQ(rec.launched(one), D == 64);
+    EXPECT_EQ(rec.launched(two), D == 128);
+  }
   if (cpu) ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA");
 }
 
@@ -2158,7 +2172,7 @@ TEST_P(Attention, FusedWgmmaDeferredGivesTheSameBytes) {
 // packing block per kv head packing many tiles (64 query rows, 700 keys), one kv head in all
 // (packed by the kernel before only), partial tiles, GQA. Repeated calls on one stream also check
 // that the tickets and counters are zeros again after a call. Without split keys (Note [split
-// keys]: the packing blocks never split; the packing launch would, at the 64 x 700 shape).
+// keys]: the packing blocks never split; the knob keeps the packing launch from splitting too).
 TEST_P(Attention, FusedWgmmaPackingBlocksGiveTheSameBytes) {
   Lcg rng{16};
   const bool cpu = dev->id().kind == DeviceKind::kCpu;
@@ -2208,7 +2222,7 @@ TEST_P(Attention, FusedTensorCoreSplitKeys) {
   split_keys_case(
       AttentionPrecision::kTensorCore, "LOCKSTEP_FUSED_TC_SPLITS",
       [uh](double qmag, std::int64_t, std::int64_t) { return 4.0 * qmag * uh + 8.0 * uh; },
-      [](const AttentionShape& sh) { return sh.head_dim == 64; },  // TensorCore splits at 64 only
+      [](const AttentionShape&) { return false; },  // TensorCore: only when the knob asks (run 137)
       [this](const AttentionShape& sh, bool causal, Lcg& rng, float range) {
         for (const char* wg : {"1", "2"}) {
           ::setenv("LOCKSTEP_FUSED_TC_WGMMA_WG", wg, 1);

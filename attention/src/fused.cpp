@@ -82,17 +82,21 @@ bool use_wgmma(const Stream& s, int D, std::int64_t blocks_at_64_rows) {
 #endif
 }
 
-// The wgmma kernel's warpgroups per block: two (128 rows, sharing each K/V tile) where the grid
-// at 64 rows per block is under two waves of 132 SMs (whisper-tiny: 0.0455 ms with two, 0.0509
-// with one, run 83), else one (64 rows, two blocks per SM: B4 H32 L4096 D128 3.43 ms with one,
-// 3.49-3.51 with two; causal 2.02 against 2.09-2.10). LOCKSTEP_FUSED_TC_WGMMA_WG=1|2 overrides (a
-// measurement knob); the same bits either way.
-int wgmma_warpgroups(std::int64_t blocks_at_64_rows) {
+// The wgmma kernel's warpgroups per block. At head_dim 128, two (128 rows, sharing each K/V tile)
+// where the grid at 64 rows per block is under two waves of 132 SMs (the 512-query chunk over 8192
+// keys: 0.2827-0.2829 ms with two, 0.2851-0.2860 with one, run 137), else one (64 rows, two blocks
+// per SM: B4 H32 L4096 D128 3.43 ms with one, 3.49-3.51 with two, run 83). At head_dim 64 always
+// one, which there is Note [deferred P.V wait]'s kernel at four blocks per SM: whisper-tiny
+// 0.0312-0.0314 ms against 0.0341-0.0343 with two warpgroups (causal 0.0290-0.0302 against
+// 0.0327-0.0328; run 137, an H100, three rounds each; two had been faster before that kernel
+// existed: 0.0455 against 0.0509, run 83). LOCKSTEP_FUSED_TC_WGMMA_WG=1|2 overrides (a measurement
+// knob); the same bits either way.
+int wgmma_warpgroups(int D, std::int64_t blocks_at_64_rows) {
   if (const char* v = std::getenv("LOCKSTEP_FUSED_TC_WGMMA_WG"); v != nullptr) {
     const int wg = std::atoi(v);
     if (wg == 1 || wg == 2) return wg;
   }
-  return blocks_at_64_rows < 2 * 132 ? 2 : 1;
+  return D == 128 && blocks_at_64_rows < 2 * 132 ? 2 : 1;
 }
 
 // Note [four wgmma blocks per SM] (kernels/fused_attention.hpp): the one-warpgroup head_dim 64
@@ -116,25 +120,24 @@ bool wgmma_deferred() {
   return v == nullptr || *v == '\0' || std::atoi(v) != 0;  // unset or empty: the default
 }
 
-// Note [split keys] (kernels/fused_attention.hpp): with options.batch_invariant = false, small
-// grids split each query tile's key tiles into S ranges, one block each, the last of them merging.
-// S depends on the grid's size (batch x heads x query tiles), so the bytes then depend on the
-// batch: the design's rule for split-K (a fixed chunk, never a split count from the batch or the
-// occupancy) holds only for the default, batch_invariant = true, which never splits. S is a
+// Note [split keys] (kernels/fused_attention.hpp): with options.batch_invariant = false, Exact's
+// small grids split each query tile's key tiles into S ranges, one block each, the last of them
+// merging. S depends on the grid's size (batch x heads x query tiles), so the bytes then depend on
+// the batch: the design's rule for split-K (a fixed chunk, never a split count from the batch or
+// the occupancy) holds only for the default, batch_invariant = true, which never splits. S is a
 // function of the shape alone, not of the device, so the CPU device splits where CUDA does (the
-// same schedule: TensorCore's bound, Exact's bytes); at least 8 key tiles (4 per range). Run 131
-// (an H100, against no split):
+// same schedule and bytes); at least 8 key tiles (4 per range). Run 131 (an H100, against no split):
 //   - Exact, whose 64-row blocks are 8 warps at head_dim 128 and 4 elsewhere, splits where the
 //     grid has fewer than 12 warps per SM of 132, into S = min(8, key tiles / 4, 2 x 528 / blocks)
 //     ranges: whisper-tiny's 144 blocks, S = 6: 0.171 ms against 0.236-0.239 (S = 3: 0.166, 2:
 //     0.180, 4: 0.186), causal 0.114 against 0.199-0.201 (S = 3: 0.158-0.161); the 512-query
 //     chunk over 8192 keys at head_dim 128 (256 blocks of 8 warps) was 0-2% slower with S = 2 to 6.
-//   - TensorCore splits only at head_dim 64 for grids under two waves of 132 SMs, in two:
-//     whisper-tiny 0.0324 ms against 0.0340-0.0343 (causal 0.0315 against 0.0324-0.0327), where
-//     S = 3 was 5% slower than none and 4 or 6 slower still; at head_dim 128 the 512-query chunk
-//     took 0.309 with S = 2 against 0.282-0.283 (its 128 blocks of 128 rows fill the SMs once).
-// LOCKSTEP_FUSED_TC_SPLITS and LOCKSTEP_FUSED_EXACT_SPLITS = 1..16 override either option
-// (measurement knobs; 1: no split).
+//   - TensorCore does not split unless LOCKSTEP_FUSED_TC_SPLITS asks, whatever the option. Its
+//     split (two ranges at head_dim 64 under two waves) had made whisper-tiny 0.0324 ms against
+//     0.0340-0.0343 with the two-warpgroup blocks of then (runs 131-134); with one-warpgroup blocks
+//     at head_dim 64 (wgmma_warpgroups) no split is faster: 0.0312-0.0314 against 0.0321-0.0323
+//     with two ranges, causal 0.0290-0.0302 against 0.0308-0.0314 (run 137). At head_dim 128 the
+//     512-query chunk took 0.309 with S = 2 against 0.282-0.283 (run 131).
 int split_knob(const char* knob) {
   if (const char* v = std::getenv(knob); v != nullptr) {
     const int n = std::atoi(v);
@@ -143,10 +146,9 @@ int split_knob(const char* knob) {
   return 0;
 }
 std::int64_t key_tiles(int D, std::int64_t skv) { return kernels::ceil_div(skv, std::int64_t{D <= 128 ? 64 : 32}); }
-int tensor_core_splits(int D, std::int64_t blocks_at_64_rows, std::int64_t skv, bool batch_invariant) {
-  if (const int n = split_knob("LOCKSTEP_FUSED_TC_SPLITS"); n > 0) return n;
-  if (batch_invariant) return 1;
-  return D == 64 && blocks_at_64_rows < 2 * 132 && key_tiles(D, skv) >= 8 ? 2 : 1;
+int tensor_core_splits() {
+  const int n = split_knob("LOCKSTEP_FUSED_TC_SPLITS");
+  return n > 0 ? n : 1;
 }
 int exact_splits(int D, std::int64_t blocks_at_64_rows, std::int64_t skv, bool batch_invariant) {
   if (const int n = split_knob("LOCKSTEP_FUSED_EXACT_SPLITS"); n > 0) return n;
@@ -192,7 +194,7 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
   const bool wgmma = use_wgmma(s, D, blocks64);  // false at other head_dims
   // Note [split keys]: not with the packing blocks (grids of two waves or more).
   const bool packing_blocks = (D == 64 || D == 128) && wgmma && pack_in_kernel(D, blocks64);
-  const int splits = p.Skv > 0 && !packing_blocks ? tensor_core_splits(D, blocks64, p.Skv, batch_invariant) : 1;
+  const int splits = p.Skv > 0 && !packing_blocks ? tensor_core_splits() : 1;
   if (p.Skv > 0) {
     const std::int64_t skv_packed = wgmma ? kernels::ceil_div(p.Skv, 64) * 64 : p.Skv;
     const std::size_t half_bytes =
@@ -235,7 +237,7 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
           launch<K>(s, Dim3{static_cast<std::uint32_t>(tiles_q * heads * batch), 1, 1}, K::kSharedBytes, tp);
           return true;
         };
-        const int wg = wgmma_warpgroups(blocks64);
+        const int wg = wgmma_warpgroups(D, blocks64);
         bool launched = false;
         if constexpr (D == 64)
           if (wg == 1 && wgmma_serial())
@@ -252,7 +254,7 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
   }
   if constexpr (D == 64 || D == 128) {
     if (wgmma) {
-      if (wgmma_warpgroups(blocks64 * splits) == 2) return go(kernels::FusedAttentionWgmma<D, 2>{}, tp);
+      if (wgmma_warpgroups(D, blocks64 * splits) == 2) return go(kernels::FusedAttentionWgmma<D, 2>{}, tp);
       if constexpr (D == 64)
         if (wgmma_serial())
           return wgmma_deferred() ? go(kernels::FusedAttentionWgmma<64, 1, false, false, true>{}, tp)

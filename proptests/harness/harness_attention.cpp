@@ -447,8 +447,9 @@ std::vector<KernelEntry> fused_entries() {
             // 17 x 16 = 272 blocks of 64 rows >= 2 x 132 at head_dim 64: on sm_90a
             // FusedAttentionWgmma<64, 1, true> (packing blocks); FusedAttentionTensorCore<64> elsewhere.
             fixed(17, 16, 5, 70, 64, false, true, true, 42),
-            // 3 x 4 = 12 query tiles over 15 key tiles at head_dim 64 with batch_invariant =
-            // false: split keys, S = 2 (Note [split keys]); at head_dim 128 TensorCore does not split.
+            // batch_invariant = false, which TensorCore ignores (it splits keys only when
+            // LOCKSTEP_FUSED_TC_SPLITS asks, Note [split keys]; run 137): 12 query tiles over 15 key
+            // tiles at head_dim 64 (split in two until run 137), 8 over 11 at head_dim 128.
             fixed(1, 4, 130, 900, 64, true, false, true, 43, false),
             fixed(1, 4, 100, 700, 128, false, true, true, 44, false)}}};
 }

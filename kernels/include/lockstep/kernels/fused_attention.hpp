@@ -128,10 +128,11 @@ struct FusedBlock {
 // Note [split keys]
 // A grid of few blocks leaves SMs idle and each block a long serial walk over the keys:
 // whisper-tiny's 1x6x1500x64 is 144 query tiles of 64 rows (FusedAttentionExact: 4 warps each,
-// about one block per SM; FusedAttentionWgmma: 72 blocks of two warpgroups), 24 key tiles each.
+// about one block per SM; FusedAttentionWgmma: 144 blocks of one warpgroup), 24 key tiles each.
 // With p.kv_splits = S > 1 (attention/src/fused.cpp picks S from the shape alone, so the CPU
-// device splits where CUDA does, and only when AttentionOptions::batch_invariant is false: S
-// depends on the grid's size) the ceil(Skv / kTile) key tiles of the sequence are cut into S
+// device splits where CUDA does; Exact only when AttentionOptions::batch_invariant is false: S
+// depends on the grid's size; TensorCore only when a knob forces S, since run 137 found it slower
+// than no split) the ceil(Skv / kTile) key tiles of the sequence are cut into S
 // ranges, [s T / S, (s + 1) T / S), and block x of the grid (S times as wide) runs range x % S of
 // query tile x / S: the same online softmax over its range only (FusedBlock::key_tiles; causal
 // tiles past the block's last row skipped as before, so a range may be empty). Its rows end in
@@ -149,7 +150,8 @@ struct FusedBlock {
 // schedule the bytes differ (the per-range maxima and the merge's roundings), within the bound;
 // Exact stays byte-identical across backends. Measured (run 131, an H100): Exact at whisper-tiny
 // 0.17 ms against 0.24 (causal 0.11 against 0.20, six ranges), TensorCore 5% faster with two
-// ranges and slower with more; which shapes split: attention/src/fused.cpp.
+// ranges and slower with more; run 137: TensorCore with one-warpgroup blocks and no split 3-6%
+// faster than two ranges; which shapes split: attention/src/fused.cpp.
 
 // Note [exact register tiles]
 // Grid: x = ceil(Sq / kRows) query tiles, y = H, z = B; 16 * KG threads. Thread t owns the 4
