@@ -2171,10 +2171,8 @@ TEST_P(Attention, FusedWgmmaDeferredGivesTheSameBytes) {
 // write. Shapes: several kv heads and batches (blocks wait on the heads before theirs), one
 // packing block per kv head packing many tiles (64 query rows, 700 keys), one kv head in all
 // (packed by the kernel before only), partial tiles, GQA. Repeated calls on one stream also check
-// that the tickets and counters are zeros again after a call. The blocks pack one and two kv heads
-// ahead (LOCKSTEP_FUSED_TC_PACK_AHEAD, at most the kv heads per batch; with two, the launch before
-// packs two). Without split keys (Note [split keys]: the packing blocks never split; the knob keeps
-// the packing launch from splitting too).
+// that the tickets and counters are zeros again after a call. Without split keys (Note [split
+// keys]: the packing blocks never split; the knob keeps the packing launch from splitting too).
 TEST_P(Attention, FusedWgmmaPackingBlocksGiveTheSameBytes) {
   Lcg rng{16};
   const bool cpu = dev->id().kind == DeviceKind::kCpu;
@@ -2183,40 +2181,36 @@ TEST_P(Attention, FusedWgmmaPackingBlocksGiveTheSameBytes) {
   struct Unset {
     ~Unset() { ::unsetenv("LOCKSTEP_FUSED_TC_SPLITS"); }
   } unset_splits;
-  for (const char* ahead : {"1", "2"})
-    for (const char* wg : {"1", "2"})
-      for (const AttentionShape& sh : {AttentionShape{2, 4, 2, 200, 230, 128}, AttentionShape{3, 2, 1, 64, 700, 64},
-                                       AttentionShape{1, 3, 1, 130, 90, 128}, AttentionShape{2, 8, 2, 70, 333, 64}})
-        for (bool causal : {false, true}) {
-          SCOPED_TRACE(std::string("ahead ") + ahead + " warpgroups " + wg + " B=" + std::to_string(sh.batch) +
-                       " Hkv=" + std::to_string(sh.kv_heads) + " D=" + std::to_string(sh.head_dim) +
-                       (causal ? " causal" : ""));
-          ::setenv("LOCKSTEP_FUSED_TC_WGMMA_WG", wg, 1);
-          ::setenv("LOCKSTEP_FUSED_TC_PACK_AHEAD", ahead, 1);
-          const std::size_t nq = std::size_t(sh.batch * sh.heads * sh.seq_q * sh.head_dim);
-          const std::size_t nkv = std::size_t(sh.batch * sh.kv_heads * sh.seq_kv * sh.head_dim);
-          auto buf = [&](std::size_t n) {
-            Buffer<float> x(dev, n);
-            x.copy_from_host(s(), rng.floats(n, 1.0f));
-            return x;
-          };
-          auto q = buf(nq), k = buf(nkv), v = buf(nkv), k_other = buf(nkv), v_other = buf(nkv);
-          std::vector<float> outs[3];
-          for (int i = 0; i < 3; ++i) {  // the other K and V packed before; in the kernel; before
-            auto out = filled(nq, 42.0f);
-            AttentionOptions o;
-            o.precision = AttentionPrecision::kTensorCore;
-            o.causal = causal;
-            ::setenv("LOCKSTEP_FUSED_TC_PACK", i == 1 ? "1" : "0", 1);
-            attention(s(), q, i == 0 ? k_other : k, i == 0 ? v_other : v, out, sh, o);
-            ::unsetenv("LOCKSTEP_FUSED_TC_PACK");
-            outs[i] = out.to_vector(s());
-          }
-          ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA_WG");
-          ::unsetenv("LOCKSTEP_FUSED_TC_PACK_AHEAD");
-          ASSERT_FALSE(same(outs[0], outs[2]));
-          for (std::size_t e = 0; e < nq; ++e) ASSERT_EQ(bits(outs[1][e]), bits(outs[2][e])) << e;
+  for (const char* wg : {"1", "2"})
+    for (const AttentionShape& sh : {AttentionShape{2, 4, 2, 200, 230, 128}, AttentionShape{3, 2, 1, 64, 700, 64},
+                                     AttentionShape{1, 3, 1, 130, 90, 128}, AttentionShape{2, 8, 2, 70, 333, 64}})
+      for (bool causal : {false, true}) {
+        SCOPED_TRACE(std::string("warpgroups ") + wg + " B=" + std::to_string(sh.batch) + " Hkv=" +
+                     std::to_string(sh.kv_heads) + " D=" + std::to_string(sh.head_dim) + (causal ? " causal" : ""));
+        ::setenv("LOCKSTEP_FUSED_TC_WGMMA_WG", wg, 1);
+        const std::size_t nq = std::size_t(sh.batch * sh.heads * sh.seq_q * sh.head_dim);
+        const std::size_t nkv = std::size_t(sh.batch * sh.kv_heads * sh.seq_kv * sh.head_dim);
+        auto buf = [&](std::size_t n) {
+          Buffer<float> x(dev, n);
+          x.copy_from_host(s(), rng.floats(n, 1.0f));
+          return x;
+        };
+        auto q = buf(nq), k = buf(nkv), v = buf(nkv), k_other = buf(nkv), v_other = buf(nkv);
+        std::vector<float> outs[3];
+        for (int i = 0; i < 3; ++i) {  // the other K and V packed before; in the kernel; before
+          auto out = filled(nq, 42.0f);
+          AttentionOptions o;
+          o.precision = AttentionPrecision::kTensorCore;
+          o.causal = causal;
+          ::setenv("LOCKSTEP_FUSED_TC_PACK", i == 1 ? "1" : "0", 1);
+          attention(s(), q, i == 0 ? k_other : k, i == 0 ? v_other : v, out, sh, o);
+          ::unsetenv("LOCKSTEP_FUSED_TC_PACK");
+          outs[i] = out.to_vector(s());
         }
+        ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA_WG");
+        ASSERT_FALSE(same(outs[0], outs[2]));
+        for (std::size_t e = 0; e < nq; ++e) ASSERT_EQ(bits(outs[1][e]), bits(outs[2][e])) << e;
+      }
   if (cpu) ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA");
 }
 

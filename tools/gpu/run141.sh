@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Run 141 (twenty-seventh session): the last of the session's device time, in priority order within
 # BUDGET seconds: the unit tests; the fused and decode benchmarks with PyTorch's decode and prefill
-# (graph replays) in the same call; two rounds alternating LOCKSTEP_FUSED_TC_PACK_AHEAD = 1 and 4
-# (run 140's question, if run 140 did not run); every fused property at 1000 cases; the decode
+# (graph replays) in the same call; every fused property at 1000 cases; the decode
 # properties at 2000 cases (CUDA == CPU, batch invariance); memcheck and racecheck over the fused
 # and decode tests. Everything under $OUT is packed into results.tgz.
 # Staging: CUOBJDUMP=... bash tools/gpu/stage.sh && cp tools/gpu/run119_common.sh tools/gpu/run141.sh tools/gpu/check_descriptors.py .gpu/
@@ -29,16 +28,6 @@ PYTHONUNBUFFERED=1 step 30 "PyTorch prefill graph replays" graph.log python3 $G/
 grep -E "^\| prefill graph \| (fp16 flash|fp32 efficient)" $OUT/graph.log | tee -a $sm
 PYTHONUNBUFFERED=1 step 30 "PyTorch decode" torch.log python3 $G/torch_peers.py --json $OUT/peers.json
 grep -E "^\| decode" $OUT/torch.log | tee -a $sm
-for round in 1 2; do
-  for n in 1 4; do
-    LOCKSTEP_FUSED_TC_PACK_AHEAD=$n step 20 "round $round ahead $n" fa$n-$round.log $G/lockstep-bench --device cuda:0 --filter attention_fused --json $OUT/fa$n-$round.json
-    python3 -c "
-import json
-for d in json.load(open('$OUT/fa$n-$round.json'))['devices']:
-    for r in d['results']:
-        if 'tensor' in r['name'] and ('1024' in r['shape'] or '4096 D=64' in r['shape']): print('ahead $n', r['shape'], round(r['busy_stream_ms'], 4))" | tee -a $sm
-  done
-done
 RC_PARAMS="max_success=1000" step 100 "fused properties 1000" props_fused.log $G/lockstep_proptests --gtest_filter='*Fused*'
 grep -E "^\[ +(OK|FAILED)|Falsifiable|PASSED" $OUT/props_fused.log | tee -a $sm
 RC_PARAMS="max_success=2000" step 120 "decode properties 2000" props_decode.log $G/lockstep_proptests --gtest_filter='Decode.FlashDecoding:Decode.BatchInvariance'
