@@ -120,11 +120,13 @@ int main(int argc, char** argv) {
   app.add_option("--reps", reps, "timed repetitions (default: 20 on CUDA, 5 on CPU)")
       ->check(CLI::Range(1, 1000000));  // PositiveNumber said "not in range 0 to 1.79e308" (309 digits)
   CLI11_PARSE(app, argc, argv);
-  if (list) {
-    for (const auto& b : registry()) std::printf("%s\n", std::string(b.name).c_str());
-    return 0;
-  }
   try {
+    if (list) {
+      const std::regex re(filter);
+      for (const auto& b : registry())
+        if (std::regex_search(b.name, re)) std::printf("%s\n", std::string(b.name).c_str());
+      return 0;
+    }
     return run(device_arg, json_path, filter, quick, reps);
   } catch (const lockstep::Error& e) {  // bad device, unusable device, a failed benchmark
     std::fprintf(stderr, "lockstep-bench: %s\n", e.what());

@@ -3,6 +3,8 @@
 #include <rapidcheck.h>
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "harness/harness.hpp"
@@ -17,11 +19,22 @@ inline rc::Gen<std::int64_t> size_gen(std::int64_t max) {
   return rc::gen::oneOf(rc::gen::elementOf(edges), rc::gen::inRange<std::int64_t>(1, max + 1));
 }
 
+// The CPU device, and CUDA where usable (LOCKSTEP_TEST_REQUIRE_CUDA=1: or the property fails).
+inline std::vector<std::shared_ptr<Device>> backends() {
+  std::vector<std::shared_ptr<Device>> d{open("cpu")};
+  if (cuda_unusable_reason().empty())
+    d.push_back(open("cuda:0"));
+  else if (cuda_required())
+    RC_FAIL("LOCKSTEP_TEST_REQUIRE_CUDA=1, but CUDA is not usable here: " + cuda_unusable_reason());
+  return d;
+}
+
 // Checks a case on every backend (oracle, unwritten outputs, SIMD variants, CUDA).
 inline void check(const Case& c) {
   RC_LOG() << c.describe() << "\n";
   const Verdict v = verify(c, /*with_variant=*/true, /*with_cuda=*/true);
   RC_LOG() << v.failure << "\n";
+  RC_CLASSIFY(v.compared_cuda, "compared with CUDA");
   RC_ASSERT(v.failure.empty());
 }
 

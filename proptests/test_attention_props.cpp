@@ -191,26 +191,39 @@ rc::Gen<std::int64_t> exact_tile_size_gen(std::int64_t max) {
                         size_gen(max));
 }
 
+// A small integer in [lo, hi) over the whole range at every case (rc::gen::inRange narrows its
+// range with the case's size: the first half of a run would draw batch 1 and one kv head).
+std::int64_t any_of(std::int64_t lo, std::int64_t hi) {
+  return *rc::gen::resize(100, rc::gen::inRange<std::int64_t>(lo, hi));
+}
+
+// Queries of +-300 in one case in four: scores of about +-100, past exp's range (88), so that a
+// softmax or a merge that forgot to subtract its running maximum gives inf or NaN.
+float q_scale_gen() { return *rc::gen::element(1.0f, 1.0f, 1.0f, 300.0f); }
+
 RC_GTEST_PROP(Attention, FusedExact, ()) {
   FusedCaseShape s;
   s.dim = *rc::gen::element<std::int64_t>(32, 64, 96, 128, 256);
-  s.batch = *rc::gen::inRange<std::int64_t>(1, 3);
-  s.kv_heads = *rc::gen::inRange<std::int64_t>(1, 3);
-  s.heads = s.kv_heads * *rc::gen::inRange<std::int64_t>(1, 4);
+  s.batch = any_of(1, 3);
+  s.kv_heads = any_of(1, 3);
+  s.heads = s.kv_heads * any_of(1, 4);
   s.seq_q = *exact_tile_size_gen(200);
   s.seq_kv = *rc::gen::oneOf(rc::gen::just(s.seq_q), exact_tile_size_gen(300));
   s.causal = *rc::gen::arbitrary<bool>();
   s.interleaved = *rc::gen::arbitrary<bool>();
+  s.q_scale = q_scale_gen();
   s.seed = *rc::gen::arbitrary<std::uint64_t>();
+  RC_CLASSIFY(s.q_scale > 1.0f, "scores past exp's range");
   check(*fused_case(s));
 }
 
 RC_GTEST_PROP(Attention, FusedTensorCore, ()) {
   FusedCaseShape s;
   s.dim = *rc::gen::element<std::int64_t>(32, 64, 96, 128, 256);
-  s.batch = *rc::gen::inRange<std::int64_t>(1, 3);
-  s.kv_heads = *rc::gen::inRange<std::int64_t>(1, 3);
-  s.heads = s.kv_heads * *rc::gen::inRange<std::int64_t>(1, 4);
+  s.batch = any_of(1, 3);
+  s.kv_heads = any_of(1, 3);
+  s.heads = s.kv_heads * any_of(1, 4);
+  s.q_scale = q_scale_gen();
   s.seq_q = *size_gen(200);
   s.seq_kv = *rc::gen::oneOf(rc::gen::just(s.seq_q), size_gen(200));
   s.causal = *rc::gen::arbitrary<bool>();
@@ -229,9 +242,10 @@ RC_GTEST_PROP(Attention, FusedTensorCore, ()) {
 void split_keys_property(bool tensor_core) {
   FusedCaseShape s;
   s.dim = *rc::gen::element<std::int64_t>(32, 64, 96, 128, 256);
-  s.batch = *rc::gen::inRange<std::int64_t>(1, 3);
-  s.kv_heads = *rc::gen::inRange<std::int64_t>(1, 3);
-  s.heads = s.kv_heads * *rc::gen::inRange<std::int64_t>(1, 3);
+  s.batch = any_of(1, 3);
+  s.kv_heads = any_of(1, 3);
+  s.heads = s.kv_heads * any_of(1, 3);
+  s.q_scale = q_scale_gen();
   s.seq_q = *rc::gen::inRange<std::int64_t>(1, 140);
   s.seq_kv = *rc::gen::inRange<std::int64_t>(s.dim == 256 ? 225 : 449, 1100);
   s.causal = *rc::gen::arbitrary<bool>();
@@ -385,6 +399,90 @@ RC_GTEST_PROP(Attention, FusedCausalRowsAreBottomRightPrefixes, ()) {
           RC_ASSERT(std::fabs(double(c[std::size_t(d)]) - double(a[oi + std::size_t(d)])) <= 2 * bound);
         }
       }
+}
+
+// AttentionOptions::batch_invariant (the default): a row's bytes, its output and its log-sum-exp,
+// do not depend on the batch, the number of heads or seq_q. Batch b alone, query head h alone
+// (with its kv head) and the last r query rows alone (causal masks are bottom-right aligned, so
+// those rows see the same keys) give the full call's bytes: on every backend (on CUDA the grid's
+// size picks the kernel's variant: Notes [packing blocks], [wgmma products]), both precisions,
+// both layouts.
+RC_GTEST_PROP(Attention, FusedRowsDoNotDependOnTheBatchHeadsOrQueryRows, ()) {
+  const std::int64_t D = *rc::gen::element<std::int64_t>(32, 64, 96, 128, 256);
+  const std::int64_t B = any_of(2, 4), Hk = any_of(1, 3), H = Hk * any_of(1, 4);
+  const std::int64_t Sq = *size_gen(100), Skv = *rc::gen::oneOf(rc::gen::just(Sq), size_gen(150));
+  const bool causal = *rc::gen::arbitrary<bool>(), interleaved = *rc::gen::arbitrary<bool>(),
+             tc = *rc::gen::arbitrary<bool>();
+  const float q_scale = q_scale_gen();
+  const auto seed = *rc::gen::arbitrary<std::uint64_t>();
+  const std::int64_t b = any_of(0, B), h = any_of(0, H), r = any_of(1, Sq + 1);
+  RC_LOG() << "B=" << B << " H=" << H << " Hk=" << Hk << " Sq=" << Sq << " Skv=" << Skv << " D=" << D
+           << (causal ? " causal" : "") << (interleaved ? " interleaved" : "") << (tc ? " tensor core" : " exact")
+           << " q_scale=" << q_scale << " b=" << b << " h=" << h << " last rows=" << r << "\n";
+  const auto q = uniform(seed, std::size_t(B * H * Sq * D), -q_scale, q_scale);
+  const auto k = uniform(seed + 1, std::size_t(B * Hk * Skv * D), -1.0f, 1.0f);
+  const auto v = uniform(seed + 2, k.size(), -1.0f, 1.0f);
+  // Element 0 of row i of head hh of batch bb, in a tensor of `heads` heads and `seq` rows.
+  auto at = [&](std::int64_t bb, std::int64_t hh, std::int64_t i, std::int64_t heads, std::int64_t seq) {
+    return std::size_t(interleaved ? ((bb * seq + i) * heads + hh) * D : ((bb * heads + hh) * seq + i) * D);
+  };
+  // Rows [r0, r0 + n) of heads [h0, h0 + nh) of batch bb of x, as a batch of one.
+  auto slice = [&](const std::vector<float>& x, std::int64_t heads, std::int64_t seq, std::int64_t bb,
+                   std::int64_t h0, std::int64_t nh, std::int64_t r0, std::int64_t n) {
+    std::vector<float> y(std::size_t(nh * n * D));
+    for (std::int64_t hh = 0; hh < nh; ++hh)
+      for (std::int64_t i = 0; i < n; ++i)
+        std::copy_n(x.begin() + std::ptrdiff_t(at(bb, h0 + hh, r0 + i, heads, seq)), D,
+                    y.begin() + std::ptrdiff_t(at(0, hh, i, nh, n)));
+    return y;
+  };
+  const std::int64_t hk = h / (H / Hk);
+  for (const auto& dev : backends()) {
+    auto& st = dev->default_stream();
+    // out, then the log-sum-exp [batch, heads, seq_q].
+    auto run = [&](const std::vector<float>& hq, const std::vector<float>& hk_, const std::vector<float>& hv,
+                   const AttentionShape& shape) {
+      Buffer<float> bq(dev, hq.size()), bk(dev, hk_.size()), bv(dev, hv.size()), o(dev, hq.size()),
+          lse(dev, std::size_t(shape.batch * shape.heads * shape.seq_q));
+      bq.copy_from_host(st, hq);
+      bk.copy_from_host(st, hk_);
+      bv.copy_from_host(st, hv);
+      AttentionOptions opt;
+      opt.causal = causal;
+      opt.precision = tc ? AttentionPrecision::kTensorCore : AttentionPrecision::kExact;
+      opt.layout = interleaved ? AttentionLayout::kInterleaved : AttentionLayout::kHeadsFirst;
+      opt.lse = &lse;
+      attention(st, bq, bk, bv, o, shape, opt);
+      return std::pair{o.to_vector(st), lse.to_vector(st)};
+    };
+    const auto full = run(q, k, v, AttentionShape{B, H, Hk, Sq, Skv, D});
+    // The part's rows (batch 0, heads nh, rows n) against rows [r0, r0 + n) of heads [h0, h0 + nh)
+    // of batch b of the full call.
+    auto same = [&](const std::pair<std::vector<float>, std::vector<float>>& part, std::int64_t h0,
+                    std::int64_t nh, std::int64_t r0, std::int64_t n, const char* what) {
+      for (std::int64_t hh = 0; hh < nh; ++hh)
+        for (std::int64_t i = 0; i < n; ++i) {
+          for (std::int64_t d = 0; d < D; ++d)
+            if (float_bits(part.first[at(0, hh, i, nh, n) + std::size_t(d)]) !=
+                float_bits(full.first[at(b, h0 + hh, r0 + i, H, Sq) + std::size_t(d)]))
+              RC_FAIL(dev->id().str() + ": " + what + ": head " + std::to_string(h0 + hh) + " row " +
+                      std::to_string(r0 + i) + " element " + std::to_string(d) + " differs from the full call's");
+          if (float_bits(part.second[std::size_t(hh * n + i)]) !=
+              float_bits(full.second[std::size_t((b * H + h0 + hh) * Sq + r0 + i)]))
+            RC_FAIL(dev->id().str() + ": " + what + ": head " + std::to_string(h0 + hh) + " row " +
+                    std::to_string(r0 + i) + ": the log-sum-exp differs from the full call's");
+        }
+    };
+    same(run(slice(q, H, Sq, b, 0, H, 0, Sq), slice(k, Hk, Skv, b, 0, Hk, 0, Skv), slice(v, Hk, Skv, b, 0, Hk, 0, Skv),
+             AttentionShape{1, H, Hk, Sq, Skv, D}),
+         0, H, 0, Sq, "batch b alone");
+    same(run(slice(q, H, Sq, b, h, 1, 0, Sq), slice(k, Hk, Skv, b, hk, 1, 0, Skv), slice(v, Hk, Skv, b, hk, 1, 0, Skv),
+             AttentionShape{1, 1, 1, Sq, Skv, D}),
+         h, 1, 0, Sq, "head h alone");
+    same(run(slice(q, H, Sq, b, 0, H, Sq - r, r), slice(k, Hk, Skv, b, 0, Hk, 0, Skv),
+             slice(v, Hk, Skv, b, 0, Hk, 0, Skv), AttentionShape{1, H, Hk, r, Skv, D}),
+         0, H, Sq - r, r, "the last query rows alone");
+  }
 }
 
 }  // namespace

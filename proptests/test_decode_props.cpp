@@ -22,13 +22,6 @@
 namespace lockstep::harness {
 namespace {
 
-std::vector<std::shared_ptr<Device>> backends() {
-  std::vector<std::shared_ptr<Device>> d{open("cpu")};
-  for (const auto& b : devices())
-    if (b.kind == DeviceKind::kCuda && b.usable) d.push_back(open("cuda:0"));
-  return d;
-}
-
 // An integer in [lo, hi) over the whole range at every case: rc::gen::inRange narrows its range
 // with the case's size (the first cases of a run draw near lo), which left 42% of the worlds with
 // one slot and most sequences within one chunk.
@@ -63,6 +56,13 @@ DecodeWorldShape world_gen() {
     s.max_len = *rc::gen::oneOf(rc::gen::elementOf(std::vector<std::int64_t>{1, 31, 32, 33, 97, 257, 513}),
                                 rc::gen::resize(100, rc::gen::inRange<std::int64_t>(1, 700)));
   }
+  // One world in four has two or three layers (the decoded one drawn; the others must stay as
+  // written), one in four queries of +-300 (scores past exp's range: the max subtraction).
+  if (full_range(0, 4) == 0) {
+    s.layers = full_range(2, 4);
+    s.layer = full_range(0, s.layers);
+  }
+  if (full_range(0, 4) == 0) s.q_scale = 300.0f;
   s.seed = *rc::gen::arbitrary<std::uint64_t>();
   return s;
 }
@@ -96,6 +96,8 @@ bool rows_equal(const std::vector<float>& a, std::int64_t ra, const std::vector<
 RC_GTEST_PROP(Decode, FlashDecoding, ()) {
   const auto s = world_gen();
   const auto c = flash_case(s);
+  RC_CLASSIFY(s.layers > 1, "a layer of several");
+  RC_CLASSIFY(s.q_scale > 1.0f, "scores past exp's range");
   RC_LOG() << c->describe() << "\n";
   const Verdict v = verify(*c, true, true);
   RC_LOG() << v.failure << "\n";
@@ -210,20 +212,33 @@ RC_GTEST_PROP(Decode, RollbackThenReappendGivesTheSameBytes, ()) {
     vn.copy_from_host(st, w.v_new);
     ks.copy_from_host(st, spec_k);
     vs.copy_from_host(st, spec_v);
+    // Each step runs every layer, as a model's step does (a layer may not take a second token
+    // before the others took the first).
+    const auto step = [&](KvCache& c, const Buffer<float>& k, const Buffer<float>& v,
+                          const std::vector<std::int64_t>& pos, Buffer<float>& out) {
+      std::vector<std::vector<float>> outs;
+      for (std::int64_t l = 0; l < s.layers; ++l) {
+        flash_decoding(st, c, l, q, k, v, pos, out);
+        outs.push_back(out.to_vector(st));
+      }
+      return outs;
+    };
     // Never speculated.
     auto plain = w.make_cache(dev);
-    flash_decoding(st, plain, 0, q, kn, vn, w.lengths, out1);
+    const auto a = step(plain, kn, vn, w.lengths, out1);
     // Two speculative tokens, rolled back, then the real one.
     auto spec = w.make_cache(dev);
     std::vector<std::int64_t> p1 = w.lengths, p2 = w.lengths;
     for (auto& p : p2) ++p;
-    flash_decoding(st, spec, 0, q, ks, vs, p1, out2);
-    flash_decoding(st, spec, 0, q, ks, vs, p2, out2);
+    step(spec, ks, vs, p1, out2);
+    step(spec, ks, vs, p2, out2);
     for (std::int64_t m = 0; m < s.slots; ++m) spec.rollback(m, w.lengths[std::size_t(m)]);
-    flash_decoding(st, spec, 0, q, kn, vn, w.lengths, out2);
-    const auto a = out1.to_vector(st), b = out2.to_vector(st);
-    RC_ASSERT(compare_bits(Run{a, 0}, Run{b, 0}).mismatches == 0u);
-    for (std::int64_t m = 0; m < s.slots; ++m) RC_ASSERT(spec.length(m) == w.lengths[std::size_t(m)] + 1);
+    const auto b = step(spec, kn, vn, w.lengths, out2);
+    for (std::int64_t l = 0; l < s.layers; ++l) RC_ASSERT(compare_bits(Run{a[std::size_t(l)], 0}, Run{b[std::size_t(l)], 0}).mismatches == 0u);
+    for (std::int64_t m = 0; m < s.slots; ++m) {
+      RC_ASSERT(spec.length(m) == w.lengths[std::size_t(m)] + 1);
+      for (std::int64_t l = 0; l < s.layers; ++l) RC_ASSERT(spec.length(m, l) == w.lengths[std::size_t(m)] + 1);
+    }
     (void)tok;
   }
 }

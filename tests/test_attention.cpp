@@ -825,6 +825,27 @@ TEST_P(Attention, MultiheadReportsLaunchesAndRejectsBadShapes) {
   expect_invalid([&] { multihead_attention(s(), wide, wide, wide, wide_out, MhaShape{1, 65536, 1}, o); }, "n_heads",
                  "65536");
   expect_all(wide_out, 42.0f);
+  // A head_dim past the GEMMs' 32-bit offsets (64 * lda + the k-tile): refused by name before
+  // anything is enqueued or any scratch taken, by both implementations on both GEMMs (2^25 used
+  // to fail inside the score GEMM, after three copies and the transpose were enqueued and 1 GiB
+  // of scratch was taken).
+  {
+    const std::int64_t big_d = std::int64_t(1) << 25;
+    auto bq = filled(big_d, 0.1f), bout = filled(big_d, 42.0f);
+    for (const auto impl : {MhaImpl::kBatched, MhaImpl::kPerHead})
+      for (const auto gemm : {GemmKind::kFp32, GemmKind::kTensorCore}) {
+        MhaOptions bo;
+        bo.impl = impl;
+        bo.gemm = gemm;
+        const auto launches = s().launches();
+        const auto in_use = dev->memory_stats().in_use;
+        expect_invalid([&] { multihead_attention(s(), bq, bq, bq, bout, MhaShape{1, 1, big_d}, bo); },
+                       "64 * head_dim + 64");
+        EXPECT_EQ(s().launches(), launches);
+        EXPECT_EQ(dev->memory_stats().in_use, in_use);
+      }
+    expect_all(bout, 42.0f);
+  }
   MhaOptions bad_impl = o, bad_gemm = o;
   bad_impl.impl = static_cast<MhaImpl>(7);
   bad_gemm.gemm = static_cast<GemmKind>(-1);
@@ -1032,6 +1053,17 @@ TEST_P(Attention, KvCacheKeepsEveryLayerAtTheSlotsLength) {
   EXPECT_EQ(cache.length(2, 0), 4);
   EXPECT_EQ(cache.length(2, 1), 0);
   cache.write_from_host(s(), 2, 1, h4, h4, 4);
+  EXPECT_EQ(cache.length(2, 1), 4);
+  // After that complete import, the next sequence's first layer starts a new run (its layer was
+  // written by the run before): layer 1 holds nothing of it, and the next token is refused until
+  // layer 1 is imported too. (The run used to go on: layer 1 kept the old sequence's 4 rows and
+  // reported them as the new one's, and decoding attended them.)
+  std::vector<float> y4(2 * 4 * 32, 5.0f);
+  cache.write_from_host(s(), 2, 0, y4, y4, 4);
+  EXPECT_EQ(cache.length(2, 0), 4);
+  EXPECT_EQ(cache.length(2, 1), 0);
+  expect_invalid([&] { cache.append(s(), 1, kn, vn, std::vector<std::int64_t>{3, 6, 4}); }, "positions[2]", "4");
+  cache.write_from_host(s(), 2, 1, y4, y4, 4);
   EXPECT_EQ(cache.length(2, 1), 4);
   // copy_slot_from takes each layer's length from the source: a source in the middle of a step
   // stays there.
@@ -1285,6 +1317,23 @@ TEST_P(Attention, KvCacheDoneSlotsAreNotReadAndGiveZeros) {
   for (std::size_t i = 0; i < 2 * 8 * 32; ++i) ASSERT_EQ(bits(k_after[slot1 + i]), bits(k_before[slot1 + i])) << i;
   cache.reset(1);
   EXPECT_FALSE(cache.done(1));
+  // reset forgets the tokens in every layer: the slot takes a new sequence from position 0, whose
+  // one token is all it attends.
+  EXPECT_EQ(cache.length(1), 0);
+  for (std::int64_t l = 0; l < 2; ++l) EXPECT_EQ(cache.length(1, l), 0);
+  auto vn3 = filled(3 * 2 * 32, 3.0f);
+  flash_decoding(s(), cache, 0, q, kn, vn3, std::vector<std::int64_t>{1, 0, 1}, out);
+  const auto o3 = out.to_vector(s());
+  for (int i = 0; i < 128; ++i) ASSERT_EQ(o3[128 + i], 3.0f);
+  EXPECT_EQ(cache.lengths(), (std::vector<std::int64_t>{2, 1, 2}));
+  // mark_done(slot, false) undoes mark_done: the slot is attended and appended to again.
+  cache.mark_done(1);
+  cache.mark_done(1, false);
+  EXPECT_FALSE(cache.done(1));
+  flash_decoding(s(), cache, 1, q, kn, vn3, std::vector<std::int64_t>{1, 0, 1}, out);
+  EXPECT_EQ(cache.length(1, 1), 1);
+  const auto o4 = out.to_vector(s());
+  for (int i = 0; i < 128; ++i) ASSERT_EQ(o4[128 + i], 3.0f);
 }
 
 // Note [device positions]: the graph-capturable call gives the host-positions call's bytes (out
@@ -1692,6 +1741,22 @@ TEST_P(Attention, KvCacheGrowKeepsContentsAndCopySlotWorks) {
       EXPECT_EQ(e.requested(), c2.bytes()) << e.what();
       EXPECT_EQ(e.available(), o.memory_capacity - in_use) << e.what();
     }
+    // 2^40 layers: an OutOfMemory for the whole request before the first buffer on a capped
+    // device, and on an uncapped one too (the host's list of 2^40 buffers cannot be had; it used to
+    // escape as a std::bad_alloc).
+    auto huge = small_config();
+    huge.num_layers = std::int64_t(1) << 40;
+    const std::uint64_t layer_bytes = c2.bytes() / std::uint64_t(c2.config().num_layers);  // K and V
+    try {
+      KvCache c3(small, huge);
+      ADD_FAILURE() << "a cache of 2^40 layers fit";
+    } catch (const OutOfMemory& e) {
+      EXPECT_EQ(e.requested(), (std::uint64_t(1) << 40) * layer_bytes) << e.what();
+      EXPECT_EQ(e.available(), o.memory_capacity - in_use) << e.what();
+    }
+#if !defined(__SANITIZE_ADDRESS__)  // AddressSanitizer aborts on an allocation of that size
+    EXPECT_THROW(KvCache(dev, huge), OutOfMemory);
+#endif
     EXPECT_EQ(c2.slots(), 3);
     EXPECT_EQ(c2.length(0), 2);
     EXPECT_EQ(small->memory_stats().in_use, in_use);

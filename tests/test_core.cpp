@@ -84,6 +84,19 @@ TEST(Registry, OpenReturnsTheSameDevice) {
   EXPECT_NE(open("cpu:0").get(), open("cpu:1").get());
 }
 
+// A DeviceKind cast from an integer that names no backend is InvalidArgument naming it (it was
+// reported as the CUDA backend, "cannot open cuda:0").
+TEST(Registry, OpenRefusesAKindThatIsNoBackend) {
+  try {
+    (void)open(DeviceId{static_cast<DeviceKind>(7), 0});
+    ADD_FAILURE() << "opened DeviceKind 7";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.parameter(), "id.kind") << e.what();
+    EXPECT_EQ(e.value(), "7") << e.what();
+  }
+  EXPECT_EQ(to_string(static_cast<DeviceKind>(7)), "unknown");
+}
+
 TEST(Registry, EnvironmentOverridesAuto) {
   ::setenv("LOCKSTEP_DEVICE", "cpu:5", 1);
   EXPECT_EQ(resolve_auto(), (DeviceId{DeviceKind::kCpu, 5}));
@@ -446,7 +459,8 @@ TEST(CpuDevice, KnobsWithAValueTheyDoNotTakeAreRefusedWhenADeviceIsOpened) {
   };
   for (const Case& c : {Case{"LOCKSTEP_CPU_SHUFFLE_BLOCKS", "off", "1"}, Case{"LOCKSTEP_PDL", "false", "0"},
                         Case{"LOCKSTEP_FUSED_TC_ROWS", "96", "128"}, Case{"LOCKSTEP_DECODE_STAGES", "3x", "-1"},
-                        Case{"LOCKSTEP_DECODE_TAIL_PREFETCH", "1e6", "1000000"}, Case{"LOCKSTEP_CPU_POISON", "2", ""}}) {
+                        Case{"LOCKSTEP_DECODE_TAIL_PREFETCH", "1e6", "1000000"}, Case{"LOCKSTEP_CPU_POISON", "2", ""},
+                        Case{"LOCKSTEP_DECODE_FOLD", "2", "0"}}) {
     SCOPED_TRACE(c.name);
     const char* before = std::getenv(c.name);
     const std::string saved = before != nullptr ? before : "";

@@ -20,6 +20,7 @@ class CudaInterop : public ::testing::Test {
  protected:
   void SetUp() override {
     const std::string why = unavailable_reason(DeviceKind::kCuda);
+    if (!why.empty() && cuda_required()) GTEST_FAIL() << "cuda unavailable with LOCKSTEP_TEST_REQUIRE_CUDA=1: " << why;
     if (!why.empty()) GTEST_SKIP() << "cuda unavailable: " << why;
     dev = open("cuda:0");
   }

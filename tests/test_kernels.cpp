@@ -43,6 +43,27 @@ TEST_P(Kernels, SoftmaxKnownValuesAndEdgeRows) {
   EXPECT_EQ(y[9], 0.0f);
   EXPECT_EQ(y[10], 0.5f);
   EXPECT_EQ(y[11], 0.5f);
+  // +inf in a row: inf - inf is NaN, so the whole row is NaN (docs/api.md), short rows and rows
+  // past 1024 (the two paths of the kernel) alike; and a row shifted by +200 (exp(200) overflows
+  // fp32) gives the unshifted row's values: the row's maximum is subtracted first.
+  for (const std::int64_t n : {3, 1500}) {
+    std::vector<float> r(std::size_t(2 * n));
+    for (std::int64_t j = 0; j < n; ++j) {
+      r[std::size_t(j)] = j == 1 ? inf : float(j % 7);
+      r[std::size_t(n + j)] = float(j % 7) + 200.0f;
+    }
+    auto ri = upload(r);
+    Buffer<float> ro(dev, r.size());
+    ops::softmax_rows(s(), ri, ro, 2, n);
+    const auto z = download(ro);
+    for (std::int64_t j = 0; j < n; ++j) EXPECT_TRUE(std::isnan(z[std::size_t(j)])) << n << " " << j;
+    double sum = 0;
+    for (std::int64_t j = 0; j < n; ++j) sum += z[std::size_t(n + j)];
+    EXPECT_NEAR(sum, 1.0, 1e-5) << n;
+    // Values 0..6 repeat; weight of value 6 over weight of value 0 is e^6.
+    const std::int64_t top = std::min<std::int64_t>(n - 1, 6);
+    EXPECT_NEAR(z[std::size_t(n + top)] / z[std::size_t(n)], std::exp(double(top)), 1e-3 * std::exp(double(top))) << n;
+  }
 }
 
 TEST_P(Kernels, SoftmaxLongRowSumsToOne) {
@@ -308,6 +329,21 @@ TEST_P(Kernels, BadInputIsTypedAndLeavesOutputsUntouched) {
     ops::extract_head(s(), none, none_out, 0, big, big, 1);
     ops::copy_head_back(s(), none, none_out, 0, big, big, 1);
     expect([&] { ops::extract_head(s(), none, none_out, 0, big, big, big); }, "head");
+  }
+  // A row of heads * dim past the copy's 32-bit offsets is refused by the call's own name for it
+  // (it used to name the internal copy3d's limit). The views are never read: every check runs
+  // before anything is enqueued.
+  {
+    const std::int64_t heads = std::int64_t(1) << 26, dim = 4;
+    const auto launches = s().launches();
+    auto in_view = Buffer<float>::wrap(dev, a.data().get(), std::size_t(heads * dim));
+    auto out_view = Buffer<float>::wrap(dev, out.data().get(), std::size_t(heads * dim));
+    auto head_view = Buffer<float>::wrap(dev, out.data().get(), std::size_t(dim));
+    expect([&] { ops::interleaved_to_batched(s(), in_view, out_view, 1, heads, dim); }, "8 * heads * dim + dim");
+    expect([&] { ops::batched_to_interleaved(s(), in_view, out_view, 1, heads, dim); }, "8 * heads * dim + dim");
+    expect([&] { ops::extract_head(s(), in_view, head_view, 1, heads, dim, 0); }, "8 * heads * dim + dim");
+    expect([&] { ops::copy_head_back(s(), head_view, out_view, 1, heads, dim, 0); }, "8 * heads * dim + dim");
+    EXPECT_EQ(s().launches(), launches);
   }
   auto other = dev->id().kind == DeviceKind::kCpu ? open("cpu:3") : open("cpu");
   Buffer<float> foreign(other, 100);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <string>
 
 #include "checks.hpp"
@@ -49,11 +50,16 @@ KvCache::KvCache(std::shared_ptr<Device> device, const KvCacheConfig& c) : devic
   checked_mul(checked_mul(per_layer, 8, w, "bytes"), std::uint64_t(c.num_layers), w, "bytes");
   allocate_layers(per_layer, k_, v_, "a KvCache: K and V of " + std::to_string(c.num_layers) +
                                          " layers, " + std::to_string(per_layer * 4) + " bytes each");
-  len_.assign(std::size_t(c.slots), 0);
-  done_.assign(std::size_t(c.slots), false);
-  layer_len_.assign(std::size_t(c.slots * c.num_layers), 0);
-  behind_.assign(std::size_t(c.slots), 0);
-  importing_.assign(std::size_t(c.slots), 0);
+  try {  // the host state: slots x layers entries
+    len_.assign(std::size_t(c.slots), 0);
+    done_.assign(std::size_t(c.slots), false);
+    layer_len_.assign(std::size_t(c.slots * c.num_layers), 0);
+    behind_.assign(std::size_t(c.slots), 0);
+    importing_.assign(std::size_t(c.slots), 0);
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemory("host", std::uint64_t(c.slots) * std::uint64_t(c.num_layers) * 9, 0,
+                      "a KvCache's host state: " + std::to_string(c.slots * c.num_layers) + " (slot, layer) entries");
+  }
 }
 
 KvCache::KvCache(KvCache&& o) noexcept
@@ -117,7 +123,8 @@ Device& KvCache::device() const {
 // - p = length - 1 is accepted only in a layer that holds length - 1 tokens;
 // - write_from_host (and write_from_device) sets its layer's count and the slot's length; the
 //   first call of a run of them on a slot drops the other layers to 0 (their tokens are another sequence's), the next
-//   ones keep what the run wrote; rollback cuts every layer to the new length; set_length and
+//   ones keep what the run wrote (once every layer holds the slot's length the run is complete,
+//   and the next call starts a new one); rollback cuts every layer to the new length; set_length and
 //   reset set every layer to the length; copy_slot_from takes the source's layers; a
 //   flash_decoding call with device positions marks its layer complete for every slot (the host
 //   does not know what it wrote).
@@ -196,11 +203,19 @@ std::int64_t KvCache::length(std::int64_t slot, std::int64_t layer) const {
 
 // K and V buffers of `per_layer` floats for every layer. An allocation that fails is reported
 // for the whole request: its total bytes, and the bytes available before it (the buffers already
-// allocated are released as the exception leaves).
+// allocated are released as the exception leaves). A request larger than a capped device's free
+// memory fails before the first buffer, and host memory for the list of buffers (a cache of
+// 2^40 tiny layers) is an OutOfMemory too, not a std::bad_alloc.
 void KvCache::allocate_layers(std::uint64_t per_layer, std::vector<Buffer<float>>& k,
                               std::vector<Buffer<float>>& v, const std::string& what) {
+  const std::uint64_t total = 2 * std::uint64_t(cfg_.num_layers) * per_layer * 4;
+  const MemoryStats m = device_->memory_stats();
+  if (m.capacity != 0 && total > m.capacity - std::min(m.capacity, m.in_use))
+    throw OutOfMemory(device_->id().str(), total, m.capacity - std::min(m.capacity, m.in_use), what);
   std::uint64_t done = 0;
   try {
+    k.reserve(std::size_t(cfg_.num_layers));
+    v.reserve(std::size_t(cfg_.num_layers));
     for (std::int64_t l = 0; l < cfg_.num_layers; ++l) {
       k.emplace_back(device_, per_layer);
       done += per_layer * 4;
@@ -208,9 +223,10 @@ void KvCache::allocate_layers(std::uint64_t per_layer, std::vector<Buffer<float>
       done += per_layer * 4;
     }
   } catch (const OutOfMemory& e) {
-    throw OutOfMemory(device_->id().str(), 2 * std::uint64_t(cfg_.num_layers) * per_layer * 4,
-                      e.available() + done,
+    throw OutOfMemory(device_->id().str(), total, e.available() + done,
                       what + (e.purpose().empty() ? std::string() : "; " + e.purpose()));
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemory(device_->id().str(), total, done, what + "; host memory for the list of layers");
   }
 }
 
@@ -625,13 +641,16 @@ void KvCache::imported(std::int64_t slot, std::int64_t layer, std::int64_t count
   // until every layer holds the length).
   // An import is a run of write_from_host calls on the slot: the first one starts a new sequence
   // (the other layers' tokens are another sequence's: they hold none), the next ones keep what
-  // the run's earlier calls wrote (at most count). Any other operation on the slot ends the run.
+  // the run's earlier calls wrote (at most count), a layer written again with another count
+  // included. Any other operation on the slot ends the run, and so does the run's completion
+  // (every layer holds the slot's length): a call after that is the next sequence's first, which
+  // must not leave the other layers looking like its tokens.
   len_[std::size_t(slot)] = count;
   done_[std::size_t(slot)] = false;
-  const std::size_t L = std::size_t(cfg_.num_layers);
-  const bool continuing = importing_[std::size_t(slot)] != 0;
+  const std::size_t L = std::size_t(cfg_.num_layers), base = std::size_t(slot) * L;
+  const bool continuing = importing_[std::size_t(slot)] != 0 && behind_[std::size_t(slot)] != 0;
   for (std::size_t l = 0; l < L; ++l) {
-    std::int64_t& ll = layer_len_[std::size_t(slot) * L + l];
+    std::int64_t& ll = layer_len_[base + l];
     ll = std::int64_t(l) == layer ? count : continuing ? std::min(ll, count) : 0;
   }
   importing_[std::size_t(slot)] = 1;

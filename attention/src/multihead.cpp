@@ -74,6 +74,23 @@ MhaReport multihead_attention(Stream& stream, const Buffer<float>& q, const Buff
   rep.score_gemm = pick(options.gemm, S, S, D);
   rep.value_gemm = pick(options.gemm, S, D, S);
   if (S == 0) return rep;
+  // The limits of every launch below (the launchers in ops.cpp check them again), here, so that a
+  // call that one of them would refuse enqueues nothing: the GEMMs' 64 * lda + k-tile and
+  // 64 * ldc + 64 (lda and ldc are head_dim or seq_len), the transpose's 32 * head_dim and its
+  // grid of ceil(seq_len / 32) rows of tiles, the batched output copy's 8 * seq_len * head_dim
+  // + head_dim, and the scale-and-mask's blocks, rows * ceil(seq_len / 1024).
+  check_fits(std::uint64_t(D) * 64 + 64, kMaxLaneOffset, w, "64 * head_dim + 64");
+  check_fits(std::uint64_t(S) * 64 + 64, kMaxLaneOffset, w, "64 * seq_len + 64");
+  LOCKSTEP_CHECK_ARG((S + 31) / 32 <= 65535, w, "seq_len", S,
+                     "<= 2097120 (the transpose's grid: ceil(seq_len / 32) <= 65535)");
+  if (rep.impl == MhaImpl::kBatched)
+    check_fits(checked_add(checked_mul(std::uint64_t(S) * std::uint64_t(D), 8, w, "8 * seq_len * head_dim"),
+                           std::uint64_t(D), w, "8 * seq_len * head_dim + head_dim"),
+               kMaxLaneOffset, w, "8 * seq_len * head_dim + head_dim");
+  const std::uint64_t softmax_rows = std::uint64_t(rep.impl == MhaImpl::kBatched ? H : 1) * std::uint64_t(S);
+  check_fits(checked_mul(softmax_rows, std::uint64_t((S + 1023) / 1024), w,
+                         "n_heads * seq_len * ceil(seq_len / 1024)"),
+             0x7fffffff, w, "n_heads * seq_len * ceil(seq_len / 1024)");
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
 
   if (rep.impl == MhaImpl::kBatched) {

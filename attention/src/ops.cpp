@@ -156,6 +156,13 @@ void check_layout(std::string_view w, Stream& stream, const Buffer<float>& in,
   detail::check_nonneg(w, "seq", seq);
   detail::check_positive(w, "heads", heads);
   detail::check_positive(w, "dim", dim);
+  // The copy's limit (launch_copy3d: 8 rows of heads * dim per block), by this call's name. With
+  // seq 0 nothing is copied and heads * dim need not fit.
+  if (seq > 0)
+    check_fits(checked_add(checked_mul(checked_mul(std::uint64_t(heads), std::uint64_t(dim), w, "heads * dim"), 8, w,
+                                       "8 * heads * dim + dim"),
+                           std::uint64_t(dim), w, "8 * heads * dim + dim"),
+               kMaxLaneOffset, w, "8 * heads * dim + dim");
   detail::check_on(w, "in", in, stream);
   detail::check_on(w, "out", out, stream);
   detail::check_size(w, "in", in, in_elems, "seq * heads * dim" + std::string(in_elems < out_elems ? " / heads" : ""));

@@ -6,7 +6,9 @@
 
 namespace lockstep {
 
-std::string_view to_string(DeviceKind kind) { return kind == DeviceKind::kCpu ? "cpu" : "cuda"; }
+std::string_view to_string(DeviceKind kind) {
+  return kind == DeviceKind::kCpu ? "cpu" : kind == DeviceKind::kCuda ? "cuda" : "unknown";
+}
 
 namespace {
 // "cpu", "cuda", or either with ":N", N in [0, 2147483647] in plain decimal (no sign, no leading

@@ -31,7 +31,7 @@ constexpr Knob kKnobs[] = {
     {"LOCKSTEP_CPU_EXACT_LANES", "0|1"},      {"LOCKSTEP_CPU_POISON", "0|1"},
     {"LOCKSTEP_CPU_SHUFFLE_BLOCKS", "0|1"},   {"LOCKSTEP_FORCE_FP32_GEMM", "0|1"},
     {"LOCKSTEP_PDL", "0|1"},                  {"LOCKSTEP_DECODE_ONE_GRID", "0|1"},
-    {"LOCKSTEP_DECODE_FOLD", "0|1|2"},        {"LOCKSTEP_DECODE_DIAG_ONLY", "0|1|2"},
+    {"LOCKSTEP_DECODE_FOLD", "0|1"},          {"LOCKSTEP_DECODE_DIAG_ONLY", "0|1|2"},
     {"LOCKSTEP_DECODE_SIGNALS", "0|1"},       {"LOCKSTEP_DECODE_STAGES", ""},
     {"LOCKSTEP_DECODE_ROW_BATCH", ""},        {"LOCKSTEP_DECODE_MERGE_BATCH", ""},
     {"LOCKSTEP_DECODE_L2_HINT", "0|1|2"},          {"LOCKSTEP_DECODE_HEAD_DIM_PRODUCT", ""},
@@ -113,6 +113,9 @@ DeviceId resolve_auto() {
 }
 
 std::shared_ptr<Device> open(DeviceId id) {
+  // A kind cast from an integer that names no backend (it used to be reported as CUDA's).
+  LOCKSTEP_CHECK_ARG(id.kind == DeviceKind::kCpu || id.kind == DeviceKind::kCuda, "open", "id.kind",
+                     static_cast<int>(id.kind), "DeviceKind::kCpu or DeviceKind::kCuda");
   check_knobs("open " + id.str());
   detail::Backend* b = backend_for(id.kind);
   if (b == nullptr)

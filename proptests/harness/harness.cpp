@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <sstream>
@@ -634,15 +635,22 @@ std::shared_ptr<Device> portable_variant_device() {
   }();
   return d;
 }
-bool cuda_usable() {
-  static const bool ok = [] {
-    for (const auto& b : devices())
-      if (b.kind == DeviceKind::kCuda) return b.usable;
-    return false;
-  }();
-  return ok;
-}
+bool cuda_usable() { return cuda_unusable_reason().empty(); }
 }  // namespace
+
+std::string cuda_unusable_reason() {
+  static const std::string why = [] {
+    for (const auto& b : devices())
+      if (b.kind == DeviceKind::kCuda) return b.usable ? std::string() : b.reason;
+    return std::string("no CUDA backend");
+  }();
+  return why;
+}
+
+bool cuda_required() {
+  const char* v = std::getenv("LOCKSTEP_TEST_REQUIRE_CUDA");
+  return v != nullptr && std::string(v) == "1";
+}
 
 Verdict verify(const Case& c, bool with_variant, bool with_cuda) {
   Verdict v;
@@ -667,6 +675,10 @@ Verdict verify(const Case& c, bool with_variant, bool with_cuda) {
                   std::to_string(cmp.mismatches) + " elements; first: " + cmp.first;
       return v;
     }
+  }
+  if (with_cuda && !cuda_usable() && cuda_required()) {
+    v.failure = "LOCKSTEP_TEST_REQUIRE_CUDA=1, but CUDA is not usable here: " + cuda_unusable_reason();
+    return v;
   }
   if (with_cuda && cuda_usable()) {
     v.compared_cuda = true;

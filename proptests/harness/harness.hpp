@@ -57,6 +57,13 @@ struct Verdict {
 };
 Verdict verify(const Case& c, bool with_variant, bool with_cuda);
 
+// LOCKSTEP_TEST_REQUIRE_CUDA=1 (the GPU runs set it, tools/gpu/): a CUDA device that is not
+// usable fails verify() (with the reason) instead of leaving the CUDA comparison out, so that a
+// GPU run whose driver or runtime broke cannot pass on the CPU's checks alone.
+bool cuda_required();
+// "" when CUDA is usable here, else why not.
+std::string cuda_unusable_reason();
+
 struct KernelEntry {
   std::string name;
   std::function<std::unique_ptr<Case>(std::mt19937_64&)> random_case;
@@ -192,6 +199,9 @@ struct FusedCaseShape {
   // Key j scaled by 1 + key_ramp * j: scores whose row max rises from tile to tile by more or less
   // than the tensor-core kernel's lazy-rescale threshold (Note [lazy rescale]).
   float key_ramp = 0.0f;
+  // q uniform in [-q_scale, q_scale]: 300 gives scores of about +-100, past exp's range, which an
+  // online softmax or a split merge that forgot to subtract its running max turns into inf or NaN.
+  float q_scale = 1.0f;
   bool batch_invariant = true;  // AttentionOptions::batch_invariant (false: Note [split keys])
   std::uint64_t seed = 0;
 };

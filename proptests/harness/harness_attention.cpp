@@ -308,7 +308,7 @@ namespace {
 class FusedCase final : public Case {
  public:
   explicit FusedCase(const FusedCaseShape& s) : s_(s) {
-    q_ = uniform(s.seed, std::size_t(s.batch * s.heads * s.seq_q * s.dim), -1.0f, 1.0f);
+    q_ = uniform(s.seed, std::size_t(s.batch * s.heads * s.seq_q * s.dim), -s.q_scale, s.q_scale);
     k_ = uniform(s.seed + 1, std::size_t(s.batch * s.kv_heads * s.seq_kv * s.dim), -1.0f, 1.0f);
     v_ = uniform(s.seed + 2, k_.size(), -1.0f, 1.0f);
     if (s.key_ramp != 0.0f) {  // key j (of each batch and kv head) times 1 + key_ramp * j
@@ -325,6 +325,7 @@ class FusedCase final : public Case {
            std::to_string(s_.seq_kv) + " D=" + std::to_string(s_.dim) + (s_.causal ? " causal" : "") +
            (s_.interleaved ? " interleaved" : " heads-first") +
            (s_.key_ramp != 0.0f ? " key ramp " + std::to_string(s_.key_ramp) : std::string()) +
+           (s_.q_scale != 1.0f ? " q_scale " + std::to_string(s_.q_scale) : std::string()) +
            (s_.batch_invariant ? std::string() : " batch_invariant=false");
   }
   Run run(const std::shared_ptr<Device>& dev) const override {

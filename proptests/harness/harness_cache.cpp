@@ -9,12 +9,12 @@
 
 namespace lockstep::harness {
 
-std::vector<float> cache_tokens(Stream& st, const KvCache& c, const std::vector<std::int64_t>& n) {
+std::vector<float> cache_tokens(Stream& st, const KvCache& c, const std::vector<std::int64_t>& n, std::int64_t layer) {
   const auto& cfg = c.config();
   const CacheGeometry g{cfg.num_kv_heads, cfg.max_len, cfg.head_dim};
   std::vector<float> r;
   for (int kv = 0; kv < 2; ++kv) {
-    const auto b = (kv ? c.v(0) : c.k(0)).to_vector(st);
+    const auto b = (kv ? c.v(layer) : c.k(layer)).to_vector(st);
     for (std::int64_t s = 0; s < cfg.slots; ++s)
       for (std::int64_t h = 0; h < g.Hk; ++h)
         r.insert(r.end(), b.begin() + std::ptrdiff_t(g.at(s, h, 0)),

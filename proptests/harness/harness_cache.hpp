@@ -20,8 +20,9 @@ struct CacheGeometry {
   std::size_t slot_elems() const { return std::size_t(Hk * L * D); }
 };
 
-// Layer 0's tokens [0, n[s]) of every slot and kv head, K then V.
-std::vector<float> cache_tokens(Stream& st, const KvCache& c, const std::vector<std::int64_t>& n);
+// The layer's tokens [0, n[s]) of every slot and kv head, K then V.
+std::vector<float> cache_tokens(Stream& st, const KvCache& c, const std::vector<std::int64_t>& n,
+                                std::int64_t layer = 0);
 
 // KvCache::append over `layers` layers and `steps` steps, every slot of a cache whose every
 // byte was written first (so stray writes show); the whole cache is compared.

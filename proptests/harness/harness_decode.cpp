@@ -37,21 +37,29 @@ DecodeWorld::DecodeWorld(const DecodeWorldShape& s) : shape(s) {
           k[std::size_t(((m * Hk + h) * L + t) * D + d)] = NAN;
           v[std::size_t(((m * Hk + h) * L + t) * D + d)] = NAN;
         }
-  q = uniform(s.seed + 3, std::size_t(M * s.heads * D), -1.0f, 1.0f);
+  q = uniform(s.seed + 3, std::size_t(M * s.heads * D), -s.q_scale, s.q_scale);
   k_new = uniform(s.seed + 4, std::size_t(M * Hk * D), -1.0f, 1.0f);
   v_new = uniform(s.seed + 5, std::size_t(M * Hk * D), -1.0f, 1.0f);
+}
+
+std::vector<float> DecodeWorld::layer_data(std::int64_t layer, int kv) const {
+  if (layer == shape.layer) return kv ? v : k;
+  return uniform(shape.seed + 1000 + std::uint64_t(2 * layer + kv), k.size(), -1.0f, 1.0f);
 }
 
 std::string DecodeWorld::text() const {
   std::ostringstream os;
   os << "slots=" << shape.slots << " heads=" << shape.heads << " kv_heads=" << shape.kv_heads
-     << " dim=" << shape.dim << " max_len=" << shape.max_len << " seed=" << shape.seed;
+     << " dim=" << shape.dim << " max_len=" << shape.max_len;
+  if (shape.layers > 1) os << " layer=" << shape.layer << "/" << shape.layers;
+  if (shape.q_scale != 1.0f) os << " q_scale=" << shape.q_scale;
+  os << " seed=" << shape.seed;
   return os.str();
 }
 
 KvCacheConfig DecodeWorld::config() const {
   KvCacheConfig c;
-  c.num_layers = 1;
+  c.num_layers = shape.layers;
   c.num_heads = shape.heads;
   c.num_kv_heads = shape.kv_heads;
   c.head_dim = shape.dim;
@@ -64,10 +72,15 @@ KvCache DecodeWorld::make_cache(const std::shared_ptr<Device>& dev) const {
   KvCache cache(dev, config());
   auto& st = dev->default_stream();
   const std::size_t per_slot = CacheGeometry{shape.kv_heads, shape.max_len, shape.dim}.slot_elems();
+  for (std::int64_t l = 0; l < shape.layers; ++l) {
+    const auto lk = layer_data(l, 0), lv = layer_data(l, 1);
+    for (std::int64_t m = 0; m < shape.slots; ++m)
+      // Write the whole slot (NaN past the length in the decoded layer), every layer.
+      cache.write_from_host(st, m, l, std::span<const float>(lk).subspan(std::size_t(m) * per_slot, per_slot),
+                            std::span<const float>(lv).subspan(std::size_t(m) * per_slot, per_slot), shape.max_len);
+  }
   for (std::int64_t m = 0; m < shape.slots; ++m) {
-    // Write the whole slot (NaN past the length), then roll back to the length.
-    cache.write_from_host(st, m, 0, std::span<const float>(k).subspan(std::size_t(m) * per_slot, per_slot),
-                          std::span<const float>(v).subspan(std::size_t(m) * per_slot, per_slot), shape.max_len);
+    // Then roll back to the length.
     cache.rollback(m, lengths[std::size_t(m)]);
     if (done[std::size_t(m)]) cache.mark_done(m);
   }
@@ -93,7 +106,7 @@ std::vector<float> DecodeWorld::decode(const std::shared_ptr<Device>& dev) const
 std::vector<float> DecodeWorld::decode(const std::shared_ptr<Device>& dev, KvCache& cache) const {
   auto& st = dev->default_stream();
   auto in = upload(dev);
-  flash_decoding(st, cache, 0, in.q, in.k_new, in.v_new, lengths, in.out);
+  flash_decoding(st, cache, shape.layer, in.q, in.k_new, in.v_new, lengths, in.out);
   return in.out.to_vector(st);
 }
 
@@ -190,9 +203,18 @@ class FlashCase final : public Case {
     r.unwritten = count_poison(r.out);
     // Note [fused append]: the chunk kernel wrote the new tokens; below each slot's new length
     // every token is defined (past it, CUDA memory is uninitialized), so those are compared too.
-    const auto tokens = cache_tokens(dev->default_stream(), cache, n_);
+    auto& st = dev->default_stream();
+    const auto tokens = cache_tokens(st, cache, n_, w_.shape.layer);
     r.out.insert(r.out.end(), tokens.begin(), tokens.end());
     for (std::int64_t m = 0; m < cache.slots(); ++m) r.out.push_back(float(cache.length(m)));
+    for (std::int64_t l = 0; l < w_.shape.layers; ++l)
+      for (std::int64_t m = 0; m < cache.slots(); ++m) r.out.push_back(float(cache.length(m, l)));
+    for (std::int64_t l = 0; l < w_.shape.layers; ++l)
+      if (l != w_.shape.layer)
+        for (int kv = 0; kv < 2; ++kv) {
+          const auto b = (kv ? cache.v(l) : cache.k(l)).to_vector(st);
+          r.out.insert(r.out.end(), b.begin(), b.end());
+        }
     return r;
   }
   OracleReport check(const Run& r) const override {
@@ -200,8 +222,19 @@ class FlashCase final : public Case {
     OracleReport rep = w_.check(r.out);
     auto want = w_.expected_tokens(n_, pos_);
     for (const auto n : n_) want.push_back(float(n));
+    // Each layer's lengths: the decoded layer's grew with the slot's, the others' did not.
+    for (std::int64_t l = 0; l < w_.shape.layers; ++l)
+      for (std::size_t m = 0; m < n_.size(); ++m)
+        want.push_back(float(l == w_.shape.layer ? n_[m] : w_.lengths[m]));
+    for (std::int64_t l = 0; l < w_.shape.layers; ++l)
+      if (l != w_.shape.layer)
+        for (int kv = 0; kv < 2; ++kv) {
+          const auto d = w_.layer_data(l, kv);
+          want.insert(want.end(), d.begin(), d.end());
+        }
     expect_bits(rep, std::vector<float>(r.out.begin() + std::ptrdiff_t(std::min(nout, r.out.size())), r.out.end()),
-                want, "cache tokens below each slot's new length (K then V), then lengths");
+                want, "cache tokens below each slot's new length (K then V), the lengths, each layer's lengths, "
+                      "the other layers' K and V");
     return rep;
   }
 

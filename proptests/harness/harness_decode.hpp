@@ -11,6 +11,12 @@ namespace lockstep::harness {
 
 struct DecodeWorldShape {
   std::int64_t slots = 1, heads = 1, kv_heads = 1, dim = 32, max_len = 1;
+  // The cache's layers, and the one decoded; the others hold other tokens (K and V uniform in
+  // [-1, 1] from their own seeds), which the decode must neither read nor write.
+  std::int64_t layers = 1, layer = 0;
+  // q uniform in [-q_scale, q_scale]: 300 gives scores of about +-100 (past exp's range of 88),
+  // which a softmax or merge that forgot to subtract its running max turns into inf or NaN.
+  float q_scale = 1.0f;
   std::vector<std::int64_t> lengths;  // optional: fixed lengths (each < max_len)
   std::vector<bool> done;             // optional
   std::uint64_t seed = 0;
@@ -23,6 +29,8 @@ struct DecodeWorld {
   std::vector<bool> done;
   std::vector<float> k, v;           // [slots, kv_heads, max_len, dim]
   std::vector<float> q, k_new, v_new;
+  // What make_cache writes into `layer` (the world's k or v for shape.layer); kv: 0 K, 1 V.
+  std::vector<float> layer_data(std::int64_t layer, int kv) const;
 
   // "slots=... heads=... kv_heads=... dim=... max_len=... seed=..."
   std::string text() const;
@@ -33,7 +41,8 @@ struct DecodeWorld {
     Buffer<float> q, k_new, v_new, out;
   };
   Inputs upload(const std::shared_ptr<Device>& dev) const;
-  // flash_decoding of the new tokens at positions = lengths; returns out [slots, heads, dim].
+  // flash_decoding of the new tokens at positions = lengths into shape.layer; returns out [slots,
+  // heads, dim].
   std::vector<float> decode(const std::shared_ptr<Device>& dev) const;
   // The same into `cache` (a make_cache), which then holds the appended tokens.
   std::vector<float> decode(const std::shared_ptr<Device>& dev, KvCache& cache) const;
@@ -48,7 +57,8 @@ struct DecodeWorld {
 };
 
 // flash_decoding with host positions: out, then the cache tokens below each slot's new length
-// (Note [fused append]: the chunk kernel appends the new tokens) and the lengths.
+// (Note [fused append]: the chunk kernel appends the new tokens), the lengths, each layer's
+// lengths, and every other layer's whole K and V (as make_cache wrote them).
 std::unique_ptr<Case> flash_case(const DecodeWorldShape& s);
 
 // flash_decoding with device positions (Buffer<std::int32_t>) and a status buffer: per slot a

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -18,11 +19,20 @@ inline std::string unavailable_reason(DeviceKind kind) {
   return "unknown backend";
 }
 
+// LOCKSTEP_TEST_REQUIRE_CUDA=1 (the GPU runs set it, tools/gpu/): a CUDA test fails instead of
+// skipping when CUDA is not usable, so that a broken driver cannot turn a GPU run green.
+inline bool cuda_required() {
+  const char* v = std::getenv("LOCKSTEP_TEST_REQUIRE_CUDA");
+  return v != nullptr && std::string(v) == "1";
+}
+
 class BackendTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     const auto spec = DeviceSpec::parse(GetParam());
     const std::string why = unavailable_reason(spec.id.kind);
+    if (!why.empty() && spec.id.kind == DeviceKind::kCuda && cuda_required())
+      GTEST_FAIL() << GetParam() << " unavailable with LOCKSTEP_TEST_REQUIRE_CUDA=1: " << why;
     if (!why.empty()) GTEST_SKIP() << GetParam() << " unavailable: " << why;
     dev = open(GetParam());
   }

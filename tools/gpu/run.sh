@@ -7,6 +7,8 @@ set -u
 cases=$1; shift
 G=$(pwd)/.gpu
 export LD_LIBRARY_PATH=$G
+# A CUDA test or property fails instead of skipping when CUDA is not usable (tests/support/backends.hpp).
+export LOCKSTEP_TEST_REQUIRE_CUDA=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 summary="$OUT/summary.txt"

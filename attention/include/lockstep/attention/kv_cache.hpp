@@ -78,7 +78,8 @@ class KvCache {
   // (k and v) and sets the slot's length to count, not done (e.g. importing a prefill). Import
   // every layer with the same count, one call after another: the first call of such a run makes
   // the other layers hold nothing (their tokens were another sequence's), and a layer left with
-  // fewer tokens refuses the next append until it is written.
+  // fewer tokens refuses the next append until it is written. A call after a complete run (every
+  // layer holds the slot's length) starts a new run: the next sequence's import.
   void write_from_host(Stream& stream, std::int64_t slot, std::int64_t layer,
                        std::span<const float> k, std::span<const float> v, std::int64_t count);
   // The same from device buffers on the cache's device (k and v [kv_heads, count, head_dim], e.g.
