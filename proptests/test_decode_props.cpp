@@ -311,15 +311,18 @@ RC_GTEST_PROP(Rope, PreservesPairNormsAndDependsOnlyOnRelativePosition, ()) {
     d2 += double(qs[std::size_t(i)]) * ks[std::size_t(i)];
     mag += (std::fabs(q[std::size_t(i)]) + 1e-30) * (std::fabs(k[std::size_t(i)]) + 1e-30);
   }
-  // Note [rope bound]: each rotated component within (8 (pos + 1) + 16) u of its pair's size.
+  // Note [rope bound]: each rotated component within (8 (pos + 1) + 16) u of its pair's size. Near
+  // the position limit that bound exceeds |q| |k| itself (a rope that ignored positions would pass),
+  // so the relative-position check runs at positions up to 6144 only.
   const double pmax = double(std::max(m, n) + shift + 1);
-  RC_ASSERT(std::fabs(d1 - d2) <= 4.0 * mag * (8.0 * pmax + 16.0) * 0x1p-24);
-  // |rotated pair| = |pair| within the same bound.
+  if (top == 2048) RC_ASSERT(std::fabs(d1 - d2) <= 4.0 * mag * (8.0 * pmax + 16.0) * 0x1p-24);
+  // |rotated pair| = |pair| at any angle: the angle's error moves the pair, not its size; sin and
+  // cos (2 ulp each) and the rotation's roundings keep it within 16 u (as the unit test).
   for (std::int64_t i = 0; i < D / 2; ++i) {
     const std::size_t a = style == RopeStyle::kNeox ? std::size_t(i) : std::size_t(2 * i);
     const std::size_t b = style == RopeStyle::kNeox ? std::size_t(i + D / 2) : std::size_t(2 * i + 1);
     const double before = std::hypot(double(q[a]), double(q[b])), after = std::hypot(double(qm[a]), double(qm[b]));
-    RC_ASSERT(std::fabs(after - before) <= 2.0 * before * (8.0 * double(m + 1) + 16.0) * 0x1p-24 + 1e-30);
+    RC_ASSERT(std::fabs(after - before) <= before * 16.0 * 0x1p-24 + 1e-30);
   }
 }
 

@@ -10,6 +10,8 @@
 #include <rapidcheck/gtest.h>
 
 #include <cstdlib>
+#include <random>
+#include <string>
 
 #include "generators.hpp"
 #include "harness/harness.hpp"
@@ -24,7 +26,8 @@ RC_GTEST_PROP(Kernels, SoftmaxRows, ()) {
   s.n = *rc::gen::weightedOneOf<std::int64_t>(
       {{9, size_gen(3000)}, {1, rc::gen::inRange<std::int64_t>(100000, 100100)}});
   s.rows = *size_gen(std::max<std::int64_t>(1, std::min<std::int64_t>(300, 1500000 / s.n)));
-  s.range = *rc::gen::element(1.0f, 8.0f, 80.0f);
+  // 300: exponents past exp's range of 88 (the row's maximum must be subtracted first).
+  s.range = *rc::gen::element(1.0f, 8.0f, 80.0f, 300.0f);
   s.special = *rc::gen::weightedOneOf<int>({{4, rc::gen::just(0)}, {1, rc::gen::just(1)}, {1, rc::gen::just(2)}});
   s.seed = *rc::gen::arbitrary<std::uint64_t>();
   check(*softmax_case(s));
@@ -84,6 +87,32 @@ RC_GTEST_PROP(Kernels, StrictMath, ()) {
   }
   s.seed = *rc::gen::arbitrary<std::uint64_t>();
   check(*math_case(s));
+}
+
+// LOCKSTEP_TEST_REQUIRE_CUDA=1 (the GPU runs set it): verify() fails where CUDA is not usable,
+// naming the variable and the reason, instead of leaving the CUDA comparison out; where CUDA is
+// usable it compares with it.
+TEST(Harness, VerifyFailsWhenRequiredCudaIsNotUsable) {
+  std::mt19937_64 rng(5);
+  const auto c = kernel_entries().front().random_case(rng);
+  const char* before = std::getenv("LOCKSTEP_TEST_REQUIRE_CUDA");
+  const std::string saved = before != nullptr ? before : "";
+  ::setenv("LOCKSTEP_TEST_REQUIRE_CUDA", "1", 1);
+  const Verdict v = verify(*c, false, true);
+  if (before != nullptr)
+    ::setenv("LOCKSTEP_TEST_REQUIRE_CUDA", saved.c_str(), 1);
+  else
+    ::unsetenv("LOCKSTEP_TEST_REQUIRE_CUDA");
+  if (cuda_unusable_reason().empty()) {
+    EXPECT_TRUE(v.compared_cuda);
+    EXPECT_TRUE(v.failure.empty()) << v.failure;
+  } else {
+    EXPECT_FALSE(v.compared_cuda);
+    EXPECT_NE(v.failure.find("LOCKSTEP_TEST_REQUIRE_CUDA=1"), std::string::npos) << v.failure;
+    EXPECT_NE(v.failure.find(cuda_unusable_reason()), std::string::npos) << v.failure;
+  }
+  // Without it, a machine without CUDA leaves the comparison out and passes.
+  if (before == nullptr && !cuda_unusable_reason().empty()) EXPECT_TRUE(verify(*c, false, true).failure.empty());
 }
 
 }  // namespace

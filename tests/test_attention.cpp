@@ -207,6 +207,11 @@ TEST_P(Attention, IncrementalBadInputIsTypedAndWritesNothing) {
   auto other = dev->id().kind == DeviceKind::kCpu ? open("cpu:3") : open("cpu");
   Buffer<float> foreign(other, 8 * 64);
   expect_invalid([&] { incremental_attention(s(), foreign, kc, vc, 5, out, sh); }, "q.device");
+  // head_dim below 1, and an empty (moved-from) buffer as an argument: named.
+  expect_invalid([&] { incremental_attention(s(), q, kc, vc, 5, out, DecodeShape{8, 2, 0, 100}); }, "head_dim");
+  Buffer<float> moved(dev, 8 * 64);
+  Buffer<float> taken = std::move(moved);
+  expect_invalid([&] { incremental_attention(s(), moved, kc, vc, 5, out, sh); }, "q");
   expect_all(out, 42.0f);
 }
 
@@ -900,6 +905,7 @@ TEST_P(Attention, KvCacheRejectsBadConfigurations) {
   bad([](KvCacheConfig& c) { c.slots = 0; }, "slots", "0");
   bad([](KvCacheConfig& c) { c.num_layers = -1; }, "num_layers", "-1");
   bad([](KvCacheConfig& c) { c.max_len = 0; }, "max_len", "0");
+  bad([](KvCacheConfig& c) { c.head_dim = 0; }, "head_dim", "0");
   bad([](KvCacheConfig& c) { c.max_len = std::int64_t(1) << 40; }, "max_len * head_dim", "35184372088832");
   auto c = small_config();
   c.head_dim = 80;
@@ -1336,6 +1342,39 @@ TEST_P(Attention, KvCacheDoneSlotsAreNotReadAndGiveZeros) {
   for (int i = 0; i < 128; ++i) ASSERT_EQ(o4[128 + i], 3.0f);
 }
 
+// A done slot costs nothing in attention: its 2000 tokens do not lengthen the launch. A live slot
+// of 10 tokens beside it takes the launches of that slot alone (one chunk: the merge folded into
+// the chunk kernel, Note [folded merge]), where the same slot live takes more (eight chunks of
+// two heads per block: a merge kernel of its own), and the live slot's output is the same bytes.
+TEST_P(Attention, KvCacheDoneSlotsDoNotLengthenTheLaunch) {
+  const KvCacheConfig c{.num_layers = 1, .num_heads = 4, .num_kv_heads = 2, .head_dim = 32, .max_len = 2048, .slots = 2};
+  Lcg rng{19};
+  const auto long_k = rng.floats(2 * 2000 * 32), long_v = rng.floats(2 * 2000 * 32);
+  const auto short_k = rng.floats(2 * 10 * 32), short_v = rng.floats(2 * 10 * 32);
+  auto q = filled(2 * 4 * 32, 0.25f), kn = filled(2 * 2 * 32, 0.5f), vn = filled(2 * 2 * 32, 0.75f);
+  // 0: slot 1 done with 2000 tokens; 1: slot 1 empty; 2: slot 1 live with 2000 tokens.
+  std::uint64_t launches[3];
+  std::vector<float> outs[3];
+  for (int i = 0; i < 3; ++i) {
+    KvCache cache(dev, c);
+    cache.write_from_host(s(), 0, 0, short_k, short_v, 10);
+    if (i != 1) cache.write_from_host(s(), 1, 0, long_k, long_v, 2000);
+    if (i == 0) cache.mark_done(1);
+    auto out = filled(2 * 4 * 32, 42.0f);
+    s().synchronize();
+    const auto before = s().launches();
+    flash_decoding(s(), cache, 0, q, kn, vn, cache.lengths(), out);
+    launches[i] = s().launches() - before;
+    outs[i] = out.to_vector(s());
+  }
+  EXPECT_EQ(launches[0], launches[1]);
+  EXPECT_GT(launches[2], launches[1]);
+  for (std::size_t e = 0; e < 4 * 32; ++e) {
+    ASSERT_EQ(bits(outs[0][e]), bits(outs[1][e])) << e;
+    ASSERT_EQ(bits(outs[2][e]), bits(outs[1][e])) << e;
+  }
+}
+
 // Note [device positions]: the graph-capturable call gives the host-positions call's bytes (out
 // and cache), skips -1 and out-of-range positions without writing, and records the latter.
 TEST_P(Attention, FlashDecodingWithDevicePositionsGivesTheSameBytes) {
@@ -1584,6 +1623,8 @@ TEST_P(Attention, DecodeRejectsMisalignedWrappedBuffers) {
   const DecodeShape sh{4, 2, 32, 8};
   expect_invalid([&] { incremental_attention(s(), q1, kc0, vc0, 4, out, sh); }, "q.data()");
   expect_invalid([&] { incremental_attention(s(), q0, kc1, vc0, 4, out, sh); }, "k_cache.data()");
+  auto vc1 = shifted(vc, 2 * 8 * 32);
+  expect_invalid([&] { incremental_attention(s(), q0, kc0, vc1, 4, out, sh); }, "v_cache.data()");
   expect_all(out, 42.0f);
   incremental_attention(s(), q0, kc0, vc0, 4, out, sh);  // aligned wraps are accepted
   for (float x : out.to_vector(s())) ASSERT_EQ(x, 1.0f);
@@ -2277,6 +2318,46 @@ TEST_P(Attention, FusedWgmmaPackingBlocksGiveTheSameBytes) {
         for (std::size_t e = 0; e < nq; ++e) ASSERT_EQ(bits(outs[1][e]), bits(outs[2][e])) << e;
       }
   if (cpu) ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA");
+}
+
+// batch_invariant (the default): one batch's rows of a large grid are the bytes of that batch
+// alone, out and lse, by the default kernels. On sm_90a CUDA the grid's size picks the kernel's
+// variant: 384 blocks of 64 rows (two waves of 132 SMs or more) run one warpgroup per block at
+// head_dim 128 and the packing blocks at head_dim 64, the batch alone (96 blocks) two warpgroups
+// and the packing launch (Notes [wgmma products], [packing blocks]); Exact's variants follow the
+// grid too. (The property FusedRowsDoNotDependOnTheBatchHeadsOrQueryRows draws small grids.)
+TEST_P(Attention, FusedBatchRowsOfALargeGridAreTheBatchAlone) {
+  Lcg rng{18};
+  const std::int64_t B = 4, H = 32, Hk = 8, Sq = 192, Skv = 256, b = 2;
+  for (const auto prec : {AttentionPrecision::kTensorCore, AttentionPrecision::kExact})
+    for (const std::int64_t D : {64, 128})
+      for (const bool causal : {false, true}) {
+        SCOPED_TRACE(std::string(prec == AttentionPrecision::kExact ? "exact" : "tensor core") +
+                     " D=" + std::to_string(D) + (causal ? " causal" : ""));
+        const std::size_t nq = std::size_t(B * H * Sq * D), nkv = std::size_t(B * Hk * Skv * D);
+        const auto hq = rng.floats(nq, 1.0f), hk = rng.floats(nkv, 1.0f), hv = rng.floats(nkv, 1.0f);
+        auto run = [&](std::int64_t batch, std::size_t q0, std::size_t kv0) {
+          const std::size_t mq = nq / std::size_t(B) * std::size_t(batch), mkv = nkv / std::size_t(B) * std::size_t(batch);
+          Buffer<float> q(dev, mq), k(dev, mkv), v(dev, mkv), lse(dev, std::size_t(batch * H * Sq));
+          q.copy_from_host(s(), std::span<const float>(hq).subspan(q0, mq));
+          k.copy_from_host(s(), std::span<const float>(hk).subspan(kv0, mkv));
+          v.copy_from_host(s(), std::span<const float>(hv).subspan(kv0, mkv));
+          auto out = filled(mq, 42.0f);
+          AttentionOptions o;
+          o.precision = prec;
+          o.causal = causal;
+          o.lse = &lse;
+          attention(s(), q, k, v, out, AttentionShape{batch, H, Hk, Sq, Skv, D}, o);
+          return std::pair{out.to_vector(s()), lse.to_vector(s())};
+        };
+        const auto full = run(B, 0, 0);
+        const auto alone = run(1, nq / B * std::size_t(b), nkv / B * std::size_t(b));
+        const std::size_t per_q = nq / std::size_t(B), per_lse = std::size_t(H * Sq);
+        for (std::size_t e = 0; e < per_q; ++e)
+          ASSERT_EQ(bits(alone.first[e]), bits(full.first[std::size_t(b) * per_q + e])) << e;
+        for (std::size_t e = 0; e < per_lse; ++e)
+          ASSERT_EQ(bits(alone.second[e]), bits(full.second[std::size_t(b) * per_lse + e])) << e;
+      }
 }
 
 // TensorCore: within fp16's rounding of Q, K (scores within 2 uh qmag), P and V (a few uh); on the

@@ -668,7 +668,14 @@ Verdict verify(const Case& c, bool with_variant, bool with_cuda) {
   }
   if (with_variant && open("cpu")->caps().simd_target != portable_variant_device()->caps().simd_target) {
     v.compared_variant = true;
-    const Compare cmp = compare_bits(cpu, c.run(portable_variant_device()));
+    const Run var = c.run(portable_variant_device());
+    if (var.unwritten != c.expected_unwritten()) {
+      v.failure = "SIMD variant " + portable_variant_device()->caps().simd_target + " left " +
+                  std::to_string(var.unwritten) + " output elements unwritten (expected " +
+                  std::to_string(c.expected_unwritten()) + ")";
+      return v;
+    }
+    const Compare cmp = compare_bits(cpu, var);
     if (cmp.mismatches != 0) {
       v.failure = "SIMD variants " + open("cpu")->caps().simd_target + " and " +
                   portable_variant_device()->caps().simd_target + " differ in " +
