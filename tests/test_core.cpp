@@ -553,6 +553,22 @@ TEST(CpuDevice, EmptyBuffersAndBadIndicesAreInvalidArguments) {
     EXPECT_EQ(e.parameter(), "buffer") << e.what();
   }
   EXPECT_THROW((void)a.device(), InvalidArgument);
+  // As a copy's source or destination: the copy's name and the argument's (it named
+  // Buffer::device and "buffer").
+  auto named = [](auto call, const std::string& where, const std::string& param) {
+    try {
+      call();
+      ADD_FAILURE() << where << " from a moved-from Buffer";
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(e.parameter(), param) << e.what();
+      EXPECT_NE(std::string(e.what()).find(where), std::string::npos) << e.what();
+    }
+  };
+  auto& st = d->default_stream();
+  named([&] { b.copy_from(st, a); }, "Buffer::copy_from", "src");
+  named([&] { a.copy_from(st, b); }, "Buffer::copy_from", "buffer");
+  named([&] { copy_across(st, b, st, a); }, "copy_across", "src");
+  named([&] { copy_across(st, a, st, b); }, "copy_across", "dst");
   CpuDeviceOptions o;
   o.index = 64;
   EXPECT_THROW(make_cpu_device(o), InvalidArgument);

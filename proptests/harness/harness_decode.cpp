@@ -438,7 +438,9 @@ DecodeWorldShape draw_world(std::mt19937_64& g, std::int64_t max_slots) {
   s.kv_heads = std::uniform_int_distribution<std::int64_t>(1, 3)(g);
   s.heads = s.kv_heads * std::uniform_int_distribution<std::int64_t>(1, 4)(g);
   s.slots = std::uniform_int_distribution<std::int64_t>(1, max_slots)(g);
-  s.max_len = draw_size(g, 700);
+  // One world in five up to 2500 tokens (up to 10 chunks: with device positions the merge covers
+  // the cache's capacity, which at most 700 kept within 3 chunks).
+  s.max_len = std::uniform_int_distribution<int>(0, 4)(g) == 0 ? 700 + draw_size(g, 1800) : draw_size(g, 700);
   return s;
 }
 

@@ -114,6 +114,8 @@ class Buffer {
   // memory itself (nothing to copy) but not partly overlap it (wrapped buffers):
   // InvalidArgument naming `src`.
   void copy_from(Stream& stream, const Buffer& src) {
+    check_not_empty("Buffer::copy_from");
+    src.check_not_empty("Buffer::copy_from", "src");
     LOCKSTEP_CHECK_ARG(src.device_ == device_, "Buffer::copy_from", "src.device", src.device().id().str(),
               "the destination's device " + device().id().str() +
                   " (use lockstep::copy_across for another device)");
@@ -149,8 +151,8 @@ class Buffer {
     LOCKSTEP_CHECK_ARG(count >= 0, where, "count", std::int64_t(count), ">= 0");
     return static_cast<std::size_t>(count);
   }
-  void check_not_empty(std::string_view where) const {
-    LOCKSTEP_CHECK_ARG(device_ != nullptr, where, "buffer", "an empty Buffer (default-constructed or moved from)",
+  void check_not_empty(std::string_view where, std::string_view name = "buffer") const {
+    LOCKSTEP_CHECK_ARG(device_ != nullptr, where, name, "an empty Buffer (default-constructed or moved from)",
               "a Buffer with a device");
   }
   void check_stream(std::string_view where, Stream& stream) const {
@@ -196,6 +198,10 @@ void copy_across_bytes(Stream& dst_stream, void* dst, Stream& src_stream, const 
 }
 template <class T>
 void copy_across(Stream& dst_stream, Buffer<T>& dst, Stream& src_stream, const Buffer<T>& src) {
+  LOCKSTEP_CHECK_ARG(dst.shared_device() != nullptr, "copy_across", "dst", "an empty Buffer (default-constructed or moved from)",
+                     "a Buffer with a device");
+  LOCKSTEP_CHECK_ARG(src.shared_device() != nullptr, "copy_across", "src", "an empty Buffer (default-constructed or moved from)",
+                     "a Buffer with a device");
   LOCKSTEP_CHECK_ARG(&dst_stream.device() == &dst.device(), "copy_across", "dst_stream.device",
             dst_stream.device().id().str(), "dst's device " + dst.device().id().str());
   LOCKSTEP_CHECK_ARG(&src_stream.device() == &src.device(), "copy_across", "src_stream.device",
