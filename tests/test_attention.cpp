@@ -1343,9 +1343,11 @@ TEST_P(Attention, KvCacheDoneSlotsAreNotReadAndGiveZeros) {
 }
 
 // A done slot costs nothing in attention: its 2000 tokens do not lengthen the launch. A live slot
-// of 10 tokens beside it takes the launches of that slot alone (one chunk: the merge folded into
-// the chunk kernel, Note [folded merge]), where the same slot live takes more (eight chunks of
-// two heads per block: a merge kernel of its own), and the live slot's output is the same bytes.
+// of 10 tokens beside it takes the kernels of that slot alone (one chunk: by default the merge
+// folded into the chunk kernel, Note [folded merge]), where the same slot live takes others
+// (eight chunks of two heads per block: by default a merge kernel of its own; with a decode knob
+// set, as the CI's knob runs do, the kernels may be the same), and the live slot's output is the
+// same bytes.
 TEST_P(Attention, KvCacheDoneSlotsDoNotLengthenTheLaunch) {
   const KvCacheConfig c{.num_layers = 1, .num_heads = 4, .num_kv_heads = 2, .head_dim = 32, .max_len = 2048, .slots = 2};
   Lcg rng{19};
@@ -1354,6 +1356,7 @@ TEST_P(Attention, KvCacheDoneSlotsDoNotLengthenTheLaunch) {
   auto q = filled(2 * 4 * 32, 0.25f), kn = filled(2 * 2 * 32, 0.5f), vn = filled(2 * 2 * 32, 0.75f);
   // 0: slot 1 done with 2000 tokens; 1: slot 1 empty; 2: slot 1 live with 2000 tokens.
   std::uint64_t launches[3];
+  std::vector<int> kernels[3];
   std::vector<float> outs[3];
   for (int i = 0; i < 3; ++i) {
     KvCache cache(dev, c);
@@ -1363,12 +1366,24 @@ TEST_P(Attention, KvCacheDoneSlotsDoNotLengthenTheLaunch) {
     auto out = filled(2 * 4 * 32, 42.0f);
     s().synchronize();
     const auto before = s().launches();
-    flash_decoding(s(), cache, 0, q, kn, vn, cache.lengths(), out);
+    {
+      detail::LaunchRecorder rec;
+      flash_decoding(s(), cache, 0, q, kn, vn, cache.lengths(), out);
+      kernels[i] = rec.kernels();
+    }
     launches[i] = s().launches() - before;
     outs[i] = out.to_vector(s());
   }
   EXPECT_EQ(launches[0], launches[1]);
-  EXPECT_GT(launches[2], launches[1]);
+  EXPECT_EQ(kernels[0], kernels[1]);
+  // The same slot live: other kernels (a merge of its own, or with LOCKSTEP_DECODE_ONE_GRID=1 the
+  // one-grid kernel), unless a knob decides the folding (FOLD, STAGES, SIGNALS).
+  const bool fold_knobs = std::getenv("LOCKSTEP_DECODE_FOLD") != nullptr || std::getenv("LOCKSTEP_DECODE_STAGES") != nullptr ||
+                          std::getenv("LOCKSTEP_DECODE_SIGNALS") != nullptr;
+  if (!fold_knobs) {
+    EXPECT_NE(kernels[2], kernels[1]);
+    if (std::getenv("LOCKSTEP_DECODE_ONE_GRID") == nullptr) EXPECT_GT(launches[2], launches[1]);
+  }
   for (std::size_t e = 0; e < 4 * 32; ++e) {
     ASSERT_EQ(bits(outs[0][e]), bits(outs[1][e])) << e;
     ASSERT_EQ(bits(outs[2][e]), bits(outs[1][e])) << e;
