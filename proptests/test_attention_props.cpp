@@ -196,12 +196,6 @@ rc::Gen<std::int64_t> exact_tile_size_gen(std::int64_t max) {
                         size_gen(max));
 }
 
-// A small integer in [lo, hi) over the whole range at every case (rc::gen::inRange narrows its
-// range with the case's size: the first half of a run would draw batch 1 and one kv head).
-std::int64_t any_of(std::int64_t lo, std::int64_t hi) {
-  return *rc::gen::resize(100, rc::gen::inRange<std::int64_t>(lo, hi));
-}
-
 // Queries of +-300 in one case in four: scores of about +-100, past exp's range (88), so that a
 // softmax or a merge that forgot to subtract its running maximum gives inf or NaN.
 float q_scale_gen() { return *rc::gen::element(1.0f, 1.0f, 1.0f, 300.0f); }
@@ -209,9 +203,9 @@ float q_scale_gen() { return *rc::gen::element(1.0f, 1.0f, 1.0f, 300.0f); }
 RC_GTEST_PROP(Attention, FusedExact, ()) {
   FusedCaseShape s;
   s.dim = *rc::gen::element<std::int64_t>(32, 64, 96, 128, 256);
-  s.batch = any_of(1, 3);
-  s.kv_heads = any_of(1, 3);
-  s.heads = s.kv_heads * any_of(1, 4);
+  s.batch = full_range(1, 3);
+  s.kv_heads = full_range(1, 3);
+  s.heads = s.kv_heads * full_range(1, 4);
   s.seq_q = *exact_tile_size_gen(200);
   s.seq_kv = *rc::gen::oneOf(rc::gen::just(s.seq_q), exact_tile_size_gen(300));
   s.causal = *rc::gen::arbitrary<bool>();
@@ -225,9 +219,9 @@ RC_GTEST_PROP(Attention, FusedExact, ()) {
 RC_GTEST_PROP(Attention, FusedTensorCore, ()) {
   FusedCaseShape s;
   s.dim = *rc::gen::element<std::int64_t>(32, 64, 96, 128, 256);
-  s.batch = any_of(1, 3);
-  s.kv_heads = any_of(1, 3);
-  s.heads = s.kv_heads * any_of(1, 4);
+  s.batch = full_range(1, 3);
+  s.kv_heads = full_range(1, 3);
+  s.heads = s.kv_heads * full_range(1, 4);
   s.q_scale = q_scale_gen();
   s.seq_q = *size_gen(200);
   s.seq_kv = *rc::gen::oneOf(rc::gen::just(s.seq_q), size_gen(200));
@@ -247,9 +241,9 @@ RC_GTEST_PROP(Attention, FusedTensorCore, ()) {
 void split_keys_property(bool tensor_core) {
   FusedCaseShape s;
   s.dim = *rc::gen::element<std::int64_t>(32, 64, 96, 128, 256);
-  s.batch = any_of(1, 3);
-  s.kv_heads = any_of(1, 3);
-  s.heads = s.kv_heads * any_of(1, 3);
+  s.batch = full_range(1, 3);
+  s.kv_heads = full_range(1, 3);
+  s.heads = s.kv_heads * full_range(1, 3);
   s.q_scale = q_scale_gen();
   s.seq_q = *rc::gen::inRange<std::int64_t>(1, 140);
   s.seq_kv = *rc::gen::inRange<std::int64_t>(s.dim == 256 ? 225 : 449, 1100);
@@ -414,7 +408,7 @@ RC_GTEST_PROP(Attention, FusedCausalRowsAreBottomRightPrefixes, ()) {
 // both layouts.
 RC_GTEST_PROP(Attention, FusedRowsDoNotDependOnTheBatchHeadsOrQueryRows, ()) {
   const std::int64_t D = *rc::gen::element<std::int64_t>(32, 64, 96, 128, 256);
-  const std::int64_t B = any_of(2, 4), Hk = any_of(1, 3), H = Hk * any_of(1, 4);
+  const std::int64_t B = full_range(2, 4), Hk = full_range(1, 3), H = Hk * full_range(1, 4);
   // Keys past 8 tiles one case in five: where a split of a row's keys would pay (Note [split keys]),
   // which the default must not make depend on the grid.
   const std::int64_t Sq = *size_gen(100);
@@ -424,7 +418,7 @@ RC_GTEST_PROP(Attention, FusedRowsDoNotDependOnTheBatchHeadsOrQueryRows, ()) {
              tc = *rc::gen::arbitrary<bool>();
   const float q_scale = q_scale_gen();
   const auto seed = *rc::gen::arbitrary<std::uint64_t>();
-  const std::int64_t b = any_of(0, B), h = any_of(0, H), r = any_of(1, Sq + 1);
+  const std::int64_t b = full_range(0, B), h = full_range(0, H), r = full_range(1, Sq + 1);
   RC_LOG() << "B=" << B << " H=" << H << " Hk=" << Hk << " Sq=" << Sq << " Skv=" << Skv << " D=" << D
            << (causal ? " causal" : "") << (interleaved ? " interleaved" : "") << (tc ? " tensor core" : " exact")
            << " q_scale=" << q_scale << " b=" << b << " h=" << h << " last rows=" << r << "\n";

@@ -22,13 +22,6 @@
 namespace lockstep::harness {
 namespace {
 
-// An integer in [lo, hi) over the whole range at every case: rc::gen::inRange narrows its range
-// with the case's size (the first cases of a run draw near lo), which left 42% of the worlds with
-// one slot and most sequences within one chunk.
-std::int64_t full_range(std::int64_t lo, std::int64_t hi) {
-  return *rc::gen::resize(100, rc::gen::inRange<std::int64_t>(lo, hi));
-}
-
 // A batch of sequences: mostly a few slots up to 700 tokens (1 to 3 chunks of 256); one world in
 // five long (up to 16 chunks, so that a sequence and its batch have different chunk counts and
 // the merge takes several batches of chunks); one in twenty with more slots than a launch's

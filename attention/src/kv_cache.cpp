@@ -210,8 +210,8 @@ void KvCache::allocate_layers(std::uint64_t per_layer, std::vector<Buffer<float>
                               std::vector<Buffer<float>>& v, const std::string& what) {
   const std::uint64_t total = 2 * std::uint64_t(cfg_.num_layers) * per_layer * 4;
   const MemoryStats m = device_->memory_stats();
-  if (m.capacity != 0 && total > m.capacity - std::min(m.capacity, m.in_use))
-    throw OutOfMemory(device_->id().str(), total, m.capacity - std::min(m.capacity, m.in_use), what);
+  const std::uint64_t free = m.capacity - std::min(m.capacity, m.in_use);
+  if (m.capacity != 0 && total > free) throw OutOfMemory(device_->id().str(), total, free, what);
   std::uint64_t done = 0;
   try {
     k.reserve(std::size_t(cfg_.num_layers));

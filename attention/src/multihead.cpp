@@ -60,7 +60,7 @@ MhaReport multihead_attention(Stream& stream, const Buffer<float>& q, const Buff
   detail::check_no_overlap(w, "out", out, "v", v);
   const auto scores = checked_product({std::uint64_t(H), std::uint64_t(S), std::uint64_t(S)}, w,
                                       "n_heads * seq_len * seq_len");
-  check_fits(std::uint64_t(S) * 64, kMaxLaneOffset, w, "64 * seq_len");
+  check_fits(std::uint64_t(S) * 64 + 64, kMaxLaneOffset, w, "64 * seq_len + 64");  // the GEMMs' lda and ldc
   // n_heads * head_dim on its own: with seq_len 0 the products above do not bound it.
   const std::uint64_t hd = checked_mul(std::uint64_t(H), std::uint64_t(D), w, "n_heads * head_dim");
   check_fits(checked_add(checked_mul(hd, 8, w, "8 * n_heads * head_dim"), std::uint64_t(D), w, "8 * n_heads * head_dim"),
@@ -76,11 +76,10 @@ MhaReport multihead_attention(Stream& stream, const Buffer<float>& q, const Buff
   if (S == 0) return rep;
   // The limits of every launch below (the launchers in ops.cpp check them again), here, so that a
   // call that one of them would refuse enqueues nothing: the GEMMs' 64 * lda + k-tile and
-  // 64 * ldc + 64 (lda and ldc are head_dim or seq_len), the transpose's 32 * head_dim and its
+  // 64 * ldc + 64 (lda and ldc are head_dim, or seq_len: checked above), the transpose's 32 * head_dim and its
   // grid of ceil(seq_len / 32) rows of tiles, the batched output copy's 8 * seq_len * head_dim
   // + head_dim, and the scale-and-mask's blocks, rows * ceil(seq_len / 1024).
   check_fits(std::uint64_t(D) * 64 + 64, kMaxLaneOffset, w, "64 * head_dim + 64");
-  check_fits(std::uint64_t(S) * 64 + 64, kMaxLaneOffset, w, "64 * seq_len + 64");
   LOCKSTEP_CHECK_ARG((S + 31) / 32 <= 65535, w, "seq_len", S,
                      "<= 2097120 (the transpose's grid: ceil(seq_len / 32) <= 65535)");
   if (rep.impl == MhaImpl::kBatched)
