@@ -1461,7 +1461,7 @@ class CpuExec {
     constexpr int kKeys = kTile / KG;  // keys per thread and tile
     static_assert(kKeys % 4 == 0, "whole key quads per lane (kTile a multiple of 4 KG)");
     static_assert(kTile % (2 * kL) == 0 && D % (2 * kL) == 0, "whole vector pairs of keys and columns");
-    // Vectors of keys (scores) and of columns (P x V) per register block of four rows: four with
+    // Vectors of keys (scores) and of columns (P x V) per register block of rows: four with
     // 32 vector registers (avx3) where they divide the tile, else two.
     constexpr int kNK = kL == 16 && (kTile / kL) % 4 == 0 ? 4 : 2;
     constexpr int kNC = kL == 16 && (D / kL) % 4 == 0 ? 4 : 2;
@@ -1493,9 +1493,23 @@ class CpuExec {
       a = hn::Add(a, hn::Shuffle1032(a));
       return hn::Add(a, hn::Shuffle2301(a));
     };
-    float m[kRows];
+    float m[kRows], alpha[kRows];
     alignas(32) float l[kRows][KG];
+    alignas(64) float tile_max[kRows * kL];  // each row's max over the tile, per lane (the scores)
+    const V iota = hn::ConvertTo(d, LS_IOTA());
+    static_assert(kL == 8 || kL == 16, "the tile max's lane reduction");
     const int rows4 = (rows + 3) / 4 * 4;  // rows processed in fours; rows at or past `rows` are dead
+    // The products' register blocks of rows: kNR rows at a time (six with avx2's 16 vector
+    // registers: 12 accumulators, the fma chains' latency covered with fewer loads per fma; four
+    // with avx3's 32), then fours and twos (rows4 is a multiple of 4). Each accumulator's chain is
+    // the same whatever the block: the same bytes.
+    constexpr int kNR = kL == 8 ? 6 : 4;
+    const auto by_row_blocks = [rows4](const auto& f) {
+      int r = 0;
+      for (; r + kNR <= rows4; r += kNR) f.template operator()<kNR>(r);
+      for (; r + 4 <= rows4; r += 4) f.template operator()<4>(r);
+      for (; r < rows4; r += 2) f.template operator()<2>(r);
+    };
     for (int r = 0; r < rows4; ++r) {
       m[r] = kNegInf;
       for (int g = 0; g < KG; ++g) l[r][g] = 0.0f;
@@ -1515,54 +1529,63 @@ class CpuExec {
           for (int j = 0; j < 8; ++j) hn::StoreU(col[j], d8, Kt + (c8 + j) * kTile + k8);
         }
       }
-      // Scores of four rows and kNK vectors of keys at a time: each an fma chain over dd in order.
-      for (int r = 0; r < rows4; r += 4) {
-        const float* qr[4];
-        for (int i = 0; i < 4; ++i) qr[i] = r + i < rows ? qb + std::int64_t(r + i) * q_ss : zeros;
+      // Scores of NR rows and kNK vectors of keys at a time: each an fma chain over dd in order,
+      // then times scale, -inf where the key is not visible to the row, and the row's running
+      // max over the tile (math::max: any order gives the same, Note [max is commutative]).
+      by_row_blocks([&]<int NR>(int r) {
+        const float* qr[NR];
+        int vis[NR];  // keys visible to the row: key < keys, and causal: key + j0 <= s0 + r + shift
+        for (int i = 0; i < NR; ++i) {
+          qr[i] = r + i < rows ? qb + std::int64_t(r + i) * q_ss : zeros;
+          vis[i] = causal ? std::min(keys, s0 + r + i + shift - j0 + 1) : keys;
+        }
+        VF mx[NR];
+        for (int i = 0; i < NR; ++i) mx[i] = VF(kNegInf);
         for (int k0 = 0; k0 < kTile; k0 += kNK * kL) {
-          V a[4][kNK];
-          for (int i = 0; i < 4; ++i)
+          V a[NR][kNK];
+          for (int i = 0; i < NR; ++i)
             for (int u = 0; u < kNK; ++u) a[i][u] = hn::Zero(d);
           for (int dd = 0; dd < D; ++dd) {
             V kv[kNK];
             for (int u = 0; u < kNK; ++u) kv[u] = hn::Load(d, Kt + dd * kTile + k0 + u * kL);
-            for (int i = 0; i < 4; ++i) {
+            for (int i = 0; i < NR; ++i) {
               const V qv = hn::Set(d, qr[i][dd]);
               for (int u = 0; u < kNK; ++u) a[i][u] = hn::MulAdd(qv, kv[u], a[i][u]);
             }
           }
-          for (int i = 0; i < 4; ++i)
-            for (int u = 0; u < kNK; ++u) hn::Store(a[i][u], d, S + (r + i) * kTile + k0 + u * kL);
+          for (int i = 0; i < NR; ++i)
+            for (int u = 0; u < kNK; ++u) {
+              const auto visible = hn::Lt(iota, hn::Set(d, float(vis[i] - (k0 + u * kL))));
+              const V sc = hn::IfThenElse(visible, hn::Mul(a[i][u], hn::Set(d, scale)), hn::Set(d, kNegInf));
+              hn::Store(sc, d, S + (r + i) * kTile + k0 + u * kL);
+              mx[i] = math::max(mx[i], VF(sc));
+            }
         }
-      }
+        for (int i = 0; i < NR; ++i) hn::Store(mx[i].v, d, tile_max + (r + i) * kL);
+      });
       // The online softmax of each row; the weights replace the scores.
       for (int r = 0; r < rows4; ++r) {
         float* sr = S + r * kTile;
         if (r >= rows) {  // dead: every key invisible, nothing stored
           for (int k0 = 0; k0 < kTile; k0 += kL) hn::Store(hn::Zero(d), d, sr + k0);
+          alpha[r] = 1.0f;
           continue;
         }
-        // Keys visible to the row: key < keys, and causal: key + j0 <= s0 + r + shift.
-        const int vis = causal ? std::min(keys, s0 + r + shift - j0 + 1) : keys;
-        VF mv(kNegInf);
-        for (int k0 = 0; k0 < kTile; k0 += kL) {
-          const auto visible = hn::Lt(hn::ConvertTo(d, LS_IOTA()), hn::Set(d, float(vis - k0)));
-          const V sc = hn::IfThenElse(visible, hn::Mul(hn::Load(d, sr + k0), hn::Set(d, scale)), hn::Set(d, kNegInf));
-          hn::Store(sc, d, sr + k0);
-          mv = math::max(mv, VF(sc));
-        }
-        alignas(64) float mc[kL];
-        hn::Store(mv.v, d, mc);
-        float tmax = mc[0];
-        for (int i = 1; i < kL; ++i) tmax = math::max(tmax, mc[i]);
+        // The tile's max of the row's scores: its vector from the scores, then across lanes.
+        VF mv(hn::Load(d, tile_max + r * kL));
+        if constexpr (kL == 16) mv = math::max(mv, VF(hn::ConcatLowerUpper(d, mv.v, mv.v)));
+        mv = math::max(mv, VF(hn::SwapAdjacentBlocks(mv.v)));
+        mv = math::max(mv, VF(hn::Shuffle1032(mv.v)));
+        mv = math::max(mv, VF(hn::Shuffle2301(mv.v)));
+        const float tmax = hn::GetLane(mv.v);
         const float m_new = math::max(m[r], tmax);
         const bool none = m_new == kNegInf;
         for (int k0 = 0; k0 < kTile; k0 += kL) {
           const VF e = math::exp(VF(hn::Load(d, sr + k0)) - VF(m_new));
           hn::Store(none ? hn::Zero(d) : e.v, d, sr + k0);
         }
-        const float alpha = none ? 1.0f : math::exp(m[r] - m_new);
-        const V8 av = hn::Set(d8, alpha);
+        alpha[r] = none ? 1.0f : math::exp(m[r] - m_new);
+        const V8 av = hn::Set(d8, alpha[r]);
         if constexpr (KG == 8) {
           const V8 ps = butterfly8(lane_sums(sr));
           hn::Store(hn::Add(hn::Mul(hn::Load(d8, l[r]), av), ps), d8, l[r]);
@@ -1573,28 +1596,31 @@ class CpuExec {
           hn::Store(hn::Add(hn::Mul(hn::Load(d8, l[r] + 8), av), pb), d8, l[r] + 8);
         }
         m[r] = m_new;
-        for (int c = 0; c < D; c += kL)
-          hn::Store(hn::Mul(hn::Load(d, acc + r * D + c), hn::Set(d, alpha)), d, acc + r * D + c);
       }
-      // P x V: four rows and kNC vectors of columns at a time, fma over the tile's keys in order.
-      for (int r = 0; r < rows4; r += 4) {
+      // P x V: NR rows and kNC vectors of columns at a time: acc times the row's alpha, then fma
+      // over the tile's keys in order (the keys past the tile's end with V's rows as zeros, as on
+      // the GPU).
+      by_row_blocks([&]<int NR>(int r) {
         for (int c0 = 0; c0 < D; c0 += kNC * kL) {
-          V a[4][kNC];
-          for (int i = 0; i < 4; ++i)
-            for (int u = 0; u < kNC; ++u) a[i][u] = hn::Load(d, acc + (r + i) * D + c0 + u * kL);
-          for (int key = 0; key < kTile; ++key) {
-            const float* vr = key < keys ? vb + std::int64_t(j0 + key) * v_ss : zeros;
+          V a[NR][kNC];
+          for (int i = 0; i < NR; ++i)
+            for (int u = 0; u < kNC; ++u)
+              a[i][u] = hn::Mul(hn::Load(d, acc + (r + i) * D + c0 + u * kL), hn::Set(d, alpha[r + i]));
+          const auto step = [&](const float* vr, int key) {
             V vv[kNC];
             for (int u = 0; u < kNC; ++u) vv[u] = hn::LoadU(d, vr + c0 + u * kL);
-            for (int i = 0; i < 4; ++i) {
+            for (int i = 0; i < NR; ++i) {
               const V w = hn::Set(d, S[(r + i) * kTile + key]);
               for (int u = 0; u < kNC; ++u) a[i][u] = hn::MulAdd(w, vv[u], a[i][u]);
             }
-          }
-          for (int i = 0; i < 4; ++i)
+          };
+          const float* vr = vb + std::int64_t(j0) * v_ss;
+          for (int key = 0; key < keys; ++key, vr += v_ss) step(vr, key);
+          for (int key = keys; key < kTile; ++key) step(zeros, key);
+          for (int i = 0; i < NR; ++i)
             for (int u = 0; u < kNC; ++u) hn::Store(a[i][u], d, acc + (r + i) * D + c0 + u * kL);
         }
-      }
+      });
     }
     if (part_o != nullptr) {
       for (int r = 0; r < rows; ++r) {
