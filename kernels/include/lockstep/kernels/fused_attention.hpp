@@ -208,7 +208,8 @@ struct FusedBlock {
 // Attention.FusedExactRowMajorGivesTheLaneBytes and by every fused property, which also runs
 // the generic variant's lane path; CUDA against it on the GPU: run 119's fused properties at 1000 cases). Like Note
 // [row-major decode], a kernel's arithmetic written a second time, in a backend: the price of
-// 5-7x (51-69% of the fma rate at the CPU's prefill shapes, docs/performance.md).
+// 5-7x (51-69% of the fma rate at the CPU's prefill shapes on an AVX-512 machine; 53-61%,
+// 38-58% and 47-70% on the AVX2 machine with six-row register blocks, docs/performance.md).
 LOCKSTEP_FLAG_TRAIT(has_row_major_exact, kRowMajorExact)  // hd.hpp
 template <class X>
 inline constexpr bool row_major_exact_v = has_row_major_exact<X>::value;
