@@ -1498,7 +1498,7 @@ class CpuExec {
     alignas(64) float tile_max[kRows * kL];  // each row's max over the tile, per lane (the scores)
     const V iota = hn::ConvertTo(d, LS_IOTA());
     static_assert(kL == 8 || kL == 16, "the tile max's lane reduction");
-    const int rows4 = (rows + 3) / 4 * 4;  // rows processed in fours; rows at or past `rows` are dead
+    const int rows4 = (rows + 3) / 4 * 4;  // rows padded to a multiple of four; rows at or past `rows` are dead
     // The products' register blocks of rows: kNR rows at a time (six with avx2's 16 vector
     // registers: 12 accumulators, the fma chains' latency covered with fewer loads per fma; four
     // with avx3's 32), then fours and twos (rows4 is a multiple of 4). Each accumulator's chain is
