@@ -1069,8 +1069,13 @@ TEST_P(Attention, KvCacheKeepsEveryLayerAtTheSlotsLength) {
   EXPECT_EQ(cache.length(2, 0), 4);
   EXPECT_EQ(cache.length(2, 1), 0);
   expect_invalid([&] { cache.append(s(), 1, kn, vn, std::vector<std::int64_t>{3, 6, 4}); }, "positions[2]", "4");
+  // mark_done inside a run only sets the flag: the run goes on (layer 0 keeps its 4 rows), and
+  // the run's next import clears the flag.
+  cache.mark_done(2);
   cache.write_from_host(s(), 2, 1, y4, y4, 4);
+  EXPECT_EQ(cache.length(2, 0), 4);
   EXPECT_EQ(cache.length(2, 1), 4);
+  EXPECT_FALSE(cache.done(2));
   // copy_slot_from takes each layer's length from the source: a source in the middle of a step
   // stays there.
   auto one = small_config();

@@ -642,7 +642,8 @@ void KvCache::imported(std::int64_t slot, std::int64_t layer, std::int64_t count
   // An import is a run of write_from_host calls on the slot: the first one starts a new sequence
   // (the other layers' tokens are another sequence's: they hold none), the next ones keep what
   // the run's earlier calls wrote (at most count), a layer written again with another count
-  // included. Any other operation on the slot ends the run, and so does the run's completion
+  // included. Any other operation that writes the slot or sets its lengths ends the run (not
+  // mark_done, which only sets the flag that this call clears), and so does the run's completion
   // (every layer holds the slot's length): a call after that is the next sequence's first, which
   // must not leave the other layers looking like its tokens.
   len_[std::size_t(slot)] = count;

@@ -24,7 +24,7 @@ struct KvCacheConfig {
   std::int64_t num_kv_heads = 1;  // must divide num_heads
   std::int64_t head_dim = 128;    // 32, 64, 96, 128 or 256
   std::int64_t max_len = 1;       // tokens per slot
-  std::int64_t slots = 1;         // sequences (any number >= 1 that fits in memory)
+  std::int64_t slots = 1;         // sequences (any number in [1, 2^31 - 1] that fits in memory)
 };
 
 class KvCache;
@@ -36,7 +36,8 @@ class KvCache {
  public:
   KvCache(std::shared_ptr<Device> device, const KvCacheConfig& config);
   // A moved-from cache holds nothing: valid() is false, slots() and config().num_layers are 0,
-  // bytes() is 0, lengths() is empty, and every other operation on it (as the cache or as
+  // bytes() is 0, lengths() is empty (max_len(), bytes_per_token_per_layer() and the rest of
+  // config() keep the shape it had), and every other operation on it (as the cache or as
   // copy_slot_from's source) is InvalidArgument naming `cache` (or `src`).
   KvCache(KvCache&& other) noexcept;
   KvCache& operator=(KvCache&& other) noexcept;
