@@ -3,9 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "harness/harness.hpp"
@@ -28,6 +30,11 @@ float host_eval(MathFn fn, float x) {
     case MathFn::kCos: return math::cos(x);
     case MathFn::kExp2Weight: return math::exp2_weight(x);
     case MathFn::kExp2Tc: return math::exp2_weight(x);  // the CPU device's exp2_tc
+    case MathFn::kHalfPair:
+    case MathFn::kStoreHalf: {  // the fp16 bits of x twice in one word (math_eval.hpp)
+      const std::uint32_t h = math::half_bits_rn(x);
+      return from_bits((h << 16) | h);
+    }
     default: return math::round_to_half(x);
   }
 }
@@ -207,6 +214,47 @@ TEST_P(DeviceMath, Exp2TcIsWithinItsBoundOnTheWeightsDomain) {
   EXPECT_EQ(got[body + 5], 0.0f) << "a masked score's weight";
   EXPECT_TRUE(std::isnan(got[body + 6])) << "a NaN score reaches its row";
   EXPECT_EQ(got[body + 7], 0.0f);
+}
+
+// The tensor-core paths' fp16 rounding on CUDA (__floats2half2_rn for P, __float2half_rn for K
+// and V) gives math::half_bits_rn's bits, the CPU device's rounding, for every one of the 2^32
+// floats, NaNs included (docs/numerics.md: "the same rounding as __float2half_rn"). The CPU
+// device's rounding is half_bits_rn itself: there MatchesHostScalarBits covers it.
+TEST_P(DeviceMath, HalfRoundingIsTheCpusOverEveryFloat) {
+  if (dev->id().kind == DeviceKind::kCpu)
+    GTEST_SKIP() << "the CPU device rounds by math::half_bits_rn itself (MatchesHostScalarBits covers it)";
+  using K = kernels::MathEval;
+  const std::int64_t chunk = std::int64_t(1) << 26;
+  Buffer<float> out(dev, chunk);
+  std::vector<float> host(static_cast<std::size_t>(chunk));
+  auto& s = dev->default_stream();
+  const unsigned T = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  for (MathFn fn : {MathFn::kHalfPair, MathFn::kStoreHalf}) {
+    std::uint64_t mismatches = 0;
+    std::uint32_t first_bad = 0;
+    for (std::uint64_t start = 0; start < (1ull << 32); start += std::uint64_t(chunk)) {
+      launch<K>(s, Dim3{std::uint32_t(chunk / K::kPerBlock), 1, 1}, 0,
+                K::Params{nullptr, out.data().get(), chunk, std::uint32_t(start), fn});
+      out.copy_to_host(s, std::span<float>(host));
+      s.synchronize();
+      std::vector<std::uint64_t> bad(T, 0);
+      std::vector<std::uint32_t> at(T, 0);
+      std::vector<std::thread> workers;
+      for (unsigned t = 0; t < T; ++t)
+        workers.emplace_back([&, t] {
+          for (std::int64_t i = t; i < chunk; i += T) {
+            const std::uint32_t b = std::uint32_t(start + std::uint64_t(i));
+            if (bits(host[std::size_t(i)]) != bits(host_eval(fn, from_bits(b))) && bad[t]++ == 0) at[t] = b;
+          }
+        });
+      for (auto& w : workers) w.join();
+      for (unsigned t = 0; t < T; ++t) {
+        if (bad[t] != 0 && mismatches == 0) first_bad = at[t];
+        mismatches += bad[t];
+      }
+    }
+    EXPECT_EQ(mismatches, 0u) << "fn " << int(fn) << ": first at x = 0x" << std::hex << first_bad;
+  }
 }
 
 LOCKSTEP_INSTANTIATE_BACKENDS(DeviceMath);

@@ -3,13 +3,19 @@
 // null (exhaustive sweeps over float bit patterns without an input buffer). Used by the accuracy
 // tool (docs/numerics.md) and the cross-backend harness. Every function is the strict math of
 // math.hpp except kExp2Tc, the tensor-core softmax's exp2, whose bits differ between backends by
-// design (Note [hardware exp2 on the tensor-core path]): never compared bitwise.
+// design (Note [hardware exp2 on the tensor-core path]): never compared bitwise. kHalfPair and
+// kStoreHalf are not math.hpp's: they run the context's own fp16 rounding of the tensor-core
+// paths (CUDA: __floats2half2_rn for P, __float2half_rn for K and V; the CPU: math::half_bits_rn),
+// each x rounded twice into one word, (h << 16) | h as a float's bits, so that tests compare the
+// CUDA intrinsics with math::half_bits_rn over every float (docs/numerics.md).
 
 #include "lockstep/kernels/hd.hpp"
 
 namespace lockstep::kernels {
 
-enum class MathFn : std::int32_t { kExp = 0, kExp2, kLog, kSin, kCos, kRoundHalf, kExp2Weight, kExp2Tc, kCount };
+enum class MathFn : std::int32_t {
+  kExp = 0, kExp2, kLog, kSin, kCos, kRoundHalf, kExp2Weight, kExp2Tc, kHalfPair, kStoreHalf, kCount
+};
 
 struct MathEvalParams {
   const float* in;  // may be null
@@ -37,6 +43,7 @@ struct MathEval {
       case MathFn::kCos: r = x.cos(v); break;
       case MathFn::kExp2Weight: r = x.exp2_weight(v); break;
       case MathFn::kExp2Tc: r = x.exp2_tc(v); break;  // not strict on CUDA (fused_attention.hpp)
+      case MathFn::kHalfPair: r = x.as_float(x.pack_half2(v, v)); break;
       default: r = x.round_to_half(v); break;
     }
     return r;
@@ -60,7 +67,13 @@ struct MathEval {
         const auto first = static_cast<std::int32_t>(p.first_bits + static_cast<std::uint32_t>(start));
         v = x.as_float(off + first);
       }
-      x.store(out, off, apply(x, p.fn, v), ok);
+      if (p.fn == MathFn::kStoreHalf) {  // block-uniform: both halves of out[i] by store_half
+        auto* h = reinterpret_cast<typename X::half_t*>(out);
+        x.store_half(h, off * 2, v, ok);
+        x.store_half(h, off * 2 + 1, v, ok);
+      } else {
+        x.store(out, off, apply(x, p.fn, v), ok);
+      }
     }
   }
 };
