@@ -6,7 +6,8 @@
 // A sequence's cache is cut into chunks of kDecodeChunk = 256 tokens, whatever the batch, the
 // device or its occupancy. DecodeChunk computes, per chunk and query head, the chunk's max score
 // m_c, the sum l_c of exp(score - m_c) and the unnormalized output o_c = sum exp(score - m_c) v;
-// DecodeMerge combines the chunks of one sequence in chunk order. Every sum has a fixed order
+// DecodeMerge combines the chunks of one sequence in a fixed order (Note [merge order]: strided
+// groups of chunks, each in increasing order, then the groups in order). Every sum has a fixed order
 // that depends only on the sequence's own length, so a sequence's output is bitwise the same
 // alone or in any batch (batch invariance), and incremental_attention and flash_decoding, which
 // both run these two kernels, agree bit for bit.

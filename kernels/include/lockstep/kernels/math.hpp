@@ -337,7 +337,8 @@ LOCKSTEP_HD V cos(V x) {
 // x rounded to the nearest IEEE binary16 value (ties to even), returned as a float: the input
 // rounding of the tensor-core paths (CUDA __float2half_rn). Overflow gives +-inf; values below
 // 2^-14 round on the fp16 subnormal grid (2^-24). Written from exact operations so both backends
-// share it; the GPU test suite checks it against __float2half_rn over all floats.
+// share it; DeviceMath.HalfRoundingIsTheCpusOverEveryFloat checks half_bits_rn against CUDA's
+// __float2half_rn and __floats2half2_rn over all floats on the GPU (NaN payloads differ).
 template <class V>
 LOCKSTEP_HD V round_to_half(V x) {
   const V a = select(abs(x) < V(65536.0f), abs(x), V(65536.0f));  // NaN -> 65536, no overflow
