@@ -2042,6 +2042,45 @@ TEST_P(Attention, FusedNanQueryRowGivesNanOutput) {
   }
 }
 
+// Inputs beyond fp16's range (docs/numerics.md, "Input range of the tensor-core paths"): one
+// V element of 1e5 (> 65504) at one key, then one K row of 1e5 at another. Exact stays finite
+// everywhere; TensorCore rounds the value to infinity, so the output column that reads it (V), or
+// every row's output (K: a score of inf), is not finite, while V's other columns stay finite.
+TEST_P(Attention, FusedBeyondTheHalfRangeOnlyExactStaysFinite) {
+  const std::int64_t S = 70, D = 64;
+  const AttentionShape sh{1, 1, 1, S, S, D};
+  Lcg rng{23};
+  auto buf = [&](const std::vector<float>& h) {
+    Buffer<float> x(dev, h.size());
+    x.copy_from_host(s(), h);
+    return x;
+  };
+  const auto hq = rng.floats(std::size_t(S * D), 1.0f);
+  for (bool big_k : {false, true}) {
+    auto hk = rng.floats(std::size_t(S * D), 1.0f), hv = rng.floats(std::size_t(S * D), 1.0f);
+    if (big_k)
+      for (std::int64_t d = 0; d < D; ++d) hk[std::size_t(11 * D + d)] = 1e5f;  // key 11
+    else
+      hv[std::size_t(7 * D + 5)] = 1e5f;  // key 7, column 5
+    auto q = buf(hq), k = buf(hk), v = buf(hv);
+    for (auto prec : {AttentionPrecision::kExact, AttentionPrecision::kTensorCore}) {
+      SCOPED_TRACE(std::string(prec == AttentionPrecision::kExact ? "exact" : "tensor core") + (big_k ? " K" : " V"));
+      auto out = filled(std::size_t(S * D), 42.0f);
+      AttentionOptions o;
+      o.precision = prec;
+      attention(s(), q, k, v, out, sh, o);
+      const auto ho = out.to_vector(s());
+      for (std::int64_t r = 0; r < S; ++r)
+        for (std::int64_t d = 0; d < D; ++d) {
+          const float x = ho[std::size_t(r * D + d)];
+          const bool reads_inf = big_k || d == 5;
+          if (prec == AttentionPrecision::kExact || !reads_inf) ASSERT_TRUE(std::isfinite(x)) << r << " " << d;
+          else ASSERT_FALSE(std::isfinite(x)) << r << " " << d;
+        }
+    }
+  }
+}
+
 // Exact with no key tile at all: seq_kv == 0, and causal blocks whose rows see no key (seq_q -
 // seq_kv >= 64 rows: the block walks no tile). Every such row is +0 with log-sum-exp -inf; the
 // rows that see keys are finite, and the last row (which sees all 5 keys) equals non-causal
