@@ -15,7 +15,8 @@ nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,driver_version --format
 check_descriptors_or_stop
 step 90 "unit tests" tests.log $G/lockstep_tests
 grep -E '^\[  (PASSED|FAILED) |FAILED|Failure' $OUT/tests.log | head -12 | tee -a $sm
-grep -E 'FusedBatchRowsOfALargeGrid|DoneSlotsDoNotLengthen|HalfRoundingIsTheCpus' $OUT/tests.log | grep -E 'OK|FAILED|SKIP' | tee -a $sm
+grep -E 'FusedBatchRowsOfALargeGrid|DoneSlotsDoNotLengthen|HalfRoundingIsTheCpus|BeyondTheHalfRange' $OUT/tests.log | grep -E 'OK|FAILED|SKIP' | tee -a $sm
+grep -E 'on cuda.*gives 0x|mismatches|first at' $OUT/tests.log | tee -a $sm
 # UNIT_ONLY=1 (run148.sh on a card that is not an H200): the unit tests only.
 if [ "${UNIT_ONLY:-0}" = 1 ]; then
   echo "elapsed $(( $(date +%s) - T0 )) s" | tee -a $sm
