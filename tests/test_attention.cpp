@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -59,9 +60,10 @@ class Attention : public CallTest {
       o.precision = precision;
       o.causal = causal;
       o.lse = &lse;
-      ::setenv(knob, i == 0 ? a : b, 1);
-      attention(s(), q, k, v, out, sh, o);
-      ::unsetenv(knob);
+      {
+        const ScopedEnv knob_value(knob, i == 0 ? a : b);
+        attention(s(), q, k, v, out, sh, o);
+      }
       outs[i] = out.to_vector(s());
       lses[i] = lse.to_vector(s());
     }
@@ -398,7 +400,8 @@ TEST_P(Attention, DecodeTimelineMarksEachPhaseInOrder) {
   using kernels::DecodeChunk;
   using kernels::DecodeMerge;
   const bool cpu = dev->id().kind == DeviceKind::kCpu;
-  if (cpu) ::setenv("LOCKSTEP_CPU_DECODE_LANES", "1", 1);
+  std::optional<ScopedEnv> lanes;
+  if (cpu) lanes.emplace("LOCKSTEP_CPU_DECODE_LANES", "1");
   constexpr int D = 128, L = 1500, H = 8, Hkv = 2;
   DecodeInputs<D> in(dev, s(), H, Hkv, L, 99u);
   const int chunks = (L + kernels::kDecodeChunk - 1) / kernels::kDecodeChunk;
@@ -423,7 +426,6 @@ TEST_P(Attention, DecodeTimelineMarksEachPhaseInOrder) {
       }
     }
   }
-  if (cpu) ::unsetenv("LOCKSTEP_CPU_DECODE_LANES");
 }
 
 // Note [streamed tiles]: the K/V copies' L2 policy is a cache hint: every policy gives the bytes
@@ -461,13 +463,12 @@ TEST_P(Attention, DecodeL2PoliciesGiveTheSameBytes) {
           const bool cpu = dev->id().kind == DeviceKind::kCpu;
           for (int lanes : {0, 1}) {
             if (lanes == 1 && !cpu) break;
-            if (lanes == 1) ::setenv("LOCKSTEP_CPU_DECODE_LANES", "1", 1);
+            const ScopedEnv path("LOCKSTEP_CPU_DECODE_LANES", lanes == 1 ? "1" : "0");
             for (int tail : {0, 1, 3, 1 << 30}) {
               const auto got = run_decode<Prefetching, Merge>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1,
                                                               DecodeSync::kSignals, nullptr, nullptr, policy, tail);
               EXPECT_TRUE(same(ref, got)) << "policy " << policy << ", tail prefetch " << tail << (lanes ? ", lane path" : "");
             }
-            ::unsetenv("LOCKSTEP_CPU_DECODE_LANES");
           }
         }
       }
@@ -694,9 +695,8 @@ TEST_P(Attention, DecodeRowMajorGivesTheLaneBytes) {
   auto both = [&](auto&& call) {
     std::vector<float> r[2];
     for (int i = 0; i < 2; ++i) {
-      if (i == 1) ::setenv("LOCKSTEP_CPU_DECODE_LANES", "1", 1);
+      const ScopedEnv path("LOCKSTEP_CPU_DECODE_LANES", i == 1 ? "1" : "0");
       r[i] = call();
-      ::unsetenv("LOCKSTEP_CPU_DECODE_LANES");
     }
     return std::pair{r[0], r[1]};
   };
@@ -1007,6 +1007,7 @@ TEST_P(Attention, KvCacheKeepsEveryLayerAtTheSlotsLength) {
   EXPECT_EQ(cache.length(0, 0), 1);
   EXPECT_EQ(cache.length(0, 1), 0);
   const auto k0 = cache.k(0).to_vector(s()), v0 = cache.v(0).to_vector(s());
+  const auto k1 = cache.k(1).to_vector(s()), v1 = cache.v(1).to_vector(s()), out0 = out.to_vector(s());
   // Layer 0 again at position 0: refused, in append and in flash_decoding, nothing written.
   expect_invalid([&] { cache.append(s(), 0, kn9, kn9, std::vector<std::int64_t>{1, 0, 1}); }, "positions[0]", "1");
   expect_invalid([&] { flash_decoding(s(), cache, 0, q, kn9, kn9, std::vector<std::int64_t>{0, 1, 1}, out); },
@@ -1016,13 +1017,19 @@ TEST_P(Attention, KvCacheKeepsEveryLayerAtTheSlotsLength) {
   expect_invalid([&] { flash_decoding(s(), cache, 1, q, kn9, kn9, cache.lengths(), out); }, "positions[0]", "1");
   EXPECT_TRUE(same(cache.k(0).to_vector(s()), k0));
   EXPECT_TRUE(same(cache.v(0).to_vector(s()), v0));
+  EXPECT_TRUE(same(cache.k(1).to_vector(s()), k1));
+  EXPECT_TRUE(same(cache.v(1).to_vector(s()), v1));
+  EXPECT_TRUE(same(out.to_vector(s()), out0));
   EXPECT_EQ(cache.lengths(), (std::vector<std::int64_t>{1, 1, 1}));
   // A no-op rollback mid-step does not take the step's token from layer 1.
   cache.rollback(0, 1);
   // Layer 1 takes the step's token once (by flash_decoding), then it has it.
   flash_decoding(s(), cache, 1, q, kn, vn, std::vector<std::int64_t>{0, 0, 0}, out);
   EXPECT_EQ(cache.length(0, 1), 1);
+  const auto k1b = cache.k(1).to_vector(s()), v1b = cache.v(1).to_vector(s());
   expect_invalid([&] { cache.append(s(), 1, kn9, kn9, std::vector<std::int64_t>{0, 0, 0}); }, "positions[0]", "0");
+  EXPECT_TRUE(same(cache.k(1).to_vector(s()), k1b));
+  EXPECT_TRUE(same(cache.v(1).to_vector(s()), v1b));
   // A layer may take the new token first; the other layer then appends length - 1.
   cache.append(s(), 1, kn, vn, std::vector<std::int64_t>{1, 1, 1});
   EXPECT_EQ(cache.length(2, 0), 1);
@@ -1256,8 +1263,10 @@ TEST_P(Attention, KvCacheWriteFromDeviceIsWriteFromHostWithoutTheRoundTrip) {
     flash_decoding(s(), b, l, q, kn, vn, pos, out_b);
     EXPECT_TRUE(same(out_a.to_vector(s()), out_b.to_vector(s()))) << l;
   }
-  // Bad input: nothing written, lengths kept.
-  const auto before = written(b.k(0), count + 1);
+  // Bad input: nothing written (the whole of layer 0's and 1's K and V: the refused calls target
+  // slot 0, or a slot or layer out of range), lengths kept.
+  std::vector<std::vector<float>> before;
+  for (std::int64_t l = 0; l < 2; ++l) before.push_back(b.k(l).to_vector(s())), before.push_back(b.v(l).to_vector(s()));
   Buffer<float> short_k(dev, n - 1);
   expect_invalid([&] { b.write_from_device(s(), 0, 0, short_k, dv, count); }, "k.size()", std::to_string(n - 1));
   expect_invalid([&] { b.write_from_device(s(), 0, 2, dk, dv, count); }, "layer", "2");
@@ -1274,7 +1283,10 @@ TEST_P(Attention, KvCacheWriteFromDeviceIsWriteFromHostWithoutTheRoundTrip) {
   auto v_over_dest = Buffer<float>::wrap(dev, b.v(0).data().get() + 16 * 32 + 5 * 32, n);
   expect_invalid([&] { b.write_from_device(s(), 0, 0, dk, v_over_dest, count); }, "v",
                  "memory that overlaps the rows it is written to");
-  EXPECT_TRUE(same(before, written(b.k(0), count + 1)));
+  for (std::int64_t l = 0; l < 2; ++l) {
+    EXPECT_TRUE(same(before[std::size_t(2 * l)], b.k(l).to_vector(s()))) << l;
+    EXPECT_TRUE(same(before[std::size_t(2 * l + 1)], b.v(l).to_vector(s()))) << l;
+  }
   EXPECT_EQ(b.length(0), 0);
   EXPECT_EQ(b.length(1), count + 1);
   // From elsewhere in the cache: n floats from slot 1's rows of layer 0 into slot 0 of layer 1.
@@ -1708,6 +1720,7 @@ TEST_P(Attention, OutputsMayNotShareMemoryWithInputs) {
     auto q = filled(2 * 4 * 32, 0.5f), kn = filled(2 * 2 * 32, 1.0f), vn = filled(2 * 2 * 32, 2.0f);
     auto out = filled(2 * 4 * 32, 42.0f);
     const std::vector<std::int64_t> pos{0, 0};
+    const auto k_before = cache.k(0).to_vector(s()), v_before = cache.v(0).to_vector(s());
     expect_invalid([&] { flash_decoding(s(), cache, 0, q, kn, vn, pos, q); }, "out", "memory that overlaps q");
     Buffer<std::int32_t> dpos(dev, 2);
     dpos.copy_from_host(s(), std::vector<std::int32_t>{0, 0});
@@ -1737,6 +1750,8 @@ TEST_P(Attention, OutputsMayNotShareMemoryWithInputs) {
                    "memory that overlaps the cache's K");
     expect_all(out, 42.0f);
     expect_all(q, 0.5f);
+    EXPECT_TRUE(same(cache.k(0).to_vector(s()), k_before)) << "the refused calls wrote no new token";
+    EXPECT_TRUE(same(cache.v(0).to_vector(s()), v_before));
     EXPECT_EQ(cache.length(0), 0);
     EXPECT_EQ(cache.length(1), 0);
     flash_decoding(s(), cache, 0, q, kn, vn, pos, out);  // distinct buffers are accepted

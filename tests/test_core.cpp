@@ -186,7 +186,8 @@ TEST_P(Core, EventsOrderTwoStreams) {
   for (int round = 0; round < 5; ++round) {
     const float v = 1.0f + round;
     a.fill(*s1, v);
-    for (int i = 0; i < 4; ++i) ops::scale(*s1, a, b, 1.0f), ops::scale(*s1, b, a, 1.0f);
+    // x 1.5 per pass (exact), so that c shows how much of the chain s2 waited for.
+    for (int i = 0; i < 4; ++i) ops::scale(*s1, a, b, 2.0f), ops::scale(*s1, b, a, 0.75f);
     ev->record(*s1);
     s2->wait(*ev);
     ops::scale(*s2, a, c, 2.0f);  // must see the whole chain of s1
@@ -194,19 +195,21 @@ TEST_P(Core, EventsOrderTwoStreams) {
     c.copy_to_host(*s2, host);
     s2->synchronize();
     EXPECT_TRUE(ev->query());
-    for (std::size_t i = 0; i < n; i += 4099) ASSERT_EQ(host[i], 2.0f * v) << "round " << round;
+    for (std::size_t i = 0; i < n; i += 4099) ASSERT_EQ(host[i], 2.0f * v * 5.0625f) << "round " << round;
   }
 }
 
 TEST_P(Core, TimingEventsMeasureElapsedTime) {
   auto& s = dev->default_stream();
   auto t0 = dev->create_event(true), t1 = dev->create_event(true);
-  Buffer<float> a(dev, 1 << 20);
+  Buffer<float> a(dev, 1 << 22), b(dev, 1 << 22);
   t0->record(s);
   a.fill(s, 3.0f);
+  for (int i = 0; i < 8; ++i) ops::scale(s, a, b, 0.5f), ops::scale(s, b, a, 2.0f);  // 16 passes over 16 MB
   t1->record(s);
   t1->synchronize();
-  EXPECT_GE(t1->elapsed_ms(*t0), 0.0);
+  EXPECT_GT(t1->elapsed_ms(*t0), 0.0) << "work between the two records takes time";
+  EXPECT_LT(t1->elapsed_ms(*t0), 60000.0);
   auto untimed = dev->create_event(false);
   untimed->record(s);
   untimed->synchronize();

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "harness/harness.hpp"
@@ -125,6 +126,44 @@ TEST(StrictMath, Exp2WeightIsWithinItsBoundAndFlushesBelowTheNormalRange) {
 }
 
 // max_num ignores a NaN operand (either side) and otherwise returns the larger.
+// math::half_bits_rn (the CPU device's fp16 rounding, also what every test's expected fp16 bits
+// come from) against an encoding written here of the float64 reference rounding (harness
+// math_reference, kRoundHalf): every 61st float bit pattern, and the codes at the edges (ties to
+// even, the largest finite half, overflow, the subnormal grid, signed zero). Independent of the
+// GPU: DeviceMath.HalfRoundingIsTheCpusOverEveryFloat checks CUDA's against it where one is.
+TEST(StrictMath, HalfBitsAreTheNearestHalfsEncoding) {
+  const auto encode = [](double r) -> std::uint32_t {
+    const std::uint32_t sign = std::signbit(r) ? 0x8000u : 0u;
+    const double a = std::fabs(r);
+    if (std::isinf(a)) return sign | 0x7c00u;
+    if (a < 0x1p-14) return sign | static_cast<std::uint32_t>(a * 0x1p24);
+    const int e = std::ilogb(a);
+    return sign | static_cast<std::uint32_t>((e + 15) << 10) |
+           static_cast<std::uint32_t>((a / std::ldexp(1.0, e) - 1.0) * 1024.0);
+  };
+  const auto expect = [&](float x) {
+    return encode(harness::math_reference(int(MathFn::kRoundHalf), x));
+  };
+  std::uint64_t checked = 0;
+  for (std::uint64_t b = 0; b < (1ull << 32); b += 61) {
+    const float x = from_bits(static_cast<std::uint32_t>(b));
+    const std::uint32_t h = math::half_bits_rn(x);
+    if (std::isnan(x)) {
+      ASSERT_TRUE((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0) << std::hex << b;
+      continue;
+    }
+    ASSERT_EQ(h, expect(x)) << "x = 0x" << std::hex << b;
+    ++checked;
+  }
+  EXPECT_GT(checked, 70000000u);
+  const std::pair<float, std::uint32_t> codes[] = {
+      {1.0f, 0x3c00u}, {-2.0f, 0xc000u}, {65504.0f, 0x7bffu}, {65519.99f, 0x7bffu}, {65520.0f, 0x7c00u},
+      {-1e9f, 0xfc00u}, {INFINITY, 0x7c00u}, {0x1p-14f, 0x0400u}, {0x1p-24f, 0x0001u}, {0x1p-25f, 0x0000u},
+      {0x1.8p-25f, 0x0001u}, {0x1.8p-24f, 0x0002u}, {-0.0f, 0x8000u}, {1.0f + 0x1p-11f, 0x3c00u},
+      {1.0f + 0x3p-11f, 0x3c02u}, {0.1f, 0x2e66u}};
+  for (const auto& [x, code] : codes) EXPECT_EQ(math::half_bits_rn(x), code) << x;
+}
+
 TEST(StrictMath, MaxNumSkipsNaN) {
   EXPECT_EQ(math::max_num(NAN, 1.0f), 1.0f);
   EXPECT_EQ(math::max_num(1.0f, NAN), 1.0f);

@@ -19,6 +19,29 @@ inline std::string unavailable_reason(DeviceKind kind) {
   return "unknown backend";
 }
 
+// Sets an environment variable (nullptr: unsets it) for a scope, then restores what it was: a
+// test's knob must not undo a rerun's (tests/CMakeLists.txt runs tests again with, e.g.,
+// LOCKSTEP_CPU_DECODE_LANES=1; a plain unsetenv after a test's own setting dropped it for every
+// later test of that run).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name); old != nullptr) had_ = true, old_ = old;
+    set(value);
+  }
+  ~ScopedEnv() { set(had_ ? old_.c_str() : nullptr); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  void set(const char* v) {
+    if (v != nullptr) ::setenv(name_.c_str(), v, 1);
+    else ::unsetenv(name_.c_str());
+  }
+  std::string name_, old_;
+  bool had_ = false;
+};
+
 // LOCKSTEP_TEST_REQUIRE_CUDA=1 (the GPU runs set it, tools/gpu/): a CUDA test fails instead of
 // skipping when CUDA is not usable, so that a broken driver cannot turn a GPU run green.
 inline bool cuda_required() {
