@@ -112,7 +112,9 @@ RC_GTEST_PROP(Decode, BatchInvariance, ()) {
   s2.slots = s.slots + *rc::gen::inRange<std::int64_t>(0, 4);
   s2.seed = s.seed ^ 0x5bd1e995u;
   DecodeWorld other(s2);
-  const std::int64_t j = *rc::gen::inRange<std::int64_t>(0, s2.slots);
+  // Another slot index whenever the batch has one (full_range: not narrowed in the first cases).
+  std::int64_t j = full_range(0, s2.slots);
+  if (s2.slots > 1 && j == i) j = (i + 1) % s2.slots;
   put_sequence(batch, i, other, j);
   const std::size_t row = std::size_t(s.heads * s.dim);
   // Coverage (printed by RapidCheck): the sequence's chunks against its batches' longest.
@@ -123,6 +125,7 @@ RC_GTEST_PROP(Decode, BatchInvariance, ()) {
   RC_CLASSIFY(mine > 1, "the sequence spans several chunks");
   RC_CLASSIFY(chunks_of(longest) > mine, "its batch has more chunks than it");
   RC_CLASSIFY(s2.slots > 128, "more than 128 slots");
+  RC_CLASSIFY(j != i, "at another slot index");
   for (const auto& dev : backends()) {
     const auto a = batch.decode(dev), b = alone.decode(dev), c = other.decode(dev);
     RC_LOG() << dev->id().str() << ": slot " << i << " vs alone, vs slot " << j << " of " << s2.slots << "\n";

@@ -1495,13 +1495,22 @@ TEST_P(Attention, FlashDecodingWithDevicePositionsGivesTheSameBytes) {
   flash_decoding(s(), b, 0, q, kn, vn, ints({-7, -1, -1}), ob, &status);
   EXPECT_EQ(status.to_vector(s())[0], 1);
 
-  // Host-side checks: typed errors, nothing enqueued.
+  // Host-side checks: typed errors, nothing enqueued (the position buffers are uploaded first:
+  // their copies are enqueued), nothing written.
   auto oc = filled(3 * 8 * 64, 42.0f);
-  expect_invalid([&] { flash_decoding(s(), b, 0, q, kn, vn, ints({1, 2}), oc); }, "positions.size()");
+  auto pos2 = ints({1, 2}), pos3 = ints({1, 2, 3});
   Buffer<std::int32_t> two(dev, 2);
-  expect_invalid([&] { flash_decoding(s(), b, 0, q, kn, vn, ints({1, 2, 3}), oc, &two); }, "status.size()");
-  expect_invalid([&] { flash_decoding(s(), b, 2, q, kn, vn, ints({1, 2, 3}), oc); }, "layer");
+  two.fill(s(), 7);
+  const auto k_before = b.k(0).to_vector(s()), v_before = b.v(0).to_vector(s());
+  const auto launches = s().launches();
+  expect_invalid([&] { flash_decoding(s(), b, 0, q, kn, vn, pos2, oc); }, "positions.size()");
+  expect_invalid([&] { flash_decoding(s(), b, 0, q, kn, vn, pos3, oc, &two); }, "status.size()");
+  expect_invalid([&] { flash_decoding(s(), b, 2, q, kn, vn, pos3, oc); }, "layer");
+  EXPECT_EQ(s().launches(), launches);
   expect_all(oc, 42.0f);
+  EXPECT_EQ(two.to_vector(s()), (std::vector<std::int32_t>{7, 7}));
+  EXPECT_TRUE(same(b.k(0).to_vector(s()), k_before));
+  EXPECT_TRUE(same(b.v(0).to_vector(s()), v_before));
 }
 
 // Note [fused append]: flash_decoding appends each slot's new token in its chunk kernel. The cache

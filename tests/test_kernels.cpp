@@ -304,6 +304,7 @@ TEST_P(Kernels, BadInputIsTypedAndLeavesOutputsUntouched) {
          "rows * n");
   expect([&] { ops::extract_head(s(), a, out, 10, 1, 10, 1); }, "head");
   expect([&] { ops::gemm(s(), a, a, a, 1, 10, 10, 10); }, "c");
+  EXPECT_EQ(download(a), std::vector<float>(100, 1.0f)) << "the refused gemm's c (a itself) is untouched";
   expect([&] { ops::transpose(s(), a, out, 1, 10, 11); }, "in.size()");
   expect([&] { ops::interleaved_to_batched(s(), a, out, 5, 0, 20); }, "heads");
   // Not in place: the same buffer, or wrapped pointers that overlap, are refused (they gave
@@ -323,12 +324,14 @@ TEST_P(Kernels, BadInputIsTypedAndLeavesOutputsUntouched) {
   {
     const std::int64_t big = std::int64_t(1) << 40;
     Buffer<float> none(dev, 0), none_out(dev, 0);
+    const auto launches = s().launches();
     ops::gemm(s(), none, none, none_out, 0, big, big, big);
     ops::interleaved_to_batched(s(), none, none_out, 0, big, big);
     ops::batched_to_interleaved(s(), none, none_out, 0, big, big);
     ops::extract_head(s(), none, none_out, 0, big, big, 1);
     ops::copy_head_back(s(), none, none_out, 0, big, big, 1);
     expect([&] { ops::extract_head(s(), none, none_out, 0, big, big, big); }, "head");
+    EXPECT_EQ(s().launches(), launches);
   }
   // A row of heads * dim past the copy's 32-bit offsets is refused by the call's own name for it
   // (it used to name the internal copy3d's limit). The views are never read: every check runs
