@@ -63,7 +63,8 @@ std::unique_ptr<Case> flash_case(const DecodeWorldShape& s);
 
 // flash_decoding with device positions (Buffer<std::int32_t>) and a status buffer: per slot a
 // position that is the slot's length, an earlier one (a device-side rollback), -1 (skipped), or
-// at most one outside [-1, max_len) (skipped, reported in status). out, status, and the cache
+// for one to three slots, a position outside [-1, max_len) (skipped, reported in status: the
+// highest such slot + 1). out, status, and the cache
 // tokens below each slot's new length are compared. Done flags are ignored (none drawn).
 struct DevicePositionsShape {
   DecodeWorldShape world;
