@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -41,6 +42,19 @@ class ScopedEnv {
   std::string name_, old_;
   bool had_ = false;
 };
+
+// A new CPU device running the SIMD variant `simd` ("generic", "avx2", "avx3"), or nullptr, with
+// the reason printed, where this CPU cannot run it.
+inline std::shared_ptr<Device> cpu_variant_or_null(const char* simd) {
+  CpuDeviceOptions o;
+  o.simd = simd;
+  try {
+    return make_cpu_device(o);
+  } catch (const Unsupported&) {
+    std::printf("SIMD variant %s: not supported by this CPU, skipped\n", simd);
+    return nullptr;
+  }
+}
 
 // LOCKSTEP_TEST_REQUIRE_CUDA=1 (the GPU runs set it, tools/gpu/): a CUDA test fails instead of
 // skipping when CUDA is not usable, so that a broken driver cannot turn a GPU run green.
