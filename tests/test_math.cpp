@@ -39,6 +39,8 @@ float host_eval(MathFn fn, float x) {
     default: return math::round_to_half(x);
   }
 }
+// An fp16 NaN: exponent all ones, a nonzero mantissa.
+bool is_nan_half(std::uint32_t h) { return (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0; }
 double reference(MathFn fn, double x) { return harness::math_reference(int(fn), float(x)); }
 double ulps(float got, double ref) { return harness::ulp_distance(got, ref); }
 
@@ -125,7 +127,6 @@ TEST(StrictMath, Exp2WeightIsWithinItsBoundAndFlushesBelowTheNormalRange) {
   EXPECT_TRUE(std::isnan(math::exp2_weight(NAN)));
 }
 
-// max_num ignores a NaN operand (either side) and otherwise returns the larger.
 // math::half_bits_rn (the CPU device's fp16 rounding, also what every test's expected fp16 bits
 // come from) against an encoding written here of the float64 reference rounding (harness
 // math_reference, kRoundHalf): every 61st float bit pattern, and the codes at the edges (ties to
@@ -149,7 +150,7 @@ TEST(StrictMath, HalfBitsAreTheNearestHalfsEncoding) {
     const float x = from_bits(static_cast<std::uint32_t>(b));
     const std::uint32_t h = math::half_bits_rn(x);
     if (std::isnan(x)) {
-      ASSERT_TRUE((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0) << std::hex << b;
+      ASSERT_TRUE(is_nan_half(h)) << std::hex << b;
       continue;
     }
     ASSERT_EQ(h, expect(x)) << "x = 0x" << std::hex << b;
@@ -164,6 +165,7 @@ TEST(StrictMath, HalfBitsAreTheNearestHalfsEncoding) {
   for (const auto& [x, code] : codes) EXPECT_EQ(math::half_bits_rn(x), code) << x;
 }
 
+// max_num ignores a NaN operand (either side) and otherwise returns the larger.
 TEST(StrictMath, MaxNumSkipsNaN) {
   EXPECT_EQ(math::max_num(NAN, 1.0f), 1.0f);
   EXPECT_EQ(math::max_num(1.0f, NAN), 1.0f);
@@ -283,11 +285,10 @@ TEST_P(DeviceMath, HalfRoundingIsTheCpusOverEveryFloat) {
       std::vector<std::thread> workers;
       for (unsigned t = 0; t < T; ++t)
         workers.emplace_back([&, t] {
-          const auto nan_half = [](std::uint32_t h) { return (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0; };
           for (std::int64_t i = t; i < chunk; i += T) {
             const std::uint32_t b = std::uint32_t(start + std::uint64_t(i)), got = bits(host[std::size_t(i)]);
             const float x = from_bits(b);
-            const bool ok = std::isnan(x) ? nan_half(got & 0xffffu) && nan_half(got >> 16)
+            const bool ok = std::isnan(x) ? is_nan_half(got & 0xffffu) && is_nan_half(got >> 16)
                                           : got == bits(host_eval(fn, x));
             if (!ok && bad[t]++ == 0) at[t] = b;
           }
