@@ -1,5 +1,6 @@
 // The CPU execution model: lanes, lane expressions and CpuExec<N>, the context a kernel template
-// is instantiated with on the simulated device (design.md §3, docs/kernels.md).
+// is instantiated with on the simulated device (../shared/design.md §3, beside the repository;
+// docs/kernels.md).
 //
 // Deliberately no #pragma once: this header is compiled once per SIMD variant (cpu_variant.cpp is
 // built with -mavx512*, -mavx2 -mfma, or baseline flags) inside the namespace LOCKSTEP_CPU_NS, so

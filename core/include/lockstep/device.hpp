@@ -1,5 +1,6 @@
 #pragma once
-// Device / Stream / Event: the run-time chosen backend interface (design.md §2, docs/api.md).
+// Device / Stream / Event: the run-time chosen backend interface (../shared/design.md §2, beside
+// the repository; docs/api.md).
 //
 // A Device owns memory and streams. A Stream is an in-order queue of copies and kernel launches;
 // nothing enqueued is guaranteed done until Stream::synchronize(), Event::synchronize() or

@@ -1,6 +1,7 @@
 #pragma once
-// Errors (design.md §2): bad user input throws a typed lockstep::Error whose message names the
-// parameter, its value and the limit; internal invariants use LOCKSTEP_ASSERT, which says "bug".
+// Errors (../shared/design.md §2, beside the repository): bad user input throws a typed
+// lockstep::Error whose message names the parameter, its value and the limit; internal invariants
+// use LOCKSTEP_ASSERT, which says "bug".
 // A call that throws has not enqueued anything: outputs and caches are untouched.
 
 #include <cstdint>
