@@ -74,7 +74,7 @@ class Attention : public CallTest {
   // One TensorCore attention call with the defaults (LOCKSTEP_FUSED_TC_PACK=pack), synchronized:
   // what a launch record around it shows is what runs by default.
   void tensor_core_attention(const AttentionShape& sh, bool causal, const char* pack) {
-    ::setenv("LOCKSTEP_FUSED_TC_PACK", pack, 1);
+    const ScopedEnv packing("LOCKSTEP_FUSED_TC_PACK", pack);
     auto q = filled(std::size_t(sh.batch * sh.heads * sh.seq_q * sh.head_dim), 0.5f);
     auto kv = filled(std::size_t(sh.batch * sh.kv_heads * sh.seq_kv * sh.head_dim), 0.25f);
     auto out = filled(std::size_t(sh.batch * sh.heads * sh.seq_q * sh.head_dim), 42.0f);
@@ -83,7 +83,6 @@ class Attention : public CallTest {
     o.causal = causal;
     attention(s(), q, kv, kv, out, sh, o);
     s().synchronize();
-    ::unsetenv("LOCKSTEP_FUSED_TC_PACK");
   }
   void expect_all(const Buffer<float>& b, float v) {
     for (float x : b.to_vector(s())) ASSERT_EQ(bits(x), bits(v)) << "a rejected call wrote";
@@ -135,9 +134,8 @@ class Attention : public CallTest {
             o.causal = causal;
             o.lse = &lse;
             o.batch_invariant = invariant;
-            if (splits != nullptr) ::setenv(knob, splits, 1);
+            const ScopedEnv split(knob, splits);  // nullptr: the default
             attention(s(), q, k, v, out, sh, o);
-            ::unsetenv(knob);
             lse_out = lse.to_vector(s());
             return out.to_vector(s());
           };
@@ -176,9 +174,8 @@ class Attention : public CallTest {
               }
             }
           if (dev->id().kind == DeviceKind::kCpu) {
-            ::setenv(knob, "3", 1);
+            const ScopedEnv split(knob, "3");
             same_bytes(sh, causal, rng, range);
-            ::unsetenv(knob);
           }
         }
   }
@@ -869,9 +866,10 @@ TEST_P(Attention, MultiheadAutoFollowsTheSeedRule) {
   r = run(64, 32);
   EXPECT_EQ(r.score_gemm, GemmKind::kFp32);        // k = head_dim = 32 < 64
   EXPECT_EQ(r.value_gemm, GemmKind::kTensorCore);  // k = seq_len = 64
-  ::setenv("LOCKSTEP_FORCE_FP32_GEMM", "1", 1);
-  r = run(64, 64);
-  ::unsetenv("LOCKSTEP_FORCE_FP32_GEMM");
+  {
+    const ScopedEnv fp32("LOCKSTEP_FORCE_FP32_GEMM", "1");
+    r = run(64, 64);
+  }
   EXPECT_EQ(r.score_gemm, GemmKind::kFp32);
   EXPECT_EQ(r.value_gemm, GemmKind::kFp32);
 }
@@ -2171,10 +2169,7 @@ TEST_P(Attention, FusedExactMisalignedInputsGiveTheSameBytes) {
   for (std::int64_t d : {32, 64, 96, 128, 256, -64})
     for (bool causal : {false, true}) {
       // -64: head_dim 64 with P in K's memory forced (this grid is small enough for the other).
-      if (d < 0) ::setenv("LOCKSTEP_FUSED_EXACT_P", "0", 1);
-      struct Unset {
-        ~Unset() { ::unsetenv("LOCKSTEP_FUSED_EXACT_P"); }
-      } unset;
+      const ScopedEnv p_buffer("LOCKSTEP_FUSED_EXACT_P", d < 0 ? "0" : nullptr);
       const std::int64_t D = d < 0 ? -d : d;
       SCOPED_TRACE("D=" + std::to_string(D) + (causal ? " causal" : "") + (d < 0 ? " P in K" : ""));
       const AttentionShape sh{1, 2, 1, 70, 150, D};
@@ -2218,10 +2213,9 @@ TEST_P(Attention, FusedTensorCoreRowsPerBlockGiveTheSameBytes) {
   for (std::int64_t D : {64, 128})
     for (bool causal : {false, true}) {
       SCOPED_TRACE("D=" + std::to_string(D) + (causal ? " causal" : ""));
-      ::setenv("LOCKSTEP_FUSED_TC_WGMMA", "0", 1);  // the mma.sync kernels (wgmma: its own test)
+      const ScopedEnv mma("LOCKSTEP_FUSED_TC_WGMMA", "0");  // the mma.sync kernels (wgmma: its own test)
       expect_knob_gives_same_bytes("LOCKSTEP_FUSED_TC_ROWS", "64", "128", AttentionPrecision::kTensorCore,
                                    AttentionShape{2, 4, 2, 200, 230, D}, causal, rng, 1.0f);
-      ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA");
     }
 }
 
@@ -2238,10 +2232,9 @@ TEST_P(Attention, FusedWgmmaGivesTheTensorCoreBytesOnTheCpu) {
     for (std::int64_t D : {64, 128})
       for (bool causal : {false, true}) {
         SCOPED_TRACE(std::string("warpgroups ") + wg + " D=" + std::to_string(D) + (causal ? " causal" : ""));
-        ::setenv("LOCKSTEP_FUSED_TC_WGMMA_WG", wg, 1);
+        const ScopedEnv warpgroups("LOCKSTEP_FUSED_TC_WGMMA_WG", wg);
         expect_knob_gives_same_bytes("LOCKSTEP_FUSED_TC_WGMMA", "0", "1", AttentionPrecision::kTensorCore,
                                      AttentionShape{2, 4, 2, 200, 230, D}, causal, rng, 1.0f);
-        ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA_WG");
       }
 }
 
@@ -2254,30 +2247,28 @@ TEST_P(Attention, FusedWgmmaGivesTheTensorCoreBytesOnTheCpu) {
 TEST_P(Attention, FusedWgmmaSerialGivesTheSameBytes) {
   const bool cpu = dev->id().kind == DeviceKind::kCpu;
   Lcg rng{17};
-  if (cpu) ::setenv("LOCKSTEP_FUSED_TC_WGMMA", "1", 1);
-  ::setenv("LOCKSTEP_FUSED_TC_WGMMA_WG", "1", 1);
-  ::setenv("LOCKSTEP_FUSED_TC_WGMMA_DEFER", "0", 1);
+  std::optional<ScopedEnv> forced;  // on the CPU device the wgmma kernel's emulation
+  if (cpu) forced.emplace("LOCKSTEP_FUSED_TC_WGMMA", "1");
+  const ScopedEnv warpgroups("LOCKSTEP_FUSED_TC_WGMMA_WG", "1"), in_order("LOCKSTEP_FUSED_TC_WGMMA_DEFER", "0");
   for (const char* pack : {"0", "1"})
     for (const AttentionShape& sh : {AttentionShape{2, 4, 2, 200, 230, 64}, AttentionShape{3, 2, 1, 64, 700, 64},
                                      AttentionShape{1, 2, 2, 40, 17, 64}})
       for (bool causal : {false, true}) {
         SCOPED_TRACE(std::string("packing blocks ") + pack + " B=" + std::to_string(sh.batch) + " Skv=" +
                      std::to_string(sh.seq_kv) + (causal ? " causal" : ""));
-        ::setenv("LOCKSTEP_FUSED_TC_PACK", pack, 1);
         detail::LaunchRecorder rec;
-        expect_knob_gives_same_bytes("LOCKSTEP_FUSED_TC_WGMMA_SERIAL", "0", "1", AttentionPrecision::kTensorCore, sh,
-                                     causal, rng, 1.0f);
-        ::unsetenv("LOCKSTEP_FUSED_TC_PACK");
+        {
+          const ScopedEnv packing("LOCKSTEP_FUSED_TC_PACK", pack);
+          expect_knob_gives_same_bytes("LOCKSTEP_FUSED_TC_WGMMA_SERIAL", "0", "1", AttentionPrecision::kTensorCore,
+                                       sh, causal, rng, 1.0f);
+        }
         const bool pk = pack[0] == '1';
         const int serial = pk ? kernels::kernel_index_v<kernels::FusedAttentionWgmma<64, 1, true, false>>
                               : kernels::kernel_index_v<kernels::FusedAttentionWgmma<64, 1, false, false>>;
         const int overlapped = pk ? kernels::kernel_index_v<kernels::FusedAttentionWgmma<64, 1, true>>
                                   : kernels::kernel_index_v<kernels::FusedAttentionWgmma<64, 1>>;
-        if (!cpu && !rec.launched(overlapped)) {
-          ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA_WG");
-          ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA_DEFER");
+        if (!cpu && !rec.launched(overlapped))
           GTEST_SKIP() << "no wgmma kernel here (a library built without sm_90a, or compute capability not 9.0)";
-        }
         EXPECT_TRUE(rec.launched(serial));
         EXPECT_TRUE(rec.launched(overlapped));
         // With the knob unset the serial schedule is the one that runs (the default since run 124;
@@ -2289,9 +2280,6 @@ TEST_P(Attention, FusedWgmmaSerialGivesTheSameBytes) {
           EXPECT_FALSE(by_default.launched(overlapped));
         }
       }
-  ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA_WG");
-  ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA_DEFER");
-  if (cpu) ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA");
 }
 
 // Note [deferred P.V wait]: the serial schedule with tile j's softmax during tile j - 1's P.V
@@ -2303,8 +2291,9 @@ TEST_P(Attention, FusedWgmmaSerialGivesTheSameBytes) {
 TEST_P(Attention, FusedWgmmaDeferredGivesTheSameBytes) {
   const bool cpu = dev->id().kind == DeviceKind::kCpu;
   Lcg rng{23};
-  if (cpu) ::setenv("LOCKSTEP_FUSED_TC_WGMMA", "1", 1);
-  ::setenv("LOCKSTEP_FUSED_TC_WGMMA_WG", "1", 1);
+  std::optional<ScopedEnv> forced;  // on the CPU device the wgmma kernel's emulation
+  if (cpu) forced.emplace("LOCKSTEP_FUSED_TC_WGMMA", "1");
+  std::optional<ScopedEnv> warpgroups(std::in_place, "LOCKSTEP_FUSED_TC_WGMMA_WG", "1");
   for (const char* pack : {"0", "1"})
     for (const AttentionShape& sh : {AttentionShape{2, 4, 2, 200, 230, 64}, AttentionShape{3, 2, 1, 64, 700, 64},
                                      AttentionShape{1, 2, 2, 40, 17, 64}, AttentionShape{1, 2, 1, 200, 17, 64}})
@@ -2312,20 +2301,19 @@ TEST_P(Attention, FusedWgmmaDeferredGivesTheSameBytes) {
         for (float range : {1.0f, 4.0f}) {
           SCOPED_TRACE(std::string("packing blocks ") + pack + " B=" + std::to_string(sh.batch) + " Skv=" +
                        std::to_string(sh.seq_kv) + (causal ? " causal" : "") + " range " + std::to_string(range));
-          ::setenv("LOCKSTEP_FUSED_TC_PACK", pack, 1);
           detail::LaunchRecorder rec;
-          expect_knob_gives_same_bytes("LOCKSTEP_FUSED_TC_WGMMA_DEFER", "0", "1", AttentionPrecision::kTensorCore, sh,
-                                       causal, rng, range);
-          ::unsetenv("LOCKSTEP_FUSED_TC_PACK");
+          {
+            const ScopedEnv packing("LOCKSTEP_FUSED_TC_PACK", pack);
+            expect_knob_gives_same_bytes("LOCKSTEP_FUSED_TC_WGMMA_DEFER", "0", "1", AttentionPrecision::kTensorCore,
+                                         sh, causal, rng, range);
+          }
           const bool pk = pack[0] == '1';
           const int serial = pk ? kernels::kernel_index_v<kernels::FusedAttentionWgmma<64, 1, true, false>>
                                 : kernels::kernel_index_v<kernels::FusedAttentionWgmma<64, 1, false, false>>;
           const int deferred = pk ? kernels::kernel_index_v<kernels::FusedAttentionWgmma<64, 1, true, false, true>>
                                   : kernels::kernel_index_v<kernels::FusedAttentionWgmma<64, 1, false, false, true>>;
-          if (!cpu && !rec.launched(serial)) {
-            ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA_WG");
+          if (!cpu && !rec.launched(serial))
             GTEST_SKIP() << "no wgmma kernel here (a library built without sm_90a, or compute capability not 9.0)";
-          }
           EXPECT_TRUE(rec.launched(serial));
           EXPECT_TRUE(rec.launched(deferred));
           // With the knob unset the deferred order is the one that runs (the default since run 126).
@@ -2334,7 +2322,7 @@ TEST_P(Attention, FusedWgmmaDeferredGivesTheSameBytes) {
           EXPECT_TRUE(by_default.launched(deferred));
           EXPECT_FALSE(by_default.launched(serial));
         }
-  ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA_WG");
+  warpgroups.reset();
   // Grids under two waves of 132 SMs (at 64 rows per block), by default: one warpgroup per block
   // at head_dim 64 (this kernel), two at head_dim 128 (wgmma_warpgroups; run 137).
   for (std::int64_t D : {64, 128}) {
@@ -2348,7 +2336,6 @@ TEST_P(Attention, FusedWgmmaDeferredGivesTheSameBytes) {
     EXPECT_EQ(rec.launched(one), D == 64);
     EXPECT_EQ(rec.launched(two), D == 128);
   }
-  if (cpu) ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA");
 }
 
 // Note [packing blocks]: the wgmma kernel with K and V rounded to fp16 by its own blocks (kv head
@@ -2364,18 +2351,16 @@ TEST_P(Attention, FusedWgmmaDeferredGivesTheSameBytes) {
 TEST_P(Attention, FusedWgmmaPackingBlocksGiveTheSameBytes) {
   Lcg rng{16};
   const bool cpu = dev->id().kind == DeviceKind::kCpu;
-  if (cpu) ::setenv("LOCKSTEP_FUSED_TC_WGMMA", "1", 1);
-  ::setenv("LOCKSTEP_FUSED_TC_SPLITS", "1", 1);
-  struct Unset {
-    ~Unset() { ::unsetenv("LOCKSTEP_FUSED_TC_SPLITS"); }
-  } unset_splits;
+  std::optional<ScopedEnv> forced;  // on the CPU device the wgmma kernel's emulation
+  if (cpu) forced.emplace("LOCKSTEP_FUSED_TC_WGMMA", "1");
+  const ScopedEnv one_range("LOCKSTEP_FUSED_TC_SPLITS", "1");
   for (const char* wg : {"1", "2"})
     for (const AttentionShape& sh : {AttentionShape{2, 4, 2, 200, 230, 128}, AttentionShape{3, 2, 1, 64, 700, 64},
                                      AttentionShape{1, 3, 1, 130, 90, 128}, AttentionShape{2, 8, 2, 70, 333, 64}})
       for (bool causal : {false, true}) {
         SCOPED_TRACE(std::string("warpgroups ") + wg + " B=" + std::to_string(sh.batch) + " Hkv=" +
                      std::to_string(sh.kv_heads) + " D=" + std::to_string(sh.head_dim) + (causal ? " causal" : ""));
-        ::setenv("LOCKSTEP_FUSED_TC_WGMMA_WG", wg, 1);
+        const ScopedEnv warpgroups("LOCKSTEP_FUSED_TC_WGMMA_WG", wg);
         const std::size_t nq = std::size_t(sh.batch * sh.heads * sh.seq_q * sh.head_dim);
         const std::size_t nkv = std::size_t(sh.batch * sh.kv_heads * sh.seq_kv * sh.head_dim);
         auto buf = [&](std::size_t n) {
@@ -2390,16 +2375,13 @@ TEST_P(Attention, FusedWgmmaPackingBlocksGiveTheSameBytes) {
           AttentionOptions o;
           o.precision = AttentionPrecision::kTensorCore;
           o.causal = causal;
-          ::setenv("LOCKSTEP_FUSED_TC_PACK", i == 1 ? "1" : "0", 1);
+          const ScopedEnv packing("LOCKSTEP_FUSED_TC_PACK", i == 1 ? "1" : "0");
           attention(s(), q, i == 0 ? k_other : k, i == 0 ? v_other : v, out, sh, o);
-          ::unsetenv("LOCKSTEP_FUSED_TC_PACK");
           outs[i] = out.to_vector(s());
         }
-        ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA_WG");
         ASSERT_FALSE(same(outs[0], outs[2]));
         for (std::size_t e = 0; e < nq; ++e) ASSERT_EQ(bits(outs[1][e]), bits(outs[2][e])) << e;
       }
-  if (cpu) ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA");
 }
 
 // batch_invariant (the default): one batch's rows of a large grid are the bytes of that batch
@@ -2453,15 +2435,13 @@ TEST_P(Attention, FusedTensorCoreSplitKeys) {
       [](const AttentionShape&) { return false; },  // TensorCore: only when the knob asks (run 137)
       [this](const AttentionShape& sh, bool causal, Lcg& rng, float range) {
         for (const char* wg : {"1", "2"}) {
-          ::setenv("LOCKSTEP_FUSED_TC_WGMMA_WG", wg, 1);
+          const ScopedEnv warpgroups("LOCKSTEP_FUSED_TC_WGMMA_WG", wg);
           expect_knob_gives_same_bytes("LOCKSTEP_FUSED_TC_WGMMA", "0", "1", AttentionPrecision::kTensorCore, sh,
                                        causal, rng, range);
-          ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA_WG");
         }
-        ::setenv("LOCKSTEP_FUSED_TC_WGMMA", "0", 1);
+        const ScopedEnv mma("LOCKSTEP_FUSED_TC_WGMMA", "0");
         expect_knob_gives_same_bytes("LOCKSTEP_FUSED_TC_ROWS", "64", "128", AttentionPrecision::kTensorCore, sh,
                                      causal, rng, range);
-        ::unsetenv("LOCKSTEP_FUSED_TC_WGMMA");
       });
 }
 
@@ -2498,7 +2478,7 @@ TEST_P(Attention, FusedExactUnmaskedTilesGiveTheMaskedBytes) {
     for (std::int64_t D : {64, 128})
       for (bool causal : {false, true}) {
         SCOPED_TRACE(std::string("splits ") + splits + " D=" + std::to_string(D) + (causal ? " causal" : ""));
-        ::setenv("LOCKSTEP_FUSED_EXACT_SPLITS", splits, 1);
+        const ScopedEnv ranges("LOCKSTEP_FUSED_EXACT_SPLITS", splits);
         const std::int64_t skv = causal ? 192 : 200;
         const auto hq = rng.floats(std::size_t(64 * D), 2.0f);
         const auto hk = rng.floats(std::size_t(skv * D), 2.0f), hv = rng.floats(std::size_t(skv * D), 2.0f);
@@ -2519,7 +2499,6 @@ TEST_P(Attention, FusedExactUnmaskedTilesGiveTheMaskedBytes) {
           outs[i] = out.to_vector(s());
           lses[i] = lse.to_vector(s());
         }
-        ::unsetenv("LOCKSTEP_FUSED_EXACT_SPLITS");
         for (std::size_t e = 0; e < outs[1].size(); ++e) ASSERT_EQ(bits(outs[0][e]), bits(outs[1][e])) << e;
         for (std::size_t e = 0; e < lses[1].size(); ++e) ASSERT_EQ(bits(lses[0][e]), bits(lses[1][e])) << e;
         ASSERT_NE(outs[1][0], 42.0f);

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <vector>
 
 #include <cstdlib>
@@ -157,14 +158,15 @@ TEST_P(Kernels, WarpPassesGiveTheBlockPassBytes) {
   // Runs `op` (which returns the bytes it produced) with warp passes and with block passes.
   auto both = [&](const char* what, const std::function<std::vector<float>()>& op) {
     SCOPED_TRACE(what);
-    ::unsetenv("LOCKSTEP_CPU_BLOCK_PASSES");
+    std::optional<ScopedEnv> passes(std::in_place, "LOCKSTEP_CPU_BLOCK_PASSES", nullptr);
     const auto ranges0 = cpu::warp_pass_ranges().load();
     const auto warp = op();
     const auto ranges1 = cpu::warp_pass_ranges().load();
-    ::setenv("LOCKSTEP_CPU_BLOCK_PASSES", "1", 1);
+    passes.reset();  // restores the variable before the next setting
+    passes.emplace("LOCKSTEP_CPU_BLOCK_PASSES", "1");
     const auto block = op();
     const auto ranges2 = cpu::warp_pass_ranges().load();
-    ::unsetenv("LOCKSTEP_CPU_BLOCK_PASSES");
+    passes.reset();
     EXPECT_GT(ranges1, ranges0) << "warp passes ran";
     EXPECT_EQ(ranges2, ranges1) << "LOCKSTEP_CPU_BLOCK_PASSES=1 ran none";
     ASSERT_EQ(warp.size(), block.size());

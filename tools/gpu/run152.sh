@@ -11,7 +11,7 @@ name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "card: $name"
 case "$name" in
   *H200*) BUDGET=${BUDGET:-575} bash .gpu/run142.sh ;;
-  *) BUDGET=60 source "$(pwd)/.gpu/run119_common.sh"
+  *) export BUDGET=60; source "$(pwd)/.gpu/run119_common.sh"  # (BUDGET=60 source ...: unset after)
      echo "card: $name" >> $sm
      step 50 "DeviceMath tests on CUDA" math.log $G/lockstep_tests --gtest_filter='*DeviceMath*cuda*'
      grep -E '^\[ +(OK|FAILED|PASSED|SKIPPED) |mismatches|first at|Failure' $OUT/math.log | tee -a $sm ;;
