@@ -122,6 +122,56 @@ TEST_P(Kernels, SoftmaxInPlace) {
   }
 }
 
+// Note [row-major softmax]: on the CPU device's avx2 and avx3 variants each row is computed by the
+// backend's row-major code, and LOCKSTEP_CPU_SOFTMAX_LANES=1 runs the kernel's lane code: the
+// same bytes (NaN payloads aside, outside the contract), out of place and in place, on each of
+// those variants this CPU has. Row lengths around the 32-lane groups and around 1024 (the rows
+// held in registers), 1 to 17 rows (partial blocks of 8), values over a wide range, and rows of
+// only -inf, with one -inf, with a NaN, with +inf, with every value above exp's range, with
+// zeros of both signs. The row-major path is also timed against the lane path
+// (lockstep-bench --filter softmax_rows, docs/performance.md), which shows that it runs.
+TEST(CpuRowMajor, SoftmaxGivesTheLaneBytes) {
+  int variants = 0;
+  for (const char* simd : {"avx2", "avx3"}) {
+    const auto dev = cpu_variant_or_null(simd);
+    if (dev == nullptr) continue;
+    ++variants;
+    auto& s = dev->default_stream();
+    Lcg rng{31};
+    for (std::int64_t n : {1, 2, 5, 31, 32, 33, 63, 100, 1000, 1023, 1024, 1025, 1056, 3001})
+      for (std::int64_t rows : {1, 9, 17}) {
+        SCOPED_TRACE(std::string(simd) + " n " + std::to_string(n) + " rows " + std::to_string(rows));
+        auto h = rng.floats(std::size_t(rows * n), 40.0f);
+        const auto at = [&](std::int64_t r, std::int64_t j) -> float& { return h[std::size_t(r * n + j)]; };
+        for (std::int64_t j = 0; j < n; ++j) {
+          if (rows > 1) at(1, j) = -INFINITY;
+          if (rows > 8) at(8, j) += 200.0f;                      // every exp(x) overflows
+          if (rows > 9) at(9, j) = j % 2 == 0 ? 0.0f : -0.0f;  // zeros of both signs
+        }
+        if (rows > 2) at(2, n / 2) = -INFINITY;
+        if (rows > 3) at(3, n - 1) = NAN;
+        if (rows > 4) at(4, n / 3) = INFINITY;
+        for (bool in_place : {false, true}) {
+          std::vector<float> got[2];
+          for (int lanes = 0; lanes < 2; ++lanes) {
+            const ScopedEnv path("LOCKSTEP_CPU_SOFTMAX_LANES", lanes == 1 ? "1" : "0");  // until read
+            Buffer<float> in(dev, h.size()), out(dev, h.size());
+            in.copy_from_host(s, h);
+            out.copy_from_host(s, std::vector<float>(h.size(), 42.0f));
+            ops::softmax_rows(s, in, in_place ? in : out, rows, n);
+            got[lanes] = (in_place ? in : out).to_vector(s);
+          }
+          for (std::size_t i = 0; i < h.size(); ++i)
+            ASSERT_TRUE(same_bits(got[0][i], got[1][i]))
+                << (in_place ? "in place, " : "") << "element " << i << ": 0x" << std::hex << bits(got[0][i])
+                << " row-major, 0x" << bits(got[1][i]) << " lanes";
+          ASSERT_NE(got[0][0], 42.0f);
+        }
+      }
+  }
+  if (variants == 0) GTEST_SKIP() << "this CPU has neither avx2 nor avx3: no row-major softmax";
+}
+
 // The elementwise calls run in place (out = in) but refuse an output that partly overlaps the
 // input (a wrapped buffer a few elements in): InvalidArgument naming the output, nothing
 // written. Buffer::copy_from likewise: onto itself it is a no-op, a partial overlap is refused.

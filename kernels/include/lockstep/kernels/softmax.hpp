@@ -30,6 +30,17 @@ namespace lockstep::kernels {
 // element took 32768 x 1024 from 22.0-22.7 ms to 13.5-15.3 ms (twenty-second session, AVX-512
 // machine: 73-74% of the read ceiling); on the GPU it holds the exponentials in the values' own
 // registers, and has not yet run there.
+// Note [row-major softmax]
+// On the CPU device's avx2 and avx3 variants each warp's row is computed by x.softmax_rows
+// (backends/cpu/lanes.hpp) with SIMD loads straight from the row, every value by the same
+// operations in the same order as the lane that computes it here (the CPU branch below: each
+// exponential once, kept in `out`); LOCKSTEP_CPU_SOFTMAX_LANES=1 runs this code instead, and the
+// tests compare the two paths' bytes (Kernels.SoftmaxRowMajorGivesTheLaneBytes). The lane code
+// spent most of its time on the lane machinery's per-statement offsets, masks and contiguity
+// checks, not on the exponentials. Like Notes [row-major decode] and [row-major exact], this
+// writes a kernel's arithmetic a second time, in the backend (docs/architecture.md).
+LOCKSTEP_FLAG_TRAIT(has_row_major_softmax, kRowMajorSoftmax)  // hd.hpp
+
 struct SoftmaxRowsParams {
   const float* in;
   float* out;
@@ -55,6 +66,12 @@ struct SoftmaxRows {
     const int n = static_cast<int>(p.n);
     const float* in = p.in + row0 * p.n;
     float* out = p.out + row0 * p.n;
+    if constexpr (has_row_major_softmax<X>::value) {
+      if (x.row_major_softmax()) {  // Note [row-major softmax]
+        x.softmax_rows(in, out, n, live);
+        return;
+      }
+    }
 
     const I lane = x.lane();
     const I base = x.warp() * n + lane;
