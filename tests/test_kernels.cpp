@@ -5,7 +5,6 @@
 
 #include <cmath>
 #include <numeric>
-#include <optional>
 #include <vector>
 
 #include <cstdlib>
@@ -208,15 +207,18 @@ TEST_P(Kernels, WarpPassesGiveTheBlockPassBytes) {
   // Runs `op` (which returns the bytes it produced) with warp passes and with block passes.
   auto both = [&](const char* what, const std::function<std::vector<float>()>& op) {
     SCOPED_TRACE(what);
-    std::optional<ScopedEnv> passes(std::in_place, "LOCKSTEP_CPU_BLOCK_PASSES", nullptr);
+    std::vector<float> warp, block;
     const auto ranges0 = cpu::warp_pass_ranges().load();
-    const auto warp = op();
+    {
+      const ScopedEnv passes("LOCKSTEP_CPU_BLOCK_PASSES", nullptr);
+      warp = op();
+    }
     const auto ranges1 = cpu::warp_pass_ranges().load();
-    passes.reset();  // restores the variable before the next setting
-    passes.emplace("LOCKSTEP_CPU_BLOCK_PASSES", "1");
-    const auto block = op();
+    {
+      const ScopedEnv passes("LOCKSTEP_CPU_BLOCK_PASSES", "1");
+      block = op();
+    }
     const auto ranges2 = cpu::warp_pass_ranges().load();
-    passes.reset();
     EXPECT_GT(ranges1, ranges0) << "warp passes ran";
     EXPECT_EQ(ranges2, ranges1) << "LOCKSTEP_CPU_BLOCK_PASSES=1 ran none";
     ASSERT_EQ(warp.size(), block.size());
