@@ -36,8 +36,9 @@ namespace lockstep::kernels {
 // operations in the same order as the lane that computes it here (the CPU branch below: each
 // exponential once, kept in `out`); LOCKSTEP_CPU_SOFTMAX_LANES=1 runs this code instead, and the
 // tests compare the two paths' bytes (CpuRowMajor.SoftmaxGivesTheLaneBytes). The row-major code
-// skips the lane machinery's per-statement offsets, masks and contiguity checks: 1.2-1.4x faster
-// on AVX2 (docs/performance.md). Like Notes [row-major decode] and [row-major exact], this
+// is 1.2-1.4x faster on AVX2 (docs/performance.md; not because it skips the lane machinery's
+// offset, mask and contiguity checks: a lane mechanism without them was as slow, branch
+// lane-structure). Like Notes [row-major decode] and [row-major exact], this
 // writes a kernel's arithmetic a second time, in the backend (docs/architecture.md).
 LOCKSTEP_FLAG_TRAIT(has_row_major_softmax, kRowMajorSoftmax)  // hd.hpp
 
@@ -53,6 +54,7 @@ struct SoftmaxRows {
   static constexpr int kThreads = 256;
   static constexpr int kRowsPerBlock = kThreads / kWarpSize;
   static constexpr int kCachedMax = 1024;  // rows up to this length are held in registers
+  static constexpr int kBatch = 8;         // loads in flight per lane on the GPU's long rows
   static constexpr bool kWarpIndependent = true;  // a row per warp, nothing shared (hd.hpp)
   using Params = SoftmaxRowsParams;
 
@@ -110,7 +112,17 @@ struct SoftmaxRows {
     }
 
     F m = -kInf;
-    for (int j = 0; j < n; j += kWarpSize) m = x.max(m, x.load(in, base + j, row_ok & (lane < n - j), -kInf));
+    // Note [batched loads] (below); lanes past the row hold -inf, which leaves the max as it is.
+    for (int j0 = 0; j0 < n; j0 += kWarpSize * kBatch) {
+      F v[kBatch];
+      LOCKSTEP_UNROLL
+      for (int k = 0; k < kBatch; ++k) {
+        const int j = j0 + k * kWarpSize;
+        v[k] = x.load(in, base + j, row_ok & (lane < n - j), -kInf);
+      }
+      LOCKSTEP_UNROLL
+      for (int k = 0; k < kBatch; ++k) m = x.max(m, v[k]);
+    }
     m = x.warp_max(m);
 
     const B empty = m == -kInf;  // all -inf (or a padding-only lane group)
@@ -132,14 +144,35 @@ struct SoftmaxRows {
       }
       return;
     }
-    for (int j = 0; j < n; j += kWarpSize)
-      s = s + x.exp(x.load(in, base + j, row_ok & (lane < n - j), -kInf) - m);
+    // Note [batched loads]: the GPU's sum and output passes issue kBatch loads per lane before
+    // using any (the output pass's division has a slow path whose branch kept the compiler from
+    // hoisting the next load above it: one load in flight per warp). Each value then takes the
+    // same operations in the same order as one by one: same bits.
+    for (int j0 = 0; j0 < n; j0 += kWarpSize * kBatch) {
+      F v[kBatch];
+      LOCKSTEP_UNROLL
+      for (int k = 0; k < kBatch; ++k) {
+        const int j = j0 + k * kWarpSize;
+        v[k] = x.load(in, base + j, row_ok & (lane < n - j), -kInf);
+      }
+      LOCKSTEP_UNROLL
+      for (int k = 0; k < kBatch; ++k)
+        if (j0 + k * kWarpSize < n) s = s + x.exp(v[k] - m);
+    }
     s = x.warp_sum(s);
 
-    for (int j = 0; j < n; j += kWarpSize) {
-      const B ok = row_ok & (lane < n - j);
-      const F e = x.exp(x.load(in, base + j, ok, -kInf) - m);
-      x.store(out, base + j, x.select(empty, 0.0f, e / s), ok);
+    for (int j0 = 0; j0 < n; j0 += kWarpSize * kBatch) {
+      F v[kBatch];
+      LOCKSTEP_UNROLL
+      for (int k = 0; k < kBatch; ++k) {
+        const int j = j0 + k * kWarpSize;
+        v[k] = x.load(in, base + j, row_ok & (lane < n - j), -kInf);
+      }
+      LOCKSTEP_UNROLL
+      for (int k = 0; k < kBatch; ++k) {
+        const int j = j0 + k * kWarpSize;
+        if (j < n) x.store(out, base + j, x.select(empty, 0.0f, x.exp(v[k] - m) / s), row_ok & (lane < n - j));
+      }
     }
   }
 };
