@@ -112,17 +112,7 @@ struct SoftmaxRows {
     }
 
     F m = -kInf;
-    // Note [batched loads] (below); lanes past the row hold -inf, which leaves the max as it is.
-    for (int j0 = 0; j0 < n; j0 += kWarpSize * kBatch) {
-      F v[kBatch];
-      LOCKSTEP_UNROLL
-      for (int k = 0; k < kBatch; ++k) {
-        const int j = j0 + k * kWarpSize;
-        v[k] = x.load(in, base + j, row_ok & (lane < n - j), -kInf);
-      }
-      LOCKSTEP_UNROLL
-      for (int k = 0; k < kBatch; ++k) m = x.max(m, v[k]);
-    }
+    for (int j = 0; j < n; j += kWarpSize) m = x.max(m, x.load(in, base + j, row_ok & (lane < n - j), -kInf));
     m = x.warp_max(m);
 
     const B empty = m == -kInf;  // all -inf (or a padding-only lane group)
@@ -144,10 +134,17 @@ struct SoftmaxRows {
       }
       return;
     }
-    // Note [batched loads]: the GPU's sum and output passes issue kBatch loads per lane before
-    // using any (the output pass's division has a slow path whose branch kept the compiler from
-    // hoisting the next load above it: one load in flight per warp). Each value then takes the
-    // same operations in the same order as one by one: same bits.
+    // Note [batched loads]
+    // The GPU's sum and output passes issue kBatch loads per lane before using any: the output
+    // pass's division has a slow path whose branch kept ptxas from hoisting the next load above
+    // it, so a warp had one load in flight. Each value takes the same operations in the same
+    // order as one by one: same bits. Rows of 32768 at 1 GiB: 2.67 -> 1.63 ms on an H100, 27% ->
+    // 44% of the copy ceiling (run 155). The three passes read each row from DRAM (the rows in
+    // flight exceed the L2), so this design's bound there is 50%. The max pass is left as it
+    // was (ptxas issues its loads four at a time): batching it too made ptxas schedule the
+    // register path above (n <= 1024) with 5 loads in flight before its first max instead of 16,
+    // 1.8x slower there (run 155's first call). That schedule depends on code it does not run:
+    // check the path's SASS after changing this kernel (docs/performance.md).
     for (int j0 = 0; j0 < n; j0 += kWarpSize * kBatch) {
       F v[kBatch];
       LOCKSTEP_UNROLL
