@@ -22,11 +22,7 @@ void launch_softmax(Stream& s, const float* in, float* out, std::int64_t rows, s
              "8 * n (row length)");
   const auto gx = grid_dim(kernels::ceil_div(rows, K::kRowsPerBlock), "softmax_rows",
                            "ceil(rows / 8)", 0x7fffffff);
-  // Note [two softmax kernels]: rows held in registers, or read from memory in each pass.
-  if (n <= K::kCachedMax)
-    launch<K>(s, Dim3{gx, 1, 1}, 0, K::Params{in, out, rows, n});
-  else
-    launch<kernels::SoftmaxRowsLong>(s, Dim3{gx, 1, 1}, 0, K::Params{in, out, rows, n});
+  launch<K>(s, Dim3{gx, 1, 1}, 0, K::Params{in, out, rows, n});
 }
 
 void launch_scale(Stream& s, const float* in, float* out, std::int64_t n, float scale) {

@@ -24,7 +24,7 @@ struct KernelList {
 };
 
 using AllKernels = KernelList<
-    Fill32, SoftmaxRows, SoftmaxRowsLong, Scale, Copy3D, Transpose, Gemm, MathEval, ReadSum, ReadTiles, FmaPeak,
+    Fill32, SoftmaxRows, Scale, Copy3D, Transpose, Gemm, MathEval, ReadSum, ReadTiles, FmaPeak,
     GemmTensorCore, ScaleMask, KvScatter, Rope, Add,
     // decode, the defaults: head_dim x query heads per block (G * D <= 512), async tiles of 16
     // rows in a ring of 4 (Note [async tiles]); one head per block at head_dim 128: 32-row

@@ -49,15 +49,12 @@ struct SoftmaxRowsParams {
   std::int64_t n;  // row length, 1 <= n; rows are contiguous
 };
 
-// Two kernels (Note [two softmax kernels]): rows of up to kCachedMax held in registers
-// (SoftmaxRows), longer rows read from memory in each pass (SoftmaxRowsLong); the host picks by n.
-template <bool kLong>
-struct SoftmaxRowsT {
-  static constexpr const char* kName = kLong ? "softmax_rows_long" : "softmax_rows";
+struct SoftmaxRows {
+  static constexpr const char* kName = "softmax_rows";
   static constexpr int kThreads = 256;
   static constexpr int kRowsPerBlock = kThreads / kWarpSize;
   static constexpr int kCachedMax = 1024;  // rows up to this length are held in registers
-  static constexpr int kBatch = 8;         // loads in flight per lane on long rows (Note [batched loads])
+  static constexpr int kBatch = 8;         // loads in flight per lane on the GPU's long rows
   static constexpr bool kWarpIndependent = true;  // a row per warp, nothing shared (hd.hpp)
   using Params = SoftmaxRowsParams;
 
@@ -82,7 +79,7 @@ struct SoftmaxRowsT {
     const I base = x.warp() * n + lane;
     const B row_ok = x.warp() < live;
 
-    if constexpr (!kLong) {
+    if (n <= kCachedMax) {
       // Rows of up to 1024: the row stays in registers (32 values per lane), read once from
       // memory. The same operations in the same order as the general path below: same bits.
       // Every load is issued first (masked, so lanes past the row read nothing and hold -inf,
@@ -111,38 +108,11 @@ struct SoftmaxRowsT {
       for (int k = 0; k < kCachedMax / kWarpSize; ++k)
         if (k * kWarpSize < n)
           x.store(out, base + k * kWarpSize, x.select(empty, 0.0f, vals[k] / s), row_ok & (lane < n - k * kWarpSize));
-    } else {
-      run_long(x, in, out, n, lane, base, row_ok);
+      return;
     }
-  }
 
-  // Rows longer than kCachedMax: three passes over the row in memory.
-  template <class X, class I, class B>
-  LOCKSTEP_HD static void run_long(X& x, const float* in, float* out, int n, const I& lane, const I& base,
-                                   const B& row_ok) {
-    using F = typename X::template Lanes<float>;
-
-    // Note [batched loads]
-    // On the GPU each pass issues kBatch loads per lane before using any: the output pass's
-    // division has a slow path whose branch kept ptxas from hoisting the next load above it, so
-    // a warp had one load in flight there (the max and sum passes had four). Each value takes the
-    // same operations in the same order as one by one: same bits (the max's order is free, and
-    // lanes past the row hold -inf, which leaves it as it is). Rows of 32768 at 1 GiB on an H100:
-    // 2.65-2.67 ms -> 1.63-1.65 ms, 27% -> 44% of the copy ceiling (run 155a). The three passes
-    // read each row from DRAM (the rows in flight exceed the L2), so 50% is this design's bound
-    // at that size. The CPU's lanes run the max pass the same way (one code for the max); its
-    // sum and output passes are its own (Note [softmax exponentials once]).
     F m = -kInf;
-    for (int j0 = 0; j0 < n; j0 += kWarpSize * kBatch) {
-      F v[kBatch];
-      LOCKSTEP_UNROLL
-      for (int k = 0; k < kBatch; ++k) {
-        const int j = j0 + k * kWarpSize;
-        v[k] = x.load(in, base + j, row_ok & (lane < n - j), -kInf);
-      }
-      LOCKSTEP_UNROLL
-      for (int k = 0; k < kBatch; ++k) m = x.max(m, v[k]);
-    }
+    for (int j = 0; j < n; j += kWarpSize) m = x.max(m, x.load(in, base + j, row_ok & (lane < n - j), -kInf));
     m = x.warp_max(m);
 
     const B empty = m == -kInf;  // all -inf (or a padding-only lane group)
@@ -164,7 +134,20 @@ struct SoftmaxRowsT {
       }
       return;
     }
-    // Note [batched loads] (above).
+    // Note [batched loads]
+    // The GPU's sum and output passes issue kBatch loads per lane before using any: the output
+    // pass's division has a slow path whose branch kept ptxas from hoisting the next load above
+    // it, so a warp had one load in flight there. Each value takes the same operations in the
+    // same order as one by one: same bits. Run 155b (H100, three rounds alternating with
+    // 62c076c): rows of 32768 at 1 GiB 2.65-2.66 -> 1.73-1.74 ms, 27% -> 41% of the copy
+    // ceiling; the three passes read each row from DRAM (the rows in flight exceed the L2), so
+    // 50% is this design's bound there. But rows of 1024 (the register path above, which this
+    // code never runs) 0.90-0.91 -> 0.935-0.941 ms, 79% -> 76%: ptxas schedules that path
+    // differently once this code changes. Two variants were worse there: the max pass batched as
+    // well (run 155a: 1.63-1.65 ms at 32768, but 1.60 ms at 1024, whose schedule issued 5 of its
+    // 32 loads before the first max instead of 16), and the register path as a kernel of its own
+    // (run 155c: 1.55-1.56 ms at 1024, 8 loads before the first max; 1.84 ms at 32768). So check
+    // the register path's SASS and time both shapes after changing this kernel.
     for (int j0 = 0; j0 < n; j0 += kWarpSize * kBatch) {
       F v[kBatch];
       LOCKSTEP_UNROLL
@@ -193,17 +176,5 @@ struct SoftmaxRowsT {
     }
   }
 };
-
-// Note [two softmax kernels]
-// The register path (n <= kCachedMax) and the long rows were one kernel with a branch on n until
-// the thirty-second session. Then batching the long rows' loads (Note [batched loads]) changed
-// how ptxas scheduled the register path, which it never runs: with the max pass batched too,
-// 5 of its 32 loads were issued before its first max instead of 16 (1.8x slower at n = 1024,
-// run 155a); without, 3.5% slower still (run 155b). As two kernels each is compiled alone, and
-// the register path's code is the one it had before. The host picks the kernel by n
-// (launch_softmax); the bits are those of the one kernel (the tests compare n = 1024 with
-// n = 1025 padded by -inf, one kernel against the other).
-using SoftmaxRows = SoftmaxRowsT<false>;
-using SoftmaxRowsLong = SoftmaxRowsT<true>;
 
 }  // namespace lockstep::kernels
