@@ -150,11 +150,7 @@ struct SoftmaxRows {
     // the register path's SASS and time both shapes after changing this kernel.
     for (int j0 = 0; j0 < n; j0 += kWarpSize * kBatch) {
       F v[kBatch];
-      LOCKSTEP_UNROLL
-      for (int k = 0; k < kBatch; ++k) {
-        const int j = j0 + k * kWarpSize;
-        v[k] = x.load(in, base + j, row_ok & (lane < n - j), -kInf);
-      }
+      load_batch(x, v, in, base, lane, row_ok, n, j0);
       LOCKSTEP_UNROLL
       for (int k = 0; k < kBatch; ++k)
         if (j0 + k * kWarpSize < n) s = s + x.exp(v[k] - m);
@@ -163,16 +159,24 @@ struct SoftmaxRows {
 
     for (int j0 = 0; j0 < n; j0 += kWarpSize * kBatch) {
       F v[kBatch];
-      LOCKSTEP_UNROLL
-      for (int k = 0; k < kBatch; ++k) {
-        const int j = j0 + k * kWarpSize;
-        v[k] = x.load(in, base + j, row_ok & (lane < n - j), -kInf);
-      }
+      load_batch(x, v, in, base, lane, row_ok, n, j0);
       LOCKSTEP_UNROLL
       for (int k = 0; k < kBatch; ++k) {
         const int j = j0 + k * kWarpSize;
         if (j < n) x.store(out, base + j, x.select(empty, 0.0f, x.exp(v[k] - m) / s), row_ok & (lane < n - j));
       }
+    }
+  }
+
+  // Note [batched loads]: each lane's kBatch values from j0 on, every load issued before any is
+  // used (lanes past the row hold -inf and read nothing).
+  template <class X, class F, class I, class B>
+  LOCKSTEP_HD static void load_batch(X& x, F (&v)[kBatch], const float* in, const I& base, const I& lane,
+                                     const B& row_ok, int n, int j0) {
+    LOCKSTEP_UNROLL
+    for (int k = 0; k < kBatch; ++k) {
+      const int j = j0 + k * kWarpSize;
+      v[k] = x.load(in, base + j, row_ok & (lane < n - j), -kInf);
     }
   }
 };
