@@ -65,6 +65,47 @@ TEST_F(CudaInterop, OutOfMemoryIsTypedAndNotSticky) {
   EXPECT_EQ(ok.to_vector(dev->default_stream())[0], 1.0f);
 }
 
+// A launch that CUDA refuses is a DeviceError naming the kernel and CUDA's error, not sticky, and
+// it enqueues nothing: here the launch goes to a stream whose capture was invalidated (Note [driver
+// launches]: the driver's launch by default, the runtime's with LOCKSTEP_DRIVER_LAUNCH=0).
+TEST_F(CudaInterop, ARefusedLaunchIsATypedNonStickyError) {
+  cudaStream_t raw;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking), cudaSuccess);
+  {
+    auto s = cuda_wrap_stream(dev, raw);
+    Buffer<float> in(dev, 256), out(dev, 256);
+    in.fill(*s, 2.0f);
+    out.fill(*s, -1.0f);
+    s->synchronize();
+    ASSERT_EQ(cudaStreamBeginCapture(raw, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    // Synchronizing a stream that is being captured is invalid, and invalidates the capture.
+    EXPECT_NE(cudaStreamSynchronize(raw), cudaSuccess);
+    const auto launches = s->launches();
+    bool thrown = false;
+    try {
+      ops::scale(*s, in, out, 3.0f);
+    } catch (const DeviceError& e) {
+      thrown = true;
+      const std::string m = e.what();
+      EXPECT_FALSE(e.sticky()) << m;
+      EXPECT_NE(m.find("CUDA error in scale: "), std::string::npos) << m;
+      EXPECT_TRUE(m.find("CAPTURE_INVALIDATED") != std::string::npos ||
+                  m.find("CaptureInvalidated") != std::string::npos) << m;
+    }
+    EXPECT_TRUE(thrown) << "the launch into an invalidated capture was accepted";
+    EXPECT_EQ(s->launches(), launches) << "a refused launch is not counted";
+    cudaGraph_t graph = nullptr;
+    EXPECT_NE(cudaStreamEndCapture(raw, &graph), cudaSuccess);
+    if (graph != nullptr) (void)cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    // Nothing ran: out is as it was, and the stream and device still work.
+    for (float v : out.to_vector(*s)) ASSERT_EQ(v, -1.0f);
+    ops::scale(*s, in, out, 3.0f);
+    for (float v : out.to_vector(*s)) ASSERT_EQ(v, 6.0f);
+  }
+  EXPECT_EQ(cudaStreamDestroy(raw), cudaSuccess);
+}
+
 // A whole decode step (flash_decoding on every layer, positions in device memory) captured in a
 // CUDA graph and replayed with new positions gives the bytes of the same steps run eagerly with
 // host positions (Note [device positions]).

@@ -1,7 +1,8 @@
 // The CUDA device: cudaMalloc memory (never managed memory), non-blocking streams, events,
 // cudaMemcpyAsync on the given stream (never the legacy default stream), and launches of the
-// trampolines in cuda_kernels.cu. Every CUDA return code is checked.
+// trampolines in cuda_kernels.cu (Note [driver launches]). Every CUDA return code is checked.
 
+#include <cuda.h>  // the driver's types only: its functions come from cudaGetDriverEntryPointByVersion
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backend.hpp"
@@ -35,6 +37,16 @@ std::size_t kernel_count() {
 bool pdl_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("LOCKSTEP_PDL");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return on;
+}
+
+// LOCKSTEP_DRIVER_LAUNCH=0 launches through the runtime (cudaLaunchKernel, cudaLaunchKernelExC)
+// instead of the driver (Note [driver launches]): a measurement and test knob.
+bool driver_launch_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("LOCKSTEP_DRIVER_LAUNCH");
     return v == nullptr || std::string(v) != "0";
   }();
   return on;
@@ -71,6 +83,71 @@ bool is_sticky(cudaError_t e) {
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail(e, what);
+}
+
+// Note [driver launches]
+// Kernels are launched by the driver's cuLaunchKernelEx on the kernel's CUfunction (looked up
+// once per device and kernel by cudaGetFuncBySymbol), not by the runtime's cudaLaunchKernel(ExC):
+// the runtime's call maps the host symbol to the function on every launch. Run 119 (an H200
+// machine's host, tools/gpu/launch_cost.cu): cudaLaunchKernelExC 3.84-3.92 us per launch,
+// cuLaunchKernelEx 3.40-3.50; an eager decode call makes one or two. The driver's functions come
+// through cudaGetDriverEntryPointByVersion, so nothing links libcuda (a build without a driver
+// still runs its CPU tests); where the entry point is missing, or with LOCKSTEP_DRIVER_LAUNCH=0,
+// the runtime's launch is used. The
+// same kernel, configuration and parameters: only the host path changes. Errors: the driver's
+// codes are the runtime's numbers for every error the runtime reports (static_asserts below for
+// the sticky ones), and the message gives the driver's name and text.
+struct DriverApi {
+  using LaunchEx = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
+  using ErrorText = CUresult (*)(CUresult, const char**);
+  LaunchEx launch = nullptr;
+  ErrorText name = nullptr, text = nullptr;
+};
+const DriverApi& driver() {
+  static const DriverApi api = [] {
+    DriverApi a;
+    const auto get = [](const char* symbol, auto& fn) {
+      void* p = nullptr;
+      cudaDriverEntryPointQueryResult q{};
+      if (cudaGetDriverEntryPointByVersion(symbol, &p, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+          q == cudaDriverEntryPointSuccess)
+        fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
+      else
+        (void)cudaGetLastError();
+    };
+    get("cuLaunchKernelEx", a.launch);
+    get("cuGetErrorName", a.name);
+    get("cuGetErrorString", a.text);
+    if (a.name == nullptr || a.text == nullptr || !driver_launch_enabled()) a.launch = nullptr;
+    return a;
+  }();
+  return api;
+}
+static_assert(int(CUDA_ERROR_ILLEGAL_ADDRESS) == int(cudaErrorIllegalAddress) &&
+              int(CUDA_ERROR_LAUNCH_FAILED) == int(cudaErrorLaunchFailure) &&
+              int(CUDA_ERROR_HARDWARE_STACK_ERROR) == int(cudaErrorHardwareStackError) &&
+              int(CUDA_ERROR_ILLEGAL_INSTRUCTION) == int(cudaErrorIllegalInstruction) &&
+              int(CUDA_ERROR_MISALIGNED_ADDRESS) == int(cudaErrorMisalignedAddress) &&
+              int(CUDA_ERROR_INVALID_ADDRESS_SPACE) == int(cudaErrorInvalidAddressSpace) &&
+              int(CUDA_ERROR_INVALID_PC) == int(cudaErrorInvalidPc) &&
+              int(CUDA_ERROR_ASSERT) == int(cudaErrorAssert) &&
+              int(CUDA_ERROR_LAUNCH_TIMEOUT) == int(cudaErrorLaunchTimeout) &&
+              int(CUDA_ERROR_ECC_UNCORRECTABLE) == int(cudaErrorECCUncorrectable) &&
+              int(CUDA_ERROR_CONTEXT_IS_DESTROYED) == int(cudaErrorContextIsDestroyed),
+              "the driver's sticky error codes are the runtime's (is_sticky)");
+
+[[noreturn]] void fail_driver(CUresult r, const char* what) {
+  const DriverApi& d = driver();
+  const char* name = nullptr;
+  const char* text = nullptr;
+  if (d.name(r, &name) != CUDA_SUCCESS || name == nullptr) name = "CUDA_ERROR_UNKNOWN_CODE";
+  if (d.text(r, &text) != CUDA_SUCCESS || text == nullptr) text = "no description";
+  const bool sticky = is_sticky(static_cast<cudaError_t>(r));
+  std::string m = std::string("lockstep: CUDA error in ") + what + ": " + name + " (" + text + ")";
+  if (sticky)
+    m += " [sticky: the CUDA context is lost; every later call on this device fails, restart "
+         "the process]";
+  throw DeviceError(m, sticky);
 }
 
 class CudaDevice;
@@ -164,6 +241,18 @@ class CudaDevice final : public Device {
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
   void activate() const { check(cudaSetDevice(ordinal_), "cudaSetDevice"); }
+  // The kernel's CUfunction in this device's context (the device is current: activate()).
+  CUfunction function(int index, const void* fn, const char* name) {
+    auto& slot = functions_[static_cast<std::size_t>(index)];
+    CUfunction f = slot.load(std::memory_order_acquire);
+    if (f == nullptr) {
+      cudaFunction_t rf = nullptr;
+      check(cudaGetFuncBySymbol(&rf, fn), name);
+      f = reinterpret_cast<CUfunction>(rf);
+      slot.store(f, std::memory_order_release);
+    }
+    return f;
+  }
 
   // Raises a kernel's dynamic shared memory limit once, when a launch needs more than 48 KB; and
   // sets its carveout preference to the largest shared memory once, when it asks for that. Every
@@ -230,6 +319,9 @@ class CudaDevice final : public Device {
   std::uint64_t in_use_ = 0, peak_ = 0;
   std::unique_ptr<std::atomic<std::uint32_t>[]> shared_state_{
       new std::atomic<std::uint32_t>[kernel_count()]()};
+  // Note [driver launches]: kernel index -> its CUfunction in this device's context, or null until
+  // first launched (a race stores the same value twice).
+  std::unique_ptr<std::atomic<CUfunction>[]> functions_{new std::atomic<CUfunction>[kernel_count()]()};
   std::unique_ptr<CudaStream> default_stream_;
 };
 
@@ -292,10 +384,30 @@ void CudaStream::launch(const lockstep::detail::KernelLaunch& l) {
   dev_.activate();
   dev_.ensure_shared(l.kernel_index, fn, l.config.shared_bytes, l.max_shared_carveout);
   void* args[] = {const_cast<void*>(l.params)};
+  // Note [overlapped launches] (lockstep/kernels/launch.hpp).
+  const bool pdl = l.overlaps_prior && dev_.caps().compute_capability >= 90 && pdl_enabled();
+  if (const DriverApi& d = driver(); d.launch != nullptr) {  // Note [driver launches]
+    CUlaunchAttribute attr[1];
+    attr[0].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr[0].value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig cfg{};
+    cfg.gridDimX = l.config.grid.x;
+    cfg.gridDimY = l.config.grid.y;
+    cfg.gridDimZ = l.config.grid.z;
+    cfg.blockDimX = l.config.block_threads;
+    cfg.blockDimY = 1;
+    cfg.blockDimZ = 1;
+    cfg.sharedMemBytes = static_cast<unsigned>(l.config.shared_bytes);
+    cfg.hStream = reinterpret_cast<CUstream>(s_);
+    cfg.attrs = pdl ? attr : nullptr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    const CUresult r = d.launch(&cfg, dev_.function(l.kernel_index, fn, l.kernel_name), args, nullptr);
+    if (r != CUDA_SUCCESS) fail_driver(r, l.kernel_name);
+    return;
+  }
   const dim3 grid(l.config.grid.x, l.config.grid.y, l.config.grid.z);
   const dim3 block(l.config.block_threads, 1, 1);
-  if (l.overlaps_prior && dev_.caps().compute_capability >= 90 && pdl_enabled()) {
-    // Note [overlapped launches] (lockstep/kernels/launch.hpp).
+  if (pdl) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = grid;
     cfg.blockDim = block;

@@ -41,7 +41,7 @@ constexpr Knob kKnobs[] = {
     {"LOCKSTEP_FUSED_TC_WGMMA_SERIAL", "0|1"}, {"LOCKSTEP_FUSED_TC_WGMMA_DEFER", "0|1"},
     {"LOCKSTEP_FUSED_TC_SPLITS", "1|2|3|4|5|6|7|8|9|10|11|12|13|14|15|16"},
     {"LOCKSTEP_FUSED_EXACT_SPLITS", "1|2|3|4|5|6|7|8|9|10|11|12|13|14|15|16"},
-    {"LOCKSTEP_CPU_SOFTMAX_LANES", "0|1"},
+    {"LOCKSTEP_CPU_SOFTMAX_LANES", "0|1"},    {"LOCKSTEP_DRIVER_LAUNCH", "0|1"},
 };
 
 bool decimal_integer(std::string_view s) {

@@ -109,6 +109,15 @@ int main() {
   dcfg.attrs = dattr;
   dcfg.numAttrs = 1;
 
+  // The driver's launch as lockstep makes it since Note [driver launches]: through the runtime's
+  // entry point (nothing links libcuda).
+  using LaunchEx = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
+  void* lp = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  CK(cudaGetDriverEntryPointByVersion("cuLaunchKernelEx", &lp, 12000, cudaEnableDefault, &q));
+  if (q != cudaDriverEntryPointSuccess) std::exit(4);
+  const LaunchEx launch_ex = reinterpret_cast<LaunchEx>(lp);
+
   // A graph of two PDL launches (a chunk kernel and a merge), captured once.
   cudaGraph_t g;
   cudaGraphExec_t ge;
@@ -163,6 +172,18 @@ int main() {
       {"cuLaunchKernelEx (driver) + PDL, 744 B", [&] {
          void* a[] = {&big};
          if (cuLaunchKernelEx(&dcfg, cf, a, nullptr) != CUDA_SUCCESS) std::exit(2);
+       }},
+      {"lockstep's driver wrapper: SetDevice + entry point's cuLaunchKernelEx + PDL", [&] {
+         CK(cudaSetDevice(0));
+         void* a[] = {&big};
+         if (launch_ex(&dcfg, cf, a, nullptr) != CUDA_SUCCESS) std::exit(2);
+       }},
+      {"two launches: the driver wrapper x2", [&] {
+         void* a[] = {&big};
+         for (int i = 0; i < 2; ++i) {
+           CK(cudaSetDevice(0));
+           if (launch_ex(&dcfg, cf, a, nullptr) != CUDA_SUCCESS) std::exit(2);
+         }
        }},
       {"two launches: ExC + PDL x2", [&] {
          void* a[] = {&big};
