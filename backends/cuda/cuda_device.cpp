@@ -73,6 +73,12 @@ bool is_sticky(cudaError_t e) {
 
 [[noreturn]] void fail(cudaError_t e, const char* what) {
   const bool sticky = is_sticky(e);
+  // The runtime keeps a failed call's error as its "last error" until it is read, and this
+  // library's runtime (static cudart) is not the caller's: unread, a refused launch's error came
+  // back from the cudaGetLastError after the next good launch, which then threw it (found by
+  // CudaInterop.ARefusedLaunchIsATypedNonStickyError with LOCKSTEP_DRIVER_LAUNCH=0). A sticky
+  // error stays whatever is read.
+  if (!sticky) (void)cudaGetLastError();
   std::string m = std::string("lockstep: CUDA error in ") + what + ": " + cudaGetErrorName(e) +
                   " (" + cudaGetErrorString(e) + ")";
   if (sticky)
