@@ -1645,8 +1645,9 @@ class CpuExec {
 
   // --- Note [row-major softmax] (kernels/include/lockstep/kernels/softmax.hpp) ----------------
   // SoftmaxRows's warps, each row computed with SIMD loads straight from the row instead of
-  // through the lane machinery (why that is faster is not known: not its offset, mask and
-  // contiguity checks, branch lane-structure; docs/performance.md); on (avx2, avx3) unless
+  // through the lane machinery (2.3x fewer instructions per element: the lane code checks each
+  // chunk's offsets for contiguity and its mask on every load and store; docs/performance.md,
+  // tools/host/softmax_instructions.sh); on (avx2, avx3) unless
   // LOCKSTEP_CPU_SOFTMAX_LANES=1 (the lane path: a check, tested to give the same bytes). Lane
   // l of the warp holds elements l, l + 32, l + 64, ...: here lane l is element l % kL of the
   // vector for its 32-element group's (l / kL)-th kL elements, so every value is computed by
