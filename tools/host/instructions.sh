@@ -4,13 +4,8 @@
 # flash_decoding and incremental_attention on the calling thread, 101 calls minus 1 call (the
 # first call's one-time scratch allocation drops out), divided by 100.
 # Usage: tools/host/instructions.sh [build dir, default build-apps]
-set -euo pipefail
-root=$(git rev-parse --show-toplevel)
-build=$(cd "$root" && realpath "${1:-build-apps}")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-g++ -std=c++20 -O2 "$root/tools/host/host_calls.cpp" -I"$root/core/include" -I"$root/attention/include" \
-    -I"$root/kernels/include" -L"$build" -llockstep -Wl,-rpath,"$build" -o "$tmp/host_calls"
+source "$(dirname "$0")/driver.sh"
+build_driver host_calls
 count() {  # count <calls> <mode> <function>
   valgrind --tool=callgrind --callgrind-out-file="$tmp/cg" --toggle-collect="lockstep::$3(*" \
       "$tmp/host_calls" "$1" "$2" 2>&1 | sed -n 's/.*Collected : \([0-9,]*\).*/\1/p' | tr -d ,

@@ -4,13 +4,8 @@
 # code (LOCKSTEP_CPU_SOFTMAX_LANES=1), each over 2 calls on 32 rows of 4096 (every thread counted),
 # inside the kernel's function only (CpuExec's softmax_row, or run_range<SoftmaxRows, ...>).
 # Usage: tools/host/softmax_instructions.sh [build dir, default build-apps]
-set -euo pipefail
-root=$(git rev-parse --show-toplevel)
-build=$(cd "$root" && realpath "${1:-build-apps}")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-g++ -std=c++20 -O2 "$root/tools/host/softmax_calls.cpp" -I"$root/core/include" -I"$root/attention/include" \
-    -I"$root/kernels/include" -L"$build" -llockstep -Wl,-rpath,"$build" -o "$tmp/softmax_calls"
+source "$(dirname "$0")/driver.sh"
+build_driver softmax_calls
 rows=32 n=4096 reps=2
 elements=$(( rows * n * reps ))
 for lanes in 0 1; do
