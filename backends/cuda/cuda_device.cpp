@@ -428,7 +428,8 @@ void CudaStream::launch(const lockstep::detail::KernelLaunch& l) {
   } else {
     check(cudaLaunchKernel(fn, grid, block, args, l.config.shared_bytes, s_), l.kernel_name);
   }
-  check(cudaGetLastError(), l.kernel_name);
+  // No cudaGetLastError here: the launch returned its own error, and the last error could only
+  // add one left unread by an earlier call (a destructor's), thrown at the wrong launch.
 }
 
 CudaEvent::CudaEvent(CudaDevice& dev, bool timing) : dev_(dev), timing_(timing) {
