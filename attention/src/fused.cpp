@@ -57,6 +57,20 @@ bool pack_in_kernel(int D, std::int64_t blocks_at_64_rows) {
   return D == 64 && blocks_at_64_rows >= 2 * 132;
 }
 
+// Note [packing blocks]: how many kv heads ahead the blocks pack (the launch before packs the
+// first that many, of batch 0; at most the kv heads per batch). 8: run 144 (H100, three rounds of
+// 1, 2, 4 and 8) took 2.4-2.9% off 16x16x1024x64 (causal or not) at 8 and changed no other shape
+// (the others have the packing launch, or too few kv heads to look ahead). LOCKSTEP_FUSED_TC_PACK_AHEAD
+// =1..16 overrides (a measurement knob); the same bits whatever it is.
+int pack_ahead(std::int64_t kv_heads) {
+  int a = 8;
+  if (const char* v = std::getenv("LOCKSTEP_FUSED_TC_PACK_AHEAD"); v != nullptr) {
+    const int n = std::atoi(v);
+    if (n >= 1 && n <= 16) a = n;
+  }
+  return static_cast<int>(std::min<std::int64_t>(a, kv_heads));
+}
+
 // Note [wgmma products] (kernels/fused_attention.hpp): the tensor-core kernel on warpgroup
 // products. It can run on CUDA devices of compute capability 9.0 when the library was built for
 // sm_90a (LOCKSTEP_HAVE_WGMMA: CMAKE_CUDA_ARCHITECTURES containing 90a), at head_dim 64 and 128.
@@ -223,7 +237,8 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
     };
     if constexpr (D == 64 || D == 128) {
       if (packing_blocks) {
-        // Note [packing blocks]: kv head 0 of batch 0 here, the others by the attention's blocks.
+        // Note [packing blocks]: kv heads 0 .. pack_ahead - 1 of batch 0 here, the others by the
+        // attention's blocks.
         const auto packing = [&](auto k) {
           using K = decltype(k);
           const std::int64_t tiles_q = kernels::ceil_div(seq_q, std::int64_t{K::kRows});
@@ -232,7 +247,9 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, std::int64_
           std::int32_t* c = detail::StreamAccess::counters(s, std::size_t(2 + 2 * batch * p.Hkv)) + 1;
           tp.ticket = c;
           tp.pack_counters = c + 1;
-          const Dim3 first{static_cast<std::uint32_t>(kernels::ceil_div(p.Skv, 64)), 1, 1};
+          tp.pack_ahead = pack_ahead(p.Hkv);
+          const Dim3 first{static_cast<std::uint32_t>(kernels::ceil_div(p.Skv, 64)),
+                           static_cast<std::uint32_t>(tp.pack_ahead), 1};
           launch<kernels::FusedHalfPackTiled<D>>(s, first, 0, tp);
           launch<K>(s, Dim3{static_cast<std::uint32_t>(tiles_q * heads * batch), 1, 1}, K::kSharedBytes, tp);
           return true;

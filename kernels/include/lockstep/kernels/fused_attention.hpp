@@ -39,6 +39,9 @@ struct FusedAttentionParams {
   // tickets from, then a zero pair per kv head of every batch ([B * Hkv][2]). Null otherwise.
   std::int32_t* ticket;
   std::int32_t* pack_counters;
+  // Note [packing blocks]: the blocks of flattened kv head i pack kv head i + pack_ahead (>= 1);
+  // kv heads 0 .. pack_ahead - 1 (of batch 0) are packed by the launch before.
+  std::int32_t pack_ahead;
   // Note [split keys] (TensorCore): 0 or 1, or the S > 1 ranges that a query tile's key tiles
   // are split into, one block each; part: the blocks' unnormalized outputs, [B, H, S, Sq, D];
   // part_ml: their rows' running max and sum, [B, H, S, Sq, 2]; split_counters: a zero per
@@ -1233,11 +1236,12 @@ struct FusedHalfPackTiled {
 // (x.block_ticket) in the order they start; ticket t owns a query tile of flattened kv head
 // i = t / A (A: the blocks of one kv head, its query heads' tiles; kv heads of every batch in
 // order, then query heads, then tiles), u = t % A. Blocks u < P of kv head i (P = min(A, key
-// tiles)) first pack tiles u, u + P, ... of kv head i + 1 (FusedHalfPackTiled::pack_tile: the same
-// rounding and layout, every load in flight before the first store) and signal that kv head's
-// counter (x.signal: a release); then every block of kv head i > 0 waits for its own counter to
-// reach P (x.wait_signals: an acquire) and runs the attention. Kv head 0 of batch 0 is packed by
-// FusedHalfPackTiled in the launch before. No deadlock whatever the scheduler does: a block waits
+// tiles)) first pack tiles u, u + P, ... of kv head i + N (N = p.pack_ahead >= 1;
+// FusedHalfPackTiled::pack_tile: the same rounding and layout, every load in flight before the
+// first store) and signal that kv head's counter (x.signal: a release); then every block of kv
+// head i >= N waits for its own counter to reach P (x.wait_signals: an acquire) and runs the
+// attention. Kv heads 0 .. N - 1 of batch 0 are packed by FusedHalfPackTiled in the launch before
+// (N is at most the kv heads per batch). No deadlock whatever the scheduler does: a block waits
 // only for blocks with lower tickets, which have started and never wait before they pack. (Packing
 // after the wait chained every kv head's packing behind the one before: 1.5-5x slower at head_dim
 // 64, run 89.) The packing blocks' stores are generic-proxy writes that the bulk copies (async
@@ -1392,9 +1396,11 @@ struct FusedAttentionWgmma {
       const int b = kvi / p.Hkv, hk = kvi - b * p.Hkv;
       const int tiles_kv = static_cast<int>(ceil_div(p.Skv, kTile));
       const int parts = static_cast<int>(imin(per_kv, tiles_kv));  // packing blocks per kv head
-      // First the tiles of the next kv head (never behind a wait: a chain of waits and packs
-      // from kv head to kv head made the kernel 1.5-5x slower at head_dim 64, run 89).
-      const int next = kvi + 1;
+      // First the tiles of a later kv head (never behind a wait: a chain of waits and packs from
+      // kv head to kv head made the kernel 1.5-5x slower at head_dim 64, run 89): pack_ahead kv
+      // heads on, so that its blocks, which start pack_ahead x per_kv tickets later, find it done.
+      const int ahead = p.pack_ahead > 0 ? p.pack_ahead : 1;
+      const int next = kvi + ahead;
       // Note [early query loads]: at head_dim 64, Q's loads are in flight during the packing
       // loads, so the block waits for memory once where it waited twice.
       const FusedBlock fb(p, b, hk * group + u / tiles_q, u % tiles_q, kRows);
@@ -1408,7 +1414,7 @@ struct FusedAttentionWgmma {
         x.proxy_fence_global();
         x.signal(p.pack_counters + 2 * std::int64_t{next});
       }
-      if (kvi > 0) {  // kv head 0 was packed by the kernel before
+      if (kvi >= ahead) {  // kv heads 0 .. ahead - 1 were packed by the kernel before
         std::int32_t* c = p.pack_counters + 2 * std::int64_t{kvi};
         const int reader = x.wait_signals(c, parts, true);
         x.release_signals(c, reader, per_kv);
