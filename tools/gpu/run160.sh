@@ -7,7 +7,7 @@
 # at 1000 cases, three rounds of the fused benchmarks alternating LOCKSTEP_FUSED_TC_PACK_AHEAD=1
 # (main before) with the default, and FA2's graph replays in the same call.
 # Staging: stage.sh, then cp tools/gpu/run119_common.sh tools/gpu/run142.sh tools/gpu/run143.sh
-# tools/gpu/run153.sh tools/gpu/run160.sh tools/gpu/check_descriptors.py .gpu/
+# tools/gpu/run153.sh tools/gpu/run160.sh tools/gpu/fused_rounds.py tools/gpu/check_descriptors.py .gpu/
 # Run (device tool, kind nvidia-h200, carry [".gpu"]): bash .gpu/run160.sh
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case "$name" in
@@ -31,17 +31,7 @@ for round in 1 2 3; do
     LOCKSTEP_FUSED_TC_PACK_AHEAD=$n step 30 "round $round ahead $n" f-a$n-$round.log $G/lockstep-bench --device cuda:0 --filter attention_fused --json $OUT/f-a$n-$round.json
   done
 done
-python3 - <<'P' | tee -a $sm
-import json, glob, os, collections
-out = os.environ['OUT']
-rows = collections.defaultdict(list)
-for f in sorted(glob.glob(out + '/f-*.json')):
-    cfg = os.path.basename(f)[:-5].split('-')[1]
-    for dev in json.load(open(f))['devices']:
-        for r in dev['results']:
-            if 'tensor' in r['name']: rows[(r['shape'][:50], cfg)].append(round(r.get('busy_stream_ms', 0), 4))
-for k in sorted(rows): print(*k, 'busy ms:', rows[k])
-P
+python3 $G/fused_rounds.py $OUT | tee -a $sm
 PYTHONUNBUFFERED=1 step 40 "FA2 graph replays" graph.log python3 $G/torch_graph_prefill.py --json $OUT/graph.json
 grep -E "^\| prefill graph \| fp16 flash" $OUT/graph.log | tee -a $sm
 echo "elapsed $(( $(date +%s) - T0 )) s" | tee -a $sm
