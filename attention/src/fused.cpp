@@ -57,6 +57,16 @@ bool pack_in_kernel(int D, std::int64_t blocks_at_64_rows) {
   return D == 64 && blocks_at_64_rows >= 2 * 132;
 }
 
+// A knob taking 1..16 (LOCKSTEP_FUSED_TC_PACK_AHEAD, the split knobs below), or 0 when unset or
+// outside that range.
+int knob_1_to_16(const char* knob) {
+  if (const char* v = std::getenv(knob); v != nullptr) {
+    const int n = std::atoi(v);
+    if (n >= 1 && n <= 16) return n;
+  }
+  return 0;
+}
+
 // Note [packing blocks]: how many kv heads ahead the blocks pack (the launch before packs the
 // first that many, of batch 0; at most the kv heads per batch). 8: run 144 (H100, three rounds of
 // 1, 2, 4 and 8) took 2.4-2.9% off 16x16x1024x64 (causal or not) at 8 and changed no other shape
@@ -65,12 +75,8 @@ bool pack_in_kernel(int D, std::int64_t blocks_at_64_rows) {
 // FA2 in the same call 0.1686 ms (0.865-0.874x). LOCKSTEP_FUSED_TC_PACK_AHEAD
 // =1..16 overrides (a measurement knob); the same bits whatever it is.
 int pack_ahead(std::int64_t kv_heads) {
-  int a = 8;
-  if (const char* v = std::getenv("LOCKSTEP_FUSED_TC_PACK_AHEAD"); v != nullptr) {
-    const int n = std::atoi(v);
-    if (n >= 1 && n <= 16) a = n;
-  }
-  return static_cast<int>(std::min<std::int64_t>(a, kv_heads));
+  const int n = knob_1_to_16("LOCKSTEP_FUSED_TC_PACK_AHEAD");
+  return static_cast<int>(std::min<std::int64_t>(n > 0 ? n : 8, kv_heads));
 }
 
 // Note [wgmma products] (kernels/fused_attention.hpp): the tensor-core kernel on warpgroup
@@ -154,20 +160,13 @@ bool wgmma_deferred() {
 //     at head_dim 64 (wgmma_warpgroups) no split is faster: 0.0312-0.0314 against 0.0321-0.0323
 //     with two ranges, causal 0.0290-0.0302 against 0.0308-0.0314 (run 137). At head_dim 128 the
 //     512-query chunk took 0.309 with S = 2 against 0.282-0.283 (run 131).
-int split_knob(const char* knob) {
-  if (const char* v = std::getenv(knob); v != nullptr) {
-    const int n = std::atoi(v);
-    if (n >= 1 && n <= 16) return n;
-  }
-  return 0;
-}
 std::int64_t key_tiles(int D, std::int64_t skv) { return kernels::ceil_div(skv, std::int64_t{D <= 128 ? 64 : 32}); }
 int tensor_core_splits() {
-  const int n = split_knob("LOCKSTEP_FUSED_TC_SPLITS");
+  const int n = knob_1_to_16("LOCKSTEP_FUSED_TC_SPLITS");
   return n > 0 ? n : 1;
 }
 int exact_splits(int D, std::int64_t blocks_at_64_rows, std::int64_t skv, bool batch_invariant) {
-  if (const int n = split_knob("LOCKSTEP_FUSED_EXACT_SPLITS"); n > 0) return n;
+  if (const int n = knob_1_to_16("LOCKSTEP_FUSED_EXACT_SPLITS"); n > 0) return n;
   if (batch_invariant) return 1;
   const std::int64_t warps = D == 128 ? 8 : 4;  // FusedAttentionExact<D>::kThreads / 32
   if (blocks_at_64_rows * warps >= 12 * 132) return 1;

@@ -71,6 +71,15 @@ bool is_sticky(cudaError_t e) {
   }
 }
 
+// The DeviceError of a failed CUDA call: CUDA's error name and text, and whether the context is lost.
+[[noreturn]] void throw_cuda_error(const char* what, const char* name, const char* text, bool sticky) {
+  std::string m = std::string("lockstep: CUDA error in ") + what + ": " + name + " (" + text + ")";
+  if (sticky)
+    m += " [sticky: the CUDA context is lost; every later call on this device fails, restart "
+         "the process]";
+  throw DeviceError(m, sticky);
+}
+
 [[noreturn]] void fail(cudaError_t e, const char* what) {
   const bool sticky = is_sticky(e);
   // The runtime keeps a failed call's error as its "last error" until it is read, and this
@@ -79,12 +88,7 @@ bool is_sticky(cudaError_t e) {
   // CudaInterop.ARefusedLaunchIsATypedNonStickyError with LOCKSTEP_DRIVER_LAUNCH=0). A sticky
   // error stays whatever is read.
   if (!sticky) (void)cudaGetLastError();
-  std::string m = std::string("lockstep: CUDA error in ") + what + ": " + cudaGetErrorName(e) +
-                  " (" + cudaGetErrorString(e) + ")";
-  if (sticky)
-    m += " [sticky: the CUDA context is lost; every later call on this device fails, restart "
-         "the process]";
-  throw DeviceError(m, sticky);
+  throw_cuda_error(what, cudaGetErrorName(e), cudaGetErrorString(e), sticky);
 }
 
 void check(cudaError_t e, const char* what) {
@@ -148,12 +152,7 @@ static_assert(int(CUDA_ERROR_ILLEGAL_ADDRESS) == int(cudaErrorIllegalAddress) &&
   const char* text = nullptr;
   if (d.name(r, &name) != CUDA_SUCCESS || name == nullptr) name = "CUDA_ERROR_UNKNOWN_CODE";
   if (d.text(r, &text) != CUDA_SUCCESS || text == nullptr) text = "no description";
-  const bool sticky = is_sticky(static_cast<cudaError_t>(r));
-  std::string m = std::string("lockstep: CUDA error in ") + what + ": " + name + " (" + text + ")";
-  if (sticky)
-    m += " [sticky: the CUDA context is lost; every later call on this device fails, restart "
-         "the process]";
-  throw DeviceError(m, sticky);
+  throw_cuda_error(what, name, text, is_sticky(static_cast<cudaError_t>(r)));
 }
 
 class CudaDevice;

@@ -8,6 +8,7 @@
 # parity, memcheck over the fused, Flash-Decoding and cache tests, racecheck over the wgmma,
 # split and Flash-Decoding tests. Everything under $OUT is packed into results.tgz.
 # Staging: CUOBJDUMP=... bash tools/gpu/stage.sh && cp tools/gpu/run119_common.sh tools/gpu/run142.sh tools/gpu/check_descriptors.py .gpu/
+# DECODE_S=<seconds> sets the decode properties' step (200 by default; run161.sh gives 240).
 # Run (device tool, carry [".gpu"]): bash .gpu/run142.sh
 BUDGET=${BUDGET:-575}
 source "$(pwd)/.gpu/run119_common.sh"
@@ -25,7 +26,7 @@ if [ "${UNIT_ONLY:-0}" = 1 ]; then
 fi
 RC_PARAMS="max_success=1000" step 170 "fused properties 1000" props_fused.log $G/lockstep_proptests --gtest_filter='*Fused*'
 grep -E "^\[ +(OK|FAILED)|Falsifiable|PASSED" $OUT/props_fused.log | tee -a $sm
-RC_PARAMS="max_success=2000" step 200 "decode properties 2000" props_decode.log $G/lockstep_proptests --gtest_filter='Decode.FlashDecoding:Decode.BatchInvariance:Attention.IncrementalDecode'
+RC_PARAMS="max_success=2000" step ${DECODE_S:-200} "decode properties 2000" props_decode.log $G/lockstep_proptests --gtest_filter='Decode.FlashDecoding:Decode.BatchInvariance:Attention.IncrementalDecode'
 grep -E "^\[ +(OK|FAILED)|Falsifiable|PASSED" $OUT/props_decode.log | tee -a $sm
 step 20 "parity" parity.log $G/lockstep parity --cases 3
 tail -1 $OUT/parity.log | tee -a $sm
