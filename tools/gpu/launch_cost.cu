@@ -1,6 +1,7 @@
 // Host time of one kernel launch on this machine, by API and parameter size: the floor under
-// lockstep's "host time per decode call" (issue 5: at most 5 us). Not part of the library; built
-// by hand for a GPU run (docs/gpu-results.md, run 117):
+// the host time of an eager decode call (docs/performance.md). Not part of the library:
+// `tools/gpu/verify.sh stage` builds it into .gpu/ and the verify script's bench stage runs it.
+// By hand:
 //   nvcc -O2 -std=c++17 -arch=sm_90a -cudart static -o launch_cost tools/gpu/launch_cost.cu \
 //        -L/usr/local/cuda/lib64/stubs -lcuda
 //   ./launch_cost            # prints one line per variant, microseconds per call
