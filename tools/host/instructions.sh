@@ -3,7 +3,7 @@
 # timer). Builds tools/host/host_calls.cpp against a build's liblockstep and counts, inside
 # flash_decoding and incremental_attention on the calling thread, 101 calls minus 1 call (the
 # first call's one-time scratch allocation drops out), divided by 100.
-# Usage: tools/host/instructions.sh [build dir, default build-apps]
+# Usage: tools/host/instructions.sh [build dir, default build/default]
 source "$(dirname "$0")/driver.sh"
 build_driver host_calls
 count() {  # count <calls> <mode> <function>

@@ -3,7 +3,7 @@
 # this VM has no hardware counters): the row-major code (Note [row-major softmax]) and the lane
 # code (LOCKSTEP_CPU_SOFTMAX_LANES=1), each over 2 calls on 32 rows of 4096 (every thread counted),
 # inside the kernel's function only (CpuExec's softmax_row, or run_range<SoftmaxRows, ...>).
-# Usage: tools/host/softmax_instructions.sh [build dir, default build-apps]
+# Usage: tools/host/softmax_instructions.sh [build dir, default build/default]
 source "$(dirname "$0")/driver.sh"
 build_driver softmax_calls
 rows=32 n=4096 reps=2
