@@ -63,7 +63,7 @@ def label(e):
 
 
 def short_card(stem):
-    return stem.upper() if not stem.startswith("cpu") else "CPU device (" + stem[4:].upper() + ")"
+    return stem.upper() if not stem.startswith("cpu") else "CPU, " + stem[4:].upper()
 
 
 def fmt_num(x, unit):
