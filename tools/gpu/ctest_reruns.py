@@ -15,6 +15,8 @@ import sys
 
 
 def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__.strip().splitlines()[-1].strip())
     gpu, out = sys.argv[1], sys.argv[2]
     with open(os.path.join(gpu, "ctest.json")) as f:
         tests = json.load(f)["tests"]

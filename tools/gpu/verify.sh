@@ -106,7 +106,7 @@ run_tests() {
   grep -E '^\[  FAILED  \] .*\(' "$OUT/tests.log" | head -20 | tee -a "$OUT/summary.txt"
   python3 "$root/tools/gpu/ctest_reruns.py" "$G" "$OUT" | tee -a "$OUT/summary.txt"
   local rc2=${PIPESTATUS[0]}
-  [ $rc = 0 ] && [ "$rc2" = 0 ]
+  [ "$rc" = 0 ] && [ "$rc2" = 0 ]
 }
 
 run_props() {
@@ -115,14 +115,14 @@ run_props() {
   local rc=$?
   say "  properties at $cases cases: $(gtest_counts "$OUT/props.log")"
   grep -E '^\[  FAILED  \] .*\(|Falsifiable|differ|outside' "$OUT/props.log" | head -20 | tee -a "$OUT/summary.txt"
-  return $rc
+  return "$rc"
 }
 
 run_parity() {
   "$G/lockstep" parity --cases "${PARITY_CASES:-20}" > "$OUT/parity.log" 2>&1
   local rc=$?
   say "  $(tail -1 "$OUT/parity.log")"
-  return $rc
+  return "$rc"
 }
 
 run_sanitize() {
@@ -136,7 +136,7 @@ run_sanitize() {
       > "$OUT/racecheck.log" 2>&1
   local rc2=$?
   say "  racecheck: $(gtest_counts "$OUT/racecheck.log")$(grep -E 'RACECHECK SUMMARY' "$OUT/racecheck.log" | tail -1 | sed 's/^=* //')"
-  [ $rc = 0 ] && [ $rc2 = 0 ]
+  [ "$rc" = 0 ] && [ "$rc2" = 0 ]
 }
 
 run_bench() {
@@ -150,7 +150,7 @@ run_bench() {
     timeout 60 "$G/launch_cost" > "$OUT/launch_cost.log" 2>&1 || rc=1
     say "  launch_cost (us per launch, busy and idle stream): $(grep -m1 "driver wrapper" "$OUT/launch_cost.log" | tr -s ' ')"
   fi
-  return $rc
+  return "$rc"
 }
 
 run_peers() {
@@ -161,7 +161,7 @@ run_peers() {
       > "$OUT/peers-graph.log" 2>&1 || rc=1
   python3 "$root/bench/peers/efficient_pipes.py" > "$OUT/peers-efficient.log" 2>&1 || rc=1
   say "  PyTorch: $(grep -h '^torch' "$OUT/peers.log" | head -1)"
-  return $rc
+  return "$rc"
 }
 
 write_results() {
