@@ -253,12 +253,12 @@ void split_keys_property(bool tensor_core) {
   s.key_ramp = *rc::gen::element(0.0f, 0.002f, 0.02f);  // maxima that move from range to range
   s.seed = *rc::gen::arbitrary<std::uint64_t>();
   const int splits = *rc::gen::element(2, 3, 5, 8, 16);
-  const char* knob = tensor_core ? "LOCKSTEP_FUSED_TC_SPLITS" : "LOCKSTEP_FUSED_EXACT_SPLITS";
-  struct Knob {  // set for the case's runs on every backend, unset after (also when check throws)
-    const char* name;
-    ~Knob() { ::unsetenv(name); }
-  } k{knob};
-  ::setenv(knob, std::to_string(splits).c_str(), 1);
+  Tuning t;  // the case's runs on every backend take it (a scope on this thread)
+  if (tensor_core)
+    t.fused.tc_splits = splits;
+  else
+    t.fused.exact_splits = splits;
+  const TuningScope scope(t);
   check(*fused_case(s));
 }
 

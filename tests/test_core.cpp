@@ -462,9 +462,8 @@ TEST(CpuDevice, KnobsWithAValueTheyDoNotTakeAreRefusedWhenADeviceIsOpened) {
     const char* good;
   };
   for (const Case& c : {Case{"LOCKSTEP_CPU_SHUFFLE_BLOCKS", "off", "1"}, Case{"LOCKSTEP_PDL", "false", "0"},
-                        Case{"LOCKSTEP_FUSED_TC_ROWS", "96", "128"}, Case{"LOCKSTEP_DECODE_STAGES", "3x", "-1"},
-                        Case{"LOCKSTEP_DECODE_TAIL_PREFETCH", "1e6", "1000000"}, Case{"LOCKSTEP_CPU_POISON", "2", ""},
-                        Case{"LOCKSTEP_DECODE_FOLD", "2", "0"}}) {
+                        Case{"LOCKSTEP_DRIVER_LAUNCH", "yes", "1"}, Case{"LOCKSTEP_CPU_DECODE_LANES", "2", "0"},
+                        Case{"LOCKSTEP_CPU_POISON", "2", ""}, Case{"LOCKSTEP_CPU_BLOCK_PASSES", "on", "0"}}) {
     SCOPED_TRACE(c.name);
     const char* before = std::getenv(c.name);
     const std::string saved = before != nullptr ? before : "";

@@ -13,11 +13,15 @@ std::size_t decode_workspace_floats(std::int64_t rows, std::int64_t H, std::int6
 
 // Launches DecodeChunk + DecodeMerge for p (q, k, v, lengths/length, slots, out, strides, rows,
 // H, Hkv, scale set); the partials are carved from `workspace`. With p.k_new set, each row's new
-// token is appended as well (Note [fused append]; lengths are then positions, length_bias 1):
-// by the chunk kernel, or by a KvScatter launch first for a variant without async tiles.
-// Returns the launches enqueued.
+// token is appended as well by the chunk kernel (Note [fused append]; lengths are then
+// positions, length_bias 1). The schedule is plan::plan_decode's for the stream's device and the
+// Tuning in force (tuning_for). Returns the launches enqueued.
 int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int64_t head_dim,
                   std::int64_t max_len);
+
+// The Tuning a call uses: its own (`call`), else the innermost TuningScope's on this thread,
+// else the stream's device's (lockstep/tuning.hpp).
+const Tuning& tuning_for(const Stream& s, const Tuning* call);
 
 void launch_kv_scatter(Stream& s, const kernels::KvScatterParams& p);
 

@@ -1,7 +1,6 @@
 #include "lockstep/attention/multihead.hpp"
 
 #include <cmath>
-#include <cstdlib>
 #include <string>
 
 #include "checks.hpp"
@@ -11,16 +10,10 @@ namespace lockstep {
 
 namespace {
 
-bool force_fp32_gemm() {
-  const char* v = std::getenv("LOCKSTEP_FORCE_FP32_GEMM");
-  return v != nullptr && std::string(v) == "1";
-}
-
 // The seed's rule: tensor cores when m, n >= 16 and k >= 64.
 GemmKind pick(GemmKind want, std::int64_t m, std::int64_t n, std::int64_t k) {
   if (want == GemmKind::kFp32) return GemmKind::kFp32;
   if (want == GemmKind::kTensorCore) return GemmKind::kTensorCore;
-  if (force_fp32_gemm()) return GemmKind::kFp32;
   return (m >= 16 && n >= 16 && k >= 64) ? GemmKind::kTensorCore : GemmKind::kFp32;
 }
 

@@ -326,6 +326,7 @@ class CpuDevice final : public Device {
     caps_.total_memory = o.memory_capacity != 0 ? o.memory_capacity : physical_memory();
     caps_.tensor_cores = false;
     caps_.bit_faithful = true;
+    caps_.simulated = true;
     caps_.simd_target = table_.target;
     name_ = "lockstep simulated GPU on " + cpu_model() + " (" + std::to_string(rt_.threads) +
             " threads, " + table_.target + ")";

@@ -33,23 +33,11 @@ std::size_t kernel_count() {
   return n;
 }
 
-// LOCKSTEP_PDL=0 launches every kernel in plain stream order (Note [overlapped launches]).
-bool pdl_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("LOCKSTEP_PDL");
-    return v == nullptr || std::string(v) != "0";
-  }();
-  return on;
-}
-
-// LOCKSTEP_DRIVER_LAUNCH=0 launches through the runtime (cudaLaunchKernel, cudaLaunchKernelExC)
-// instead of the driver (Note [driver launches]): a measurement and test knob.
-bool driver_launch_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("LOCKSTEP_DRIVER_LAUNCH");
-    return v == nullptr || std::string(v) != "0";
-  }();
-  return on;
+// An on/off override read when a device is opened (docs/api.md, "Environment"): unset or
+// anything but "0" is on (the registry refuses other values before a device opens).
+bool env_on(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr || std::string(v) != "0";
 }
 
 bool is_sticky(cudaError_t e) {
@@ -128,7 +116,7 @@ const DriverApi& driver() {
     get("cuLaunchKernelEx", a.launch);
     get("cuGetErrorName", a.name);
     get("cuGetErrorString", a.text);
-    if (a.name == nullptr || a.text == nullptr || !driver_launch_enabled()) a.launch = nullptr;
+    if (a.name == nullptr || a.text == nullptr) a.launch = nullptr;
     return a;
   }();
   return api;
@@ -199,7 +187,11 @@ class CudaEvent final : public Event {
 
 class CudaDevice final : public Device {
  public:
-  explicit CudaDevice(int ordinal) : ordinal_(ordinal) {
+  // LOCKSTEP_PDL=0: every kernel in plain stream order (Note [overlapped launches]);
+  // LOCKSTEP_DRIVER_LAUNCH=0: launches through the runtime instead of the driver (Note [driver
+  // launches]). Measurement overrides, read here once.
+  explicit CudaDevice(int ordinal)
+      : ordinal_(ordinal), pdl_(env_on("LOCKSTEP_PDL")), driver_launch_(env_on("LOCKSTEP_DRIVER_LAUNCH")) {
     check(cudaSetDevice(ordinal_), "cudaSetDevice");
     cudaDeviceProp p{};
     check(cudaGetDeviceProperties(&p, ordinal_), "cudaGetDeviceProperties");
@@ -212,6 +204,9 @@ class CudaDevice final : public Device {
     caps_.bit_faithful = true;
     caps_.compute_capability = p.major * 10 + p.minor;
     caps_.l2_bytes = static_cast<std::uint64_t>(p.l2CacheSize);
+#if defined(LOCKSTEP_HAVE_WGMMA)
+    caps_.warpgroup_mma = caps_.compute_capability == 90;
+#endif
     name_ = std::string(p.name) + " (sm_" + std::to_string(p.major) + std::to_string(p.minor) +
             ", " + std::to_string(p.multiProcessorCount) + " SMs)";
     cudaStream_t s;
@@ -318,6 +313,13 @@ class CudaDevice final : public Device {
 
  private:
   int ordinal_;
+  bool pdl_, driver_launch_;
+
+ public:
+  bool pdl() const { return pdl_; }
+  bool driver_launch() const { return driver_launch_; }
+
+ private:
   DeviceCaps caps_;
   std::string name_;
   mutable std::mutex mu_;
@@ -390,8 +392,8 @@ void CudaStream::launch(const lockstep::detail::KernelLaunch& l) {
   dev_.ensure_shared(l.kernel_index, fn, l.config.shared_bytes, l.max_shared_carveout);
   void* args[] = {const_cast<void*>(l.params)};
   // Note [overlapped launches] (lockstep/kernels/launch.hpp).
-  const bool pdl = l.overlaps_prior && dev_.caps().compute_capability >= 90 && pdl_enabled();
-  if (const DriverApi& d = driver(); d.launch != nullptr) {  // Note [driver launches]
+  const bool pdl = l.overlaps_prior && dev_.caps().compute_capability >= 90 && dev_.pdl();
+  if (const DriverApi& d = driver(); d.launch != nullptr && dev_.driver_launch()) {  // Note [driver launches]
     CUlaunchAttribute attr[1];
     attr[0].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
     attr[0].value.programmaticStreamSerializationAllowed = 1;

@@ -6,6 +6,8 @@
 
 namespace lockstep {
 
+Device::Device() : tuning_(detail::tuning_from_environment("open device")) {}
+
 Stream::~Stream() { release_scratch(); }
 
 void Stream::release_scratch() noexcept {

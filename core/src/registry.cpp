@@ -6,7 +6,7 @@
 #include "backend.hpp"
 #include "lockstep/device.hpp"
 #include "lockstep/interop.hpp"
-#include "lockstep/kernels/launch.hpp"
+#include "lockstep/launch_checked.hpp"
 
 namespace lockstep {
 
@@ -16,33 +16,20 @@ detail::Backend* backend_for(DeviceKind kind) {
   return detail::cuda_backend();
 }
 
-// The measurement and test knobs of docs/api.md that take a number, with the values each takes
-// ("": any decimal integer). Each is read where it acts, often once per process; a value it does
-// not take (LOCKSTEP_PDL=false, LOCKSTEP_CPU_SHUFFLE_BLOCKS=off) would act as some other value
-// or as unset, silently. So a set knob is checked whenever a device is opened. Not here: the
-// ones with text values (LOCKSTEP_DEVICE, LOCKSTEP_CPU_MEMORY, LOCKSTEP_CPU_SIMD, checked where
-// they are read; LOCKSTEP_DECODE_TIMELINE, a path).
+// The environment variables read when a device is opened (docs/api.md, "Environment") that take
+// a number, with the values each takes. A value it does not take (LOCKSTEP_PDL=false) would act
+// as some other value or as unset, silently, so a set one is checked whenever a device is
+// opened. Not here: the ones with text values (LOCKSTEP_DEVICE, LOCKSTEP_TUNING,
+// LOCKSTEP_CPU_MEMORY, LOCKSTEP_CPU_SIMD), checked where they are read.
 struct Knob {
   const char* name;
   const char* values;  // "a|b|c", or "" for any decimal integer
 };
 constexpr Knob kKnobs[] = {
-    {"LOCKSTEP_CPU_BLOCK_PASSES", "0|1"},     {"LOCKSTEP_CPU_DECODE_LANES", "0|1"},
-    {"LOCKSTEP_CPU_EXACT_LANES", "0|1"},      {"LOCKSTEP_CPU_POISON", "0|1"},
-    {"LOCKSTEP_CPU_SHUFFLE_BLOCKS", "0|1"},   {"LOCKSTEP_FORCE_FP32_GEMM", "0|1"},
-    {"LOCKSTEP_PDL", "0|1"},                  {"LOCKSTEP_DECODE_ONE_GRID", "0|1"},
-    {"LOCKSTEP_DECODE_FOLD", "0|1"},          {"LOCKSTEP_DECODE_DIAG_ONLY", "0|1|2"},
-    {"LOCKSTEP_DECODE_SIGNALS", "0|1"},       {"LOCKSTEP_DECODE_STAGES", ""},
-    {"LOCKSTEP_DECODE_ROW_BATCH", ""},        {"LOCKSTEP_DECODE_MERGE_BATCH", ""},
-    {"LOCKSTEP_DECODE_L2_HINT", "0|1|2"},          {"LOCKSTEP_DECODE_HEAD_DIM_PRODUCT", ""},
-    {"LOCKSTEP_DECODE_TAIL_PREFETCH", ""},    {"LOCKSTEP_FUSED_TC_ROWS", "64|128"},
-    {"LOCKSTEP_FUSED_EXACT_P", "0|1"},        {"LOCKSTEP_FUSED_TC_PACK", "0|1"},
-    {"LOCKSTEP_FUSED_TC_WGMMA", "0|1"},       {"LOCKSTEP_FUSED_TC_WGMMA_WG", "1|2"},
-    {"LOCKSTEP_FUSED_TC_WGMMA_SERIAL", "0|1"}, {"LOCKSTEP_FUSED_TC_WGMMA_DEFER", "0|1"},
-    {"LOCKSTEP_FUSED_TC_SPLITS", "1|2|3|4|5|6|7|8|9|10|11|12|13|14|15|16"},
-    {"LOCKSTEP_FUSED_TC_PACK_AHEAD", "1|2|3|4|5|6|7|8|9|10|11|12|13|14|15|16"},
-    {"LOCKSTEP_FUSED_EXACT_SPLITS", "1|2|3|4|5|6|7|8|9|10|11|12|13|14|15|16"},
-    {"LOCKSTEP_CPU_SOFTMAX_LANES", "0|1"},    {"LOCKSTEP_DRIVER_LAUNCH", "0|1"},
+    {"LOCKSTEP_CPU_BLOCK_PASSES", "0|1"},   {"LOCKSTEP_CPU_DECODE_LANES", "0|1"},
+    {"LOCKSTEP_CPU_EXACT_LANES", "0|1"},    {"LOCKSTEP_CPU_SOFTMAX_LANES", "0|1"},
+    {"LOCKSTEP_CPU_POISON", "0|1"},         {"LOCKSTEP_CPU_SHUFFLE_BLOCKS", "0|1"},
+    {"LOCKSTEP_PDL", "0|1"},                {"LOCKSTEP_DRIVER_LAUNCH", "0|1"},
 };
 
 bool decimal_integer(std::string_view s) {

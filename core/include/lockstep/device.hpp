@@ -1,6 +1,6 @@
 #pragma once
-// Device / Stream / Event: the run-time chosen backend interface (../shared/design.md §2, beside
-// the repository; docs/api.md).
+// Device / Stream / Event: the run-time chosen backend interface (docs/api.md,
+// docs/architecture.md).
 //
 // A Device owns memory and streams. A Stream is an in-order queue of copies and kernel launches;
 // nothing enqueued is guaranteed done until Stream::synchronize(), Event::synchronize() or
@@ -16,6 +16,7 @@
 
 #include "lockstep/device_id.hpp"
 #include "lockstep/error.hpp"
+#include "lockstep/tuning.hpp"
 
 namespace lockstep {
 
@@ -38,9 +39,13 @@ struct DeviceCaps {
   std::uint64_t total_memory = 0;
   bool tensor_cores = false;        // hardware matrix units (CUDA sm_70+)
   bool bit_faithful = false;        // CPU device: SIMT kernels return the CUDA bits
+  bool simulated = false;           // the CPU device (a simulated GPU)
   std::string simd_target;          // CPU device: the Highway target running kernels
   int compute_capability = 0;       // CUDA: major*10 + minor
   std::uint64_t l2_bytes = 0;       // CUDA: the L2 cache; 0 on the CPU device (no L2 hints there)
+  // CUDA: the library holds warpgroup-product kernels for this device (built for sm_90a, compute
+  // capability 9.0; Note [wgmma products]). The CPU device emulates them only when asked.
+  bool warpgroup_mma = false;
 };
 
 struct Dim3 {
@@ -83,6 +88,9 @@ class Device : public std::enable_shared_from_this<Device> {
   virtual std::string name() const = 0;
   virtual const DeviceCaps& caps() const = 0;
   virtual MemoryStats memory_stats() const = 0;
+  // The Tuning of calls that name none and run outside any TuningScope (lockstep/tuning.hpp):
+  // the defaults with LOCKSTEP_TUNING's overrides, read once when the device was opened.
+  const Tuning& tuning() const noexcept { return tuning_; }
 
   // The stream used when a call is given none. Never the CUDA legacy default stream.
   virtual Stream& default_stream() = 0;
@@ -93,12 +101,16 @@ class Device : public std::enable_shared_from_this<Device> {
   virtual void synchronize() = 0;
 
  protected:
-  Device() = default;
+  // Reads LOCKSTEP_TUNING (InvalidArgument when it holds a setting Tuning::apply refuses).
+  Device();
   // Raw device memory for Buffer. allocate throws OutOfMemory, never returns null for bytes > 0.
   virtual void* allocate(std::size_t bytes) = 0;
   // Waits for every stream of the device, then releases (Note [buffer release]).
   virtual void release(void* ptr, std::size_t bytes) noexcept = 0;
   friend struct detail::DeviceAccess;
+
+ private:
+  Tuning tuning_;
 };
 
 class Stream {

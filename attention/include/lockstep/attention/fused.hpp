@@ -1,10 +1,12 @@
 #pragma once
 // Fused attention for prefill (docs/api.md, "Fused attention"): one kernel in the
-// FlashAttention-2 schedule, out = softmax(Q K^T / sqrt(d) [+ causal mask]) V.
+// FlashAttention-2 schedule, out = softmax(scale * Q K^T [+ causal mask]) V.
 
 #include <cstdint>
+#include <optional>
 
 #include "lockstep/buffer.hpp"
+#include "lockstep/tuning.hpp"
 
 namespace lockstep {
 
@@ -31,6 +33,11 @@ struct AttentionOptions {
   // into ranges merged by the last block (Note [split keys]), faster there, with bytes that depend
   // on the grid's size (within the same bound; Exact still CPU == CUDA bitwise).
   bool batch_invariant = true;
+  // The softmax scale: out = softmax(scale * Q K^T [+ mask]) V. Unset: 1 / sqrt(head_dim). A
+  // finite float.
+  std::optional<float> scale;
+  // The schedule (lockstep/tuning.hpp); nullptr: the innermost TuningScope's, else the device's.
+  const Tuning* tuning = nullptr;
 };
 
 // q [.., seq_q, ..], k and v [.., seq_kv, ..] with kv_heads heads, out like q. A fully masked row

@@ -14,7 +14,7 @@ namespace lockstep {
 enum class MhaImpl { kAuto, kPerHead, kBatched };
 // Fp32: the strict SIMT GEMM (bit-identical on both backends). TensorCore: fp16 inputs, fp32
 // accumulation (WMMA; emulated on the CPU, within the bound of docs/numerics.md). Auto: tensor
-// cores when m, n >= 16 and k >= 64, unless LOCKSTEP_FORCE_FP32_GEMM=1.
+// cores when m, n >= 16 and k >= 64.
 enum class GemmKind { kAuto, kFp32, kTensorCore };
 
 struct MhaShape {

@@ -3,9 +3,9 @@
 // against the device (typed errors on both backends) and enqueues K on the stream.
 
 #include <type_traits>
-#include <vector>
 
 #include "lockstep/device.hpp"
+#include "lockstep/launch_checked.hpp"
 #include "lockstep/kernels/registry.hpp"
 
 namespace lockstep {
@@ -19,7 +19,7 @@ namespace lockstep {
 // kernel's writes are visible, which hides the launch latency between the decode kernels. The
 // order of every kernel's memory effects is the stream order, as without it; the CPU backend
 // runs kernels one after another and the two calls do nothing there. LOCKSTEP_PDL=0 turns it
-// off (a measurement knob).
+// off (a measurement override, read when the device is opened: docs/api.md).
 template <class K>
 constexpr bool overlaps_prior() {
   if constexpr (requires { K::kOverlapsPrior; }) return K::kOverlapsPrior;
@@ -35,28 +35,6 @@ constexpr bool max_shared_carveout() {
   else return false;
 }
 
-namespace detail {
-// Validates `l` against `stream`'s device (block size, grid, shared memory) and enqueues it.
-void launch_checked(Stream& stream, const KernelLaunch& l);
-
-// Test support: while a LaunchRecorder lives, the launches its thread makes through
-// launch_checked append their kernels::kernel_index_v to it (so that a test of a measurement knob
-// can tell that the knob's kernel ran). Nested, the innermost records; not copyable.
-class LaunchRecorder {
- public:
-  LaunchRecorder();
-  ~LaunchRecorder();
-  LaunchRecorder(const LaunchRecorder&) = delete;
-  LaunchRecorder& operator=(const LaunchRecorder&) = delete;
-  void record(int kernel_index) { kernels_.push_back(kernel_index); }
-  const std::vector<int>& kernels() const { return kernels_; }
-  bool launched(int kernel_index) const;
-
- private:
-  std::vector<int> kernels_;
-  LaunchRecorder* outer_;
-};
-}  // namespace detail
 
 template <class K>
 void launch(Stream& stream, const LaunchConfig& config, const typename K::Params& params) {
