@@ -10,7 +10,7 @@
 
 #include "checks.hpp"
 #include "lockstep/attention/kv_cache.hpp"
-#include "lockstep/kernels/decode.hpp"
+#include "lockstep/kernels/decode/params.hpp"
 
 namespace lockstep::detail {
 
