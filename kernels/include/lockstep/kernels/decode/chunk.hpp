@@ -17,8 +17,8 @@ namespace lockstep::kernels {
 // time storing and reloading lane arrays, and the softmax ran four times (docs/performance.md).
 // With an execution context that offers it (X::kRowMajorDecode: the CPU's avx2 and avx3
 // variants), the chunk kernel computes these phases row by row instead (x.decode_scores,
-// x.decode_softmax, x.decode_values in backends/cpu/lanes.hpp), reading K and V where they are
-// (no ring), with every stored value computed by the same operations in the same order as the
+// x.decode_softmax, x.decode_values in backends/cpu/rows/decode.hpp), reading K and V where they
+// are (no ring), with every stored value computed by the same operations in the same order as the
 // lane that stores it on the GPU: the lane's fma chain, the butterflies with each lane's own
 // value first, the project's exp, the fixed reductions (the lane path's reduce-scatter after
 // P x V adds some pairs with the other operand first, Note [epilogue reduce-scatter]: the same
@@ -245,7 +245,7 @@ struct DecodeChunk
   }
 
   // Note [row-major decode]: the chunk's phases on the CPU device, row by row
-  // (backends/cpu/lanes.hpp).
+  // (backends/cpu/rows/decode.hpp).
   template <class X>
   static void chunk_rows(X& x, const Params& p, float* S, float* P, int r, int h0, int chunk,
                          const float* kb, const float* vb, int live, int nrow, const float* kn,

@@ -61,7 +61,7 @@ namespace lockstep::kernels {
 // 10% of its fma rate. With an execution context that
 // offers it (X::kRowMajorExact: the CPU's avx2 and avx3 variants, unless
 // LOCKSTEP_CPU_EXACT_LANES=1), the block is computed row by row instead (x.exact_rows in
-// backends/cpu/lanes.hpp): K and V read where they are, every score, weight, sum and
+// backends/cpu/rows/exact.hpp): K and V read where they are, every score, weight, sum and
 // accumulator computed by the operations, in the order, of the lane that stores it here (the
 // comment there lists them), so the bits are the lane path's (tested against it on the CPU, by
 // Attention.FusedExactRowMajorGivesTheLaneBytes and by every fused property, which also runs

@@ -14,7 +14,7 @@ namespace lockstep::kernels {
 // the rescale of O is a multiply per register, and the S accumulator becomes the A fragment of
 // P.V by packing pairs to fp16, without shared memory. Operands come from shared memory with
 // ldmatrix (K as is for Q.K^T, V transposed for P.V); the CPU emulates the same layout exactly
-// (backends/cpu/lanes.hpp), and each mma as in Note [tensor-core emulation].
+// (backends/cpu/lanes/matrix.hpp), and each mma as in Note [tensor-core emulation].
 //
 // Note [fused tensor-core rounding points]
 // K and V are rounded to fp16 (nearest even) by FusedHalfPack, Q as it enters shared memory;
