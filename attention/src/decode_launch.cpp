@@ -96,7 +96,7 @@ bool one_grid_for(const Stream& s) {
   static const int n = env_knob("LOCKSTEP_DECODE_ONE_GRID", -1);
   return n >= 0 ? n != 0 : kOneGridOnCuda && s.device().id().kind == DeviceKind::kCuda;
 }
-// LOCKSTEP_DECODE_TIMELINE=<file>: a diagnostic (Note [decode timeline] in kernels/decode.hpp).
+// LOCKSTEP_DECODE_TIMELINE=<file>: a diagnostic (Note [decode timeline] in kernels/decode/chunk.hpp).
 // At head_dim 128 with 4 query heads per block, each call runs the chunk kernel's timeline
 // variant, waits for it and appends its blocks' marks to the file.
 const std::string& timeline_path() {
@@ -149,7 +149,7 @@ void dump_timeline(Stream& s, const Buffer<float>& tl, Dim3 grid, const Buffer<f
     f << '\n';
   }
 }
-// Note [tail prefetch] (kernels/decode.hpp): LOCKSTEP_DECODE_TAIL_PREFETCH=N has the last N
+// Note [tail prefetch] (kernels/decode/chunk.hpp): LOCKSTEP_DECODE_TAIL_PREFETCH=N has the last N
 // blocks of the chunk grid prefetch their chunk into the L2, at head_dim 128 with 4 query heads
 // per block (the variant registered); 0 (the default): none.
 int tail_prefetch_knob() {

@@ -43,7 +43,7 @@ bool use_separate_p(std::int64_t blocks, std::int64_t multiprocessors) {
   return blocks <= 3 * multiprocessors;
 }
 
-// Note [packing blocks] (kernels/fused_attention.hpp): the wgmma kernel rounds K and V to fp16
+// Note [packing blocks] (kernels/fused/wgmma.hpp): the wgmma kernel rounds K and V to fp16
 // itself, each kv head's in the blocks of the kv head before it, instead of in a packing launch
 // before it. Measured (runs 90 and 92): 16x16x1024x64 causal 0.267-0.272 ms against 0.280-0.281
 // with the mma.sync kernel; 0.7-1% slower at B4 H32 L4096 D128 and 5% at whisper-tiny. So: at
@@ -79,7 +79,7 @@ int pack_ahead(std::int64_t kv_heads) {
   return static_cast<int>(std::min<std::int64_t>(n > 0 ? n : 8, kv_heads));
 }
 
-// Note [wgmma products] (kernels/fused_attention.hpp): the tensor-core kernel on warpgroup
+// Note [wgmma products] (kernels/fused/wgmma.hpp): the tensor-core kernel on warpgroup
 // products. It can run on CUDA devices of compute capability 9.0 when the library was built for
 // sm_90a (LOCKSTEP_HAVE_WGMMA: CMAKE_CUDA_ARCHITECTURES containing 90a), at head_dim 64 and 128.
 // Measured (run 83, H200, against the mma.sync kernels it replaces): B4 H32 L4096 D128 3.43 ms
@@ -121,7 +121,7 @@ int wgmma_warpgroups(int D, std::int64_t blocks_at_64_rows) {
   return D == 128 && blocks_at_64_rows < 2 * 132 ? 2 : 1;
 }
 
-// Note [four wgmma blocks per SM] (kernels/fused_attention.hpp): the one-warpgroup head_dim 64
+// Note [four wgmma blocks per SM] (kernels/fused/wgmma.hpp): the one-warpgroup head_dim 64
 // wgmma kernel without its overlap of the next tile's Q.K^T with the softmax, at four blocks per
 // SM instead of three: the default wherever the one-warpgroup head_dim 64 kernel runs (grids of
 // two waves or more), since run 124 (H100: 16x16x1024x64 causal 0.2026-0.2075 ms against
@@ -131,7 +131,7 @@ bool wgmma_serial() {
   const char* v = std::getenv("LOCKSTEP_FUSED_TC_WGMMA_SERIAL");
   return v == nullptr || *v == '\0' || std::atoi(v) != 0;  // unset or empty: the default
 }
-// Note [deferred P.V wait] (kernels/fused_attention.hpp): the serial kernel with tile j's softmax
+// Note [deferred P.V wait] (kernels/fused/wgmma.hpp): the serial kernel with tile j's softmax
 // during tile j - 1's P.V, the default where the serial kernel runs since run 126 (H200,
 // 16x16x1024x64 causal: 0.1935-0.1958 ms against 0.1947-0.2025, four rounds each; run 130, an
 // H100: 1.7% faster at 16x16x1024x64 not causal, 3-4% at 2x16x4096x64 causal).
@@ -142,7 +142,7 @@ bool wgmma_deferred() {
   return v == nullptr || *v == '\0' || std::atoi(v) != 0;  // unset or empty: the default
 }
 
-// Note [split keys] (kernels/fused_attention.hpp): with options.batch_invariant = false, Exact's
+// Note [split keys] (kernels/fused/common.hpp): with options.batch_invariant = false, Exact's
 // small grids split each query tile's key tiles into S ranges, one block each, the last of them
 // merging. S depends on the grid's size (batch x heads x query tiles), so the bytes then depend on
 // the batch: the design's rule for split-K (a fixed chunk, never a split count from the batch or
