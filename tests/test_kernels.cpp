@@ -199,7 +199,7 @@ TEST_P(Kernels, ElementwiseCallsRefuseAPartialOverlap) {
   EXPECT_EQ(download(a)[3], 4.0f * in[3]);
 }
 
-// Note [warp passes] (backends/cpu/lanes.hpp): the CPU runs warp-independent kernels one warp at
+// Note [warp passes] (backends/cpu/lanes/cpu_exec.hpp): the CPU runs warp-independent kernels one warp at
 // a time; LOCKSTEP_CPU_BLOCK_PASSES=1 runs them block-wide. Every such kernel, through its host
 // call, gives the same bytes both ways: partial blocks, rows of 1 to 3000, -inf, NaN and inf.
 TEST_P(Kernels, WarpPassesGiveTheBlockPassBytes) {

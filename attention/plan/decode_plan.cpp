@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "lockstep/kernels/decode.hpp"
+#include "lockstep/kernels/decode/params.hpp"
 
 namespace lockstep::plan {
 

@@ -7,7 +7,7 @@ namespace lockstep::plan {
 namespace {
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
-// Note [split keys] (kernels/fused_attention.hpp): with options.batch_invariant = false, Exact's
+// Note [split keys] (kernels/fused/common.hpp): with options.batch_invariant = false, Exact's
 // small grids split each query tile's key tiles into S ranges, one block each, the last of them
 // merging. S depends on the grid's size (batch x heads x query tiles), so the bytes then depend
 // on the batch: the design's rule for split-K (a fixed chunk, never a split count from the batch

@@ -1,17 +1,17 @@
+// KvCache: the cache's K and V storage, the host's record of each slot's and layer's length, and
+// the cache's own calls (append, copies, imports, growth). flash_decoding and rope have files of
+// their own.
 #include "lockstep/attention/kv_cache.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <new>
 #include <string>
 
 #include "checks.hpp"
 #include "decode_launch.hpp"
+#include "kv_cache_detail.hpp"
 #include "launchers.hpp"
-#include "lockstep/kernels/launch.hpp"
-#include "lockstep/kernels/math.hpp"
-#include "lockstep/kernels/rope.hpp"
 
 namespace lockstep {
 
@@ -22,19 +22,6 @@ std::uint64_t layer_elems(const KvCacheConfig& c, std::string_view where) {
                          where, "slots * num_kv_heads * max_len * head_dim");
 }
 
-// Copies host ints into the stream's scratch (ordered before the kernels that read them) and
-// returns the device address; the scratch also holds `extra_floats` floats after the ints.
-struct Staged {
-  std::int32_t* ints;
-  float* floats;
-};
-Staged stage(Stream& s, const std::vector<std::int32_t>& ints, std::size_t extra_floats) {
-  const std::size_t int_bytes = (ints.size() * 4 + 255) & ~std::size_t{255};
-  auto* base = static_cast<char*>(
-      detail::StreamAccess::scratch(s, int_bytes + extra_floats * sizeof(float)));
-  if (!ints.empty()) detail::StreamAccess::copy_h2d(s, base, ints.data(), ints.size() * 4);
-  return Staged{reinterpret_cast<std::int32_t*>(base), reinterpret_cast<float*>(base + int_bytes)};
-}
 }  // namespace
 
 KvCache::KvCache(std::shared_ptr<Device> device, const KvCacheConfig& c) : device_(std::move(device)), cfg_(c) {
@@ -331,58 +318,6 @@ std::vector<std::int32_t> KvCache::checked_positions(std::string_view where, std
   return out;
 }
 
-// A wrapped view of `layer`'s own K or V as an input of a call that writes them is refused. The
-// layer's K and V are looked up once per call (k() and v() check the layer each time).
-namespace {
-struct LayerKv {
-  const Buffer<float>& k;
-  const Buffer<float>& v;
-  LayerKv(const KvCache& cache, std::int64_t layer) : k(cache.k(layer)), v(cache.v(layer)) {}
-  template <class T>
-  void check_not_in(std::string_view where, std::string_view name, const Buffer<T>& b) const {
-    detail::check_no_overlap(where, name, b, "the cache's K", k);
-    detail::check_no_overlap(where, name, b, "the cache's V", v);
-  }
-};
-}  // namespace
-
-constexpr std::string_view kHeadsShape = "slots * num_heads * head_dim";
-constexpr std::string_view kKvHeadsShape = "slots * num_kv_heads * head_dim";
-// The element count of a per-token buffer: slots * heads * head_dim, `heads` the config's
-// num_heads or num_kv_heads, and `shape` the product's text for the message (a literal, so that
-// a call that passes builds no string).
-static std::uint64_t token_elems(std::string_view where, const KvCacheConfig& c, std::int64_t heads,
-                                 std::string_view shape) {
-  return checked_product({std::uint64_t(c.slots), std::uint64_t(heads), std::uint64_t(c.head_dim)}, where, shape);
-}
-static void check_token_buffer(std::string_view where, std::string_view name, const Buffer<float>& b,
-                               Stream& s, std::uint64_t elems, std::string_view shape) {
-  detail::check_on(where, name, b, s);
-  detail::check_size(where, name, b, elems, shape);
-}
-
-// Per-slot positions for a launch: in its parameters for up to kInlineRows slots (Note [inline
-// positions]; `ints` null), else staged in the stream's scratch (`inline_ints.count` 0); and
-// `extra_floats` floats of workspace.
-struct StagedPositions {
-  const std::int32_t* ints;
-  kernels::InlineInts inline_ints;
-  float* floats;
-};
-static StagedPositions stage_positions(Stream& s, const std::vector<std::int32_t>& pos,
-                                       std::size_t extra_floats) {
-  StagedPositions r{};
-  if (!pos.empty() && pos.size() <= std::size_t(kernels::kInlineRows)) {
-    r.inline_ints.count = static_cast<std::int32_t>(pos.size());
-    std::copy(pos.begin(), pos.end(), r.inline_ints.v);
-    if (extra_floats > 0) r.floats = stage(s, {}, extra_floats).floats;
-  } else {
-    const Staged st = stage(s, pos, extra_floats);
-    r.ints = st.ints;
-    r.floats = st.floats;
-  }
-  return r;
-}
 
 static kernels::KvScatterParams scatter_params(const KvCache& c, std::int64_t layer,
                                                const Buffer<float>& kn, const Buffer<float>& vn,
@@ -410,131 +345,18 @@ void KvCache::append(Stream& stream, std::int64_t layer, const Buffer<float>& k_
   check_layer(w, layer);
   LOCKSTEP_CHECK_ARG(&stream.device() == device_.get(), w, "stream.device", stream.device().id().str(),
             "the cache's device " + device_->id().str());
-  const std::uint64_t kv_elems = token_elems(w, cfg_, cfg_.num_kv_heads, kKvHeadsShape);
-  check_token_buffer(w, "k_new", k_new, stream, kv_elems, kKvHeadsShape);
-  check_token_buffer(w, "v_new", v_new, stream, kv_elems, kKvHeadsShape);
-  const LayerKv cache_kv(*this, layer);
+  const std::uint64_t kv_elems = detail::token_elems(w, cfg_, cfg_.num_kv_heads, detail::kKvHeadsShape);
+  detail::check_token_buffer(w, "k_new", k_new, stream, kv_elems, detail::kKvHeadsShape);
+  detail::check_token_buffer(w, "v_new", v_new, stream, kv_elems, detail::kKvHeadsShape);
+  const detail::LayerKv cache_kv(*this, layer);
   cache_kv.check_not_in(w, "k_new", k_new);
   cache_kv.check_not_in(w, "v_new", v_new);
   const auto pos = checked_positions(w, layer, positions);
-  const StagedPositions st = stage_positions(stream, pos, 0);
+  const detail::StagedPositions st = detail::stage_positions(stream, pos, 0);
   kernels::KvScatterParams p = scatter_params(*this, layer, k_new, v_new, st.ints);
   p.inline_positions = st.inline_ints;
   detail::launch_kv_scatter(stream, p);
   appended(layer, pos);
-}
-
-namespace {
-// The checks both flash_decoding overloads make before anything is enqueued; returns the layer's
-// K and V for the overloads' own checks.
-LayerKv check_flash_args(std::string_view w, Stream& stream, const KvCache& cache, std::int64_t layer,
-                         const Buffer<float>& q, const Buffer<float>& k_new, const Buffer<float>& v_new,
-                         const Buffer<float>& out) {
-  LOCKSTEP_CHECK_ARG(cache.valid(), w, "cache", "a moved-from KvCache", "a cache that was not moved from");
-  const auto& c = cache.config();
-  LOCKSTEP_CHECK_ARG(layer >= 0 && layer < c.num_layers, w, "layer", layer,
-            "in [0, num_layers = " + std::to_string(c.num_layers) + ")");
-  LOCKSTEP_CHECK_ARG(&stream.device() == &cache.device(), w, "stream.device", stream.device().id().str(),
-            "the cache's device " + cache.device().id().str());
-  const std::uint64_t head_elems = token_elems(w, c, c.num_heads, kHeadsShape);
-  const std::uint64_t kv_elems = token_elems(w, c, c.num_kv_heads, kKvHeadsShape);
-  check_token_buffer(w, "q", q, stream, head_elems, kHeadsShape);
-  check_token_buffer(w, "out", out, stream, head_elems, kHeadsShape);
-  check_token_buffer(w, "k_new", k_new, stream, kv_elems, kKvHeadsShape);
-  check_token_buffer(w, "v_new", v_new, stream, kv_elems, kKvHeadsShape);
-  detail::check_aligned16(w, "q", q);  // 16-byte loads and copies (not out: scalar stores)
-  detail::check_aligned16(w, "k_new", k_new);
-  detail::check_aligned16(w, "v_new", v_new);
-  const LayerKv cache_kv(cache, layer);
-  using namespace std::string_view_literals;
-  for (const auto& [name, b] : {std::pair{"q"sv, &q}, std::pair{"k_new"sv, &k_new}, std::pair{"v_new"sv, &v_new}}) {
-    detail::check_no_overlap(w, "out", out, name, *b);
-    cache_kv.check_not_in(w, name, *b);
-  }
-  cache_kv.check_not_in(w, "out", out);
-  return cache_kv;
-}
-// Split-K attention of q over every slot of the layer whose K and V are `kv`, `lengths`
-// (+ length_bias) tokens per slot, appending k_new and v_new first (Note [fused append]).
-kernels::DecodeParams flash_params(const KvCacheConfig& c, const LayerKv& kv, const Buffer<float>& q,
-                                   const Buffer<float>& k_new, const Buffer<float>& v_new,
-                                   Buffer<float>& out, const std::int32_t* lengths,
-                                   std::int32_t length_bias, std::int32_t* status) {
-  kernels::DecodeParams p{};
-  p.q = q.data().get();
-  p.k = kv.k.data().get();
-  p.v = kv.v.data().get();
-  p.lengths = lengths;
-  p.length_bias = length_bias;
-  p.max_len = static_cast<std::int32_t>(c.max_len);
-  p.slots = nullptr;
-  p.out = out.data().get();
-  p.head_stride = c.max_len * c.head_dim;
-  p.slot_stride = c.num_kv_heads * p.head_stride;
-  p.rows = static_cast<std::int32_t>(c.slots);
-  p.H = static_cast<std::int32_t>(c.num_heads);
-  p.Hkv = static_cast<std::int32_t>(c.num_kv_heads);
-  p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  p.k_new = k_new.data().get();
-  p.v_new = v_new.data().get();
-  p.k_append = const_cast<float*>(p.k);  // the cache's own storage, as scatter_params
-  p.v_append = const_cast<float*>(p.v);
-  p.status = status;
-  return p;
-}
-}  // namespace
-
-void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,
-                    const Buffer<float>& k_new, const Buffer<float>& v_new,
-                    std::span<const std::int64_t> positions, Buffer<float>& out) {
-  constexpr std::string_view w = "flash_decoding";
-  const auto& c = cache.config();
-  const LayerKv cache_kv = check_flash_args(w, stream, cache, layer, q, k_new, v_new, out);
-  const auto pos = cache.checked_positions(w, layer, positions);
-  // The positions (-1 for done slots) in the launch's parameters (Note [inline positions]), or
-  // one staging copy when there are more slots; a slot attends position + 1 tokens.
-  std::int64_t longest = 1;
-  for (std::size_t s = 0; s < pos.size(); ++s) longest = std::max<std::int64_t>(longest, pos[s] + 1);
-  const std::size_t ws_floats = detail::decode_workspace_floats(c.slots, c.num_heads, c.head_dim, longest);
-  const StagedPositions st = stage_positions(stream, pos, ws_floats);
-  // The append and the attention in one chunk launch (Note [fused append]).
-  kernels::DecodeParams p = flash_params(c, cache_kv, q, k_new, v_new, out, st.ints, 1, nullptr);
-  p.inline_lengths = st.inline_ints;
-  detail::launch_decode(stream, p, st.floats, c.head_dim, longest);
-  cache.appended(layer, pos);
-}
-
-void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,
-                    const Buffer<float>& k_new, const Buffer<float>& v_new,
-                    const Buffer<std::int32_t>& positions, Buffer<float>& out,
-                    Buffer<std::int32_t>* status) {
-  constexpr std::string_view w = "flash_decoding";
-  const auto& c = cache.config();
-  const LayerKv cache_kv = check_flash_args(w, stream, cache, layer, q, k_new, v_new, out);
-  detail::check_on(w, "positions", positions, stream);
-  detail::check_size(w, "positions", positions, std::uint64_t(c.slots), "slots");
-  if (status != nullptr) {
-    detail::check_on(w, "status", *status, stream);
-    detail::check_size(w, "status", *status, 1, "one int32");
-  }
-  detail::check_no_overlap(w, "out", out, "positions", positions);
-  cache_kv.check_not_in(w, "positions", positions);
-  if (status != nullptr) {
-    for (const auto& [name, b] : {std::pair<const char*, const Buffer<float>*>{"q", &q}, {"k_new", &k_new},
-                                  {"v_new", &v_new}, {"out", &out}})
-      detail::check_no_overlap(w, "status", *status, name, *b);
-    detail::check_no_overlap(w, "status", *status, "positions", positions);
-    cache_kv.check_not_in(w, "status", *status);
-  }
-  // The workspace for max_len (the lengths are on the device): the same size every call.
-  const std::size_t ws_floats = detail::decode_workspace_floats(c.slots, c.num_heads, c.head_dim, c.max_len);
-  const Staged st = stage(stream, {}, ws_floats);
-  // A slot's position p: p + 1 tokens; -1 (done): 0 (Note [device positions]); the append and
-  // the attention in one chunk launch (Note [fused append]).
-  kernels::DecodeParams p = flash_params(c, cache_kv, q, k_new, v_new, out, positions.data().get(), 1,
-                                         status != nullptr ? status->data().get() : nullptr);
-  detail::launch_decode(stream, p, st.floats, c.head_dim, c.max_len);
-  cache.appended_on_device(layer);
 }
 
 void KvCache::copy_slot_from(Stream& stream, std::int64_t slot, const KvCache& src,
@@ -688,55 +510,6 @@ void KvCache::grow(Stream& stream, std::int64_t new_slots) {
   layer_len_.resize(std::size_t(new_slots * cfg_.num_layers), 0);
   behind_.resize(std::size_t(new_slots), 0);
   importing_.resize(std::size_t(new_slots), 0);
-}
-
-void rope(Stream& stream, Buffer<float>* q, Buffer<float>* k, std::span<const std::int64_t> positions,
-          const RopeConfig& c) {
-  constexpr std::string_view w = "rope";
-  detail::check_enum(w, "config.style", c.style, {RopeStyle::kNorm, RopeStyle::kNeox}, "RopeStyle::kNorm or kNeox");
-  detail::check_positive(w, "head_dim", c.head_dim);
-  LOCKSTEP_CHECK_ARG(c.head_dim % 2 == 0, w, "head_dim", c.head_dim, "even");
-  LOCKSTEP_CHECK_ARG(c.theta > 1.0f && std::isfinite(c.theta), w, "theta", double(c.theta), "finite and > 1");
-  const std::int64_t rows = std::int64_t(positions.size());
-  LOCKSTEP_CHECK_ARG(rows <= 0x7fffffff, w, "positions.size()", rows, "<= 2147483647");
-  std::vector<std::int32_t> pos(positions.size());
-  for (std::size_t i = 0; i < positions.size(); ++i) {
-    LOCKSTEP_CHECK_ARG(positions[i] >= 0 && positions[i] < kernels::kRopeMaxPosition, w,
-              "positions[" + std::to_string(i) + "]", positions[i],
-              "in [0, 2^20 = " + std::to_string(kernels::kRopeMaxPosition) +
-                  "): the angles' domain where the project's sin and cos are accurate (docs/numerics.md)");
-    pos[i] = static_cast<std::int32_t>(positions[i]);
-  }
-  if (q != nullptr) {
-    detail::check_positive(w, "n_heads", c.n_heads);
-    detail::check_on(w, "q", *q, stream);
-    detail::check_size(w, "q", *q, checked_product({std::uint64_t(rows), std::uint64_t(c.n_heads), std::uint64_t(c.head_dim)}, w, "rows * n_heads * head_dim"), "positions.size() * n_heads * head_dim");
-  }
-  if (k != nullptr) {
-    detail::check_positive(w, "n_kv_heads", c.n_kv_heads);
-    detail::check_on(w, "k", *k, stream);
-    detail::check_size(w, "k", *k, checked_product({std::uint64_t(rows), std::uint64_t(c.n_kv_heads), std::uint64_t(c.head_dim)}, w, "rows * n_kv_heads * head_dim"), "positions.size() * n_kv_heads * head_dim");
-  }
-  if (q != nullptr && k != nullptr) detail::check_no_overlap(w, "k", *k, "q", *q);  // both rotated in place
-  LOCKSTEP_CHECK_ARG(c.n_heads <= 65535, w, "n_heads", c.n_heads, "<= 65535");
-  LOCKSTEP_CHECK_ARG(c.n_kv_heads <= 65535, w, "n_kv_heads", c.n_kv_heads, "<= 65535");
-  check_fits(std::uint64_t(std::max(c.n_heads, c.n_kv_heads)) * std::uint64_t(c.head_dim), kMaxLaneOffset, w, "heads * head_dim");
-  if (rows == 0 || (q == nullptr && k == nullptr)) return;
-  const Staged st = stage(stream, pos, 0);
-  kernels::RopeParams p{};
-  p.q = q ? q->data().get() : nullptr;
-  p.k = k ? k->data().get() : nullptr;
-  p.positions = st.ints;
-  p.rows = static_cast<std::int32_t>(rows);
-  p.Hq = static_cast<std::int32_t>(q ? c.n_heads : 0);
-  p.Hk = static_cast<std::int32_t>(k ? c.n_kv_heads : 0);
-  p.D = static_cast<std::int32_t>(c.head_dim);
-  p.neox = c.style == RopeStyle::kNeox ? 1 : 0;
-  p.log2_theta = math::log2(c.theta);
-  p.inv_d = 1.0f / static_cast<float>(c.head_dim);
-  const Dim3 grid{static_cast<std::uint32_t>(std::max(p.Hq, p.Hk)),
-                  static_cast<std::uint32_t>(std::min<std::int64_t>(rows, 65535)), 2};
-  launch<kernels::Rope>(stream, grid, 0, p);
 }
 
 }  // namespace lockstep

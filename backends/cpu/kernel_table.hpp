@@ -20,7 +20,7 @@ struct KernelTable {
   int count = 0;
 };
 
-// Block ranges run as warp passes since the process started (Note [warp passes] in lanes.hpp),
+// Block ranges run as warp passes since the process started (Note [warp passes] in lanes/cpu_exec.hpp),
 // over every variant: lets a test see that warp passes ran at all.
 std::atomic<std::uint64_t>& warp_pass_ranges();
 

@@ -49,7 +49,7 @@ struct CudaExec {
     return p;
   }
   __device__ __forceinline__ void sync() const { __syncthreads(); }
-  // Diagnostics (Note [decode timeline] in kernels/decode.hpp): the global nanosecond timer and
+  // Diagnostics (Note [decode timeline] in kernels/decode/chunk.hpp): the global nanosecond timer and
   // the multiprocessor that runs the block.
   __device__ __forceinline__ std::uint64_t timestamp_ns() const {
     std::uint64_t t;
@@ -92,7 +92,7 @@ struct CudaExec {
     if (m) *reinterpret_cast<float4*>(base + off) = make_float4(q.x, q.y, q.z, q.w);
   }
 
-  // Asynchronous copies into shared memory (Note [async tiles] in kernels/decode.hpp): 16 bytes
+  // Asynchronous copies into shared memory (Note [async tiles] in kernels/decode/chunk.hpp): 16 bytes
   // from src[soff..] to dst[doff..] (dst in shared memory), zeros when m is false (nothing is
   // read then). They land after async_wait<P>() (at most P newer groups still pending) and a
   // sync(); commit closes a group. Before sm_80: an ordinary load and store.
@@ -107,7 +107,7 @@ struct CudaExec {
     store4(dst, doff, load4(src, soff, m));
 #endif
   }
-  // L2 eviction policies for copy4_async_stream (Note [streamed tiles] in kernels/decode.hpp):
+  // L2 eviction policies for copy4_async_stream (Note [streamed tiles] in kernels/decode/chunk.hpp):
   // kL2Unchanged (what a copy without a policy does to the L2, as run 114 measured), kL2EvictFirst
   // (data read once, more of it than the L2 holds), kL2EvictNormal (measurement only: 12-14%
   // slower streaming from DRAM than without a policy in run 114).
@@ -120,7 +120,7 @@ struct CudaExec {
 #endif
     return which == kernels::kL2EvictFirst ? first : which == kernels::kL2EvictNormal ? normal : unchanged;
   }
-  // Note [tail prefetch] (kernels/decode.hpp): bytes (a multiple of 16, from a 16-byte aligned
+  // Note [tail prefetch] (kernels/decode/chunk.hpp): bytes (a multiple of 16, from a 16-byte aligned
   // p) requested into the L2 by thread 0 of the block; a hint, block-uniform.
   __device__ __forceinline__ void prefetch_l2(const float* p, int bytes) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -185,11 +185,11 @@ struct CudaExec {
 #endif
   }
 
-  // Block signals (Note [block signals] in kernels/decode.hpp). signal: the block's global writes so
-  // far are released, then *c += 1 (once per block). wait_signals: returns once *c >= target,
-  // with the writes released before those signals visible to every thread of the block, and a
-  // ticket for release_signals: the last of the `readers` blocks that waited on c resets c[0] and
-  // c[1] to zero there (the ticket's atomic is in flight meanwhile).
+  // Block signals (Note [block signals] in kernels/decode/params.hpp). signal: the block's
+  // global writes so far are released, then *c += 1 (once per block). wait_signals: returns once
+  // *c >= target, with the writes released before those signals visible to every thread of the
+  // block, and a ticket for release_signals: the last of the `readers` blocks that waited on c
+  // resets c[0] and c[1] to zero there (the ticket's atomic is in flight meanwhile).
   //
   // Note [release and acquire]: one thread of the block does each after a barrier (the pattern of
   // CUTLASS's semaphore): the signal is a reduction with release semantics at GPU scope (SASS:
@@ -239,7 +239,7 @@ struct CudaExec {
     __syncthreads();
     return ticket;
   }
-  // Note [packing blocks] (kernels/fused_attention.hpp): orders this thread's generic-proxy
+  // Note [packing blocks] (kernels/fused/wgmma.hpp): orders this thread's generic-proxy
   // accesses to global memory with its async-proxy ones (bulk copies): the packing blocks' stores
   // before their signal, and the acquire of that signal before the bulk copies that read them.
   __device__ __forceinline__ void proxy_fence_global() const {
@@ -247,12 +247,12 @@ struct CudaExec {
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
 #endif
   }
-  // Note [device positions] (kernels/decode.hpp): *c = max(*c, v), v block-uniform; several
+  // Note [device positions] (kernels/decode/params.hpp): *c = max(*c, v), v block-uniform; several
   // blocks may flag rows in one launch, and the maximum does not depend on their order.
   __device__ __forceinline__ void status_max(std::int32_t* c, int v) const {
     if (threadIdx.x == 0) atomicMax(c, v);
   }
-  // Note [one grid] (kernels/decode.hpp): the block's ticket, *c before thread 0's atomic add,
+  // Note [one grid] (kernels/decode/one_grid.hpp): the block's ticket, *c before thread 0's atomic add,
   // the same for every thread; the block that takes ticket total - 1 resets *c to zero.
   __device__ __forceinline__ int block_ticket(std::int32_t* c, int total) const {
     __shared__ int ticket;
@@ -312,7 +312,7 @@ struct CudaExec {
   }
 
   // Register fragments of the PTX mma.sync.m16n8k16 (Note [register fragments] in
-  // kernels/fused_attention.hpp): a fragment register is a lane_int holding two fp16 values (the
+  // kernels/fused/mma_sync.hpp): a fragment register is a lane_int holding two fp16 values (the
   // lower-indexed one in the low 16 bits); an accumulator is four floats per lane. Lane l = 4g + t
   // holds A[g][2t..2t+1] (a0), A[g+8][..] (a1), A[g][2t+8..] (a2), A[g+8][2t+8..] (a3);
   // B[2t..2t+1][g] (b0), B[2t+8..2t+9][g] (b1); C[g][2t..2t+1] (c0, c1), C[g+8][2t..2t+1] (c2, c3).
@@ -358,7 +358,7 @@ struct CudaExec {
 #endif
   }
   // Warpgroup products (wgmma.mma_async, sm_90a; Note [wgmma products] in
-  // kernels/fused_attention.hpp). wgmma<N, kTransB>: the warpgroup's 64 x N accumulator c (each
+  // kernels/fused/wgmma.hpp). wgmma<N, kTransB>: the warpgroup's 64 x N accumulator c (each
   // warp's 16 rows in mma_16816's layout, c[n8] = columns 8 n8 .. 8 n8 + 7) += A (64 x 16, each
   // warp's 16 rows as mma_16816's A fragment) x B (16 x N) from shared memory at base + off, laid
   // out in 8 x 8 core matrices of 16-byte rows, no swizzle: B(k, n) at (n % 8) * 8 + (n / 8) * sbo
@@ -569,7 +569,7 @@ struct CudaExec {
   __device__ __forceinline__ float exp(float v) const { return math::exp(v); }
   __device__ __forceinline__ float exp2(float v) const { return math::exp2(v); }
   __device__ __forceinline__ float exp2_weight(float v) const { return math::exp2_weight(v); }
-  // Note [hardware exp2 on the tensor-core path] (kernels/fused_attention.hpp): the SFU's
+  // Note [hardware exp2 on the tensor-core path] (kernels/fused/mma_sync.hpp): the SFU's
   // ex2.approx (one MUFU.EX2; results below 2^-126 flush to 0, as exp2_weight gives 0 below
   // -126.5). Only the tensor-core softmax calls it; the CPU device evaluates exp2_weight there.
   __device__ __forceinline__ float exp2_tc(float v) const {

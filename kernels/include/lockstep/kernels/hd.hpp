@@ -58,7 +58,7 @@ using lane_int = std::int32_t;
 // A kernel declares `static constexpr bool kWarpIndependent = true` when its warps never meet:
 // no sync(), no shared memory, no block-wide operation, and no global memory that one warp of
 // a block writes and another reads. Only the CPU uses it: it may then run the block one warp at a
-// time (Note [warp passes] in backends/cpu/lanes.hpp), the same bits.
+// time (Note [warp passes] in backends/cpu/lanes/cpu_exec.hpp), the same bits.
 // LOCKSTEP_FLAG_TRAIT(name, kMember): name<T>::value is T::kMember where T declares it, else false.
 #define LOCKSTEP_FLAG_TRAIT(name, member)                                   \
   template <class T, class = void>                                          \

@@ -42,7 +42,7 @@ struct MathEval {
       case MathFn::kSin: r = x.sin(v); break;
       case MathFn::kCos: r = x.cos(v); break;
       case MathFn::kExp2Weight: r = x.exp2_weight(v); break;
-      case MathFn::kExp2Tc: r = x.exp2_tc(v); break;  // not strict on CUDA (fused_attention.hpp)
+      case MathFn::kExp2Tc: r = x.exp2_tc(v); break;  // not strict on CUDA (fused/mma_sync.hpp)
       case MathFn::kHalfPair: r = x.as_float(x.pack_half2(v, v)); break;
       default: r = x.round_to_half(v); break;
     }

@@ -32,7 +32,7 @@ namespace lockstep::kernels {
 // registers, and has not yet run there.
 // Note [row-major softmax]
 // On the CPU device's avx2 and avx3 variants each warp's row is computed by x.softmax_rows
-// (backends/cpu/lanes.hpp) with SIMD loads straight from the row, every value by the same
+// (backends/cpu/rows/softmax.hpp) with SIMD loads straight from the row, every value by the same
 // operations in the same order as the lane that computes it here (the CPU branch below: each
 // exponential once, kept in `out`); LOCKSTEP_CPU_SOFTMAX_LANES=1 runs this code instead, and the
 // tests compare the two paths' bytes (CpuRowMajor.SoftmaxGivesTheLaneBytes). The row-major code

@@ -1,0 +1,129 @@
+// flash_decoding: a decode step over every slot of a KvCache layer, appending each slot's new
+// token and attending its cache in one chunk launch (Note [fused append]).
+#include "lockstep/attention/kv_cache.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "checks.hpp"
+#include "decode_launch.hpp"
+#include "kv_cache_detail.hpp"
+
+namespace lockstep {
+
+namespace {
+// The checks both flash_decoding overloads make before anything is enqueued; returns the layer's
+// K and V for the overloads' own checks.
+detail::LayerKv check_flash_args(std::string_view w, Stream& stream, const KvCache& cache,
+                                 std::int64_t layer, const Buffer<float>& q, const Buffer<float>& k_new,
+                                 const Buffer<float>& v_new, const Buffer<float>& out) {
+  LOCKSTEP_CHECK_ARG(cache.valid(), w, "cache", "a moved-from KvCache", "a cache that was not moved from");
+  const auto& c = cache.config();
+  LOCKSTEP_CHECK_ARG(layer >= 0 && layer < c.num_layers, w, "layer", layer,
+            "in [0, num_layers = " + std::to_string(c.num_layers) + ")");
+  LOCKSTEP_CHECK_ARG(&stream.device() == &cache.device(), w, "stream.device", stream.device().id().str(),
+            "the cache's device " + cache.device().id().str());
+  const std::uint64_t head_elems = detail::token_elems(w, c, c.num_heads, detail::kHeadsShape);
+  const std::uint64_t kv_elems = detail::token_elems(w, c, c.num_kv_heads, detail::kKvHeadsShape);
+  detail::check_token_buffer(w, "q", q, stream, head_elems, detail::kHeadsShape);
+  detail::check_token_buffer(w, "out", out, stream, head_elems, detail::kHeadsShape);
+  detail::check_token_buffer(w, "k_new", k_new, stream, kv_elems, detail::kKvHeadsShape);
+  detail::check_token_buffer(w, "v_new", v_new, stream, kv_elems, detail::kKvHeadsShape);
+  detail::check_aligned16(w, "q", q);  // 16-byte loads and copies (not out: scalar stores)
+  detail::check_aligned16(w, "k_new", k_new);
+  detail::check_aligned16(w, "v_new", v_new);
+  const detail::LayerKv cache_kv(cache, layer);
+  using namespace std::string_view_literals;
+  for (const auto& [name, b] : {std::pair{"q"sv, &q}, std::pair{"k_new"sv, &k_new}, std::pair{"v_new"sv, &v_new}}) {
+    detail::check_no_overlap(w, "out", out, name, *b);
+    cache_kv.check_not_in(w, name, *b);
+  }
+  cache_kv.check_not_in(w, "out", out);
+  return cache_kv;
+}
+// Split-K attention of q over every slot of the layer whose K and V are `kv`, `lengths`
+// (+ length_bias) tokens per slot, appending k_new and v_new first (Note [fused append]).
+kernels::DecodeParams flash_params(const KvCacheConfig& c, const detail::LayerKv& kv, const Buffer<float>& q,
+                                   const Buffer<float>& k_new, const Buffer<float>& v_new,
+                                   Buffer<float>& out, const std::int32_t* lengths,
+                                   std::int32_t length_bias, std::int32_t* status) {
+  kernels::DecodeParams p{};
+  p.q = q.data().get();
+  p.k = kv.k.data().get();
+  p.v = kv.v.data().get();
+  p.lengths = lengths;
+  p.length_bias = length_bias;
+  p.max_len = static_cast<std::int32_t>(c.max_len);
+  p.slots = nullptr;
+  p.out = out.data().get();
+  p.head_stride = c.max_len * c.head_dim;
+  p.slot_stride = c.num_kv_heads * p.head_stride;
+  p.rows = static_cast<std::int32_t>(c.slots);
+  p.H = static_cast<std::int32_t>(c.num_heads);
+  p.Hkv = static_cast<std::int32_t>(c.num_kv_heads);
+  p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  p.k_new = k_new.data().get();
+  p.v_new = v_new.data().get();
+  p.k_append = const_cast<float*>(p.k);  // the cache's own storage, as scatter_params
+  p.v_append = const_cast<float*>(p.v);
+  p.status = status;
+  return p;
+}
+}  // namespace
+
+void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,
+                    const Buffer<float>& k_new, const Buffer<float>& v_new,
+                    std::span<const std::int64_t> positions, Buffer<float>& out) {
+  constexpr std::string_view w = "flash_decoding";
+  const auto& c = cache.config();
+  const detail::LayerKv cache_kv = check_flash_args(w, stream, cache, layer, q, k_new, v_new, out);
+  const auto pos = cache.checked_positions(w, layer, positions);
+  // The positions (-1 for done slots) in the launch's parameters (Note [inline positions]), or
+  // one staging copy when there are more slots; a slot attends position + 1 tokens.
+  std::int64_t longest = 1;
+  for (std::size_t s = 0; s < pos.size(); ++s) longest = std::max<std::int64_t>(longest, pos[s] + 1);
+  const std::size_t ws_floats = detail::decode_workspace_floats(c.slots, c.num_heads, c.head_dim, longest);
+  const detail::StagedPositions st = detail::stage_positions(stream, pos, ws_floats);
+  // The append and the attention in one chunk launch (Note [fused append]).
+  kernels::DecodeParams p = flash_params(c, cache_kv, q, k_new, v_new, out, st.ints, 1, nullptr);
+  p.inline_lengths = st.inline_ints;
+  detail::launch_decode(stream, p, st.floats, c.head_dim, longest);
+  cache.appended(layer, pos);
+}
+
+void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,
+                    const Buffer<float>& k_new, const Buffer<float>& v_new,
+                    const Buffer<std::int32_t>& positions, Buffer<float>& out,
+                    Buffer<std::int32_t>* status) {
+  constexpr std::string_view w = "flash_decoding";
+  const auto& c = cache.config();
+  const detail::LayerKv cache_kv = check_flash_args(w, stream, cache, layer, q, k_new, v_new, out);
+  detail::check_on(w, "positions", positions, stream);
+  detail::check_size(w, "positions", positions, std::uint64_t(c.slots), "slots");
+  if (status != nullptr) {
+    detail::check_on(w, "status", *status, stream);
+    detail::check_size(w, "status", *status, 1, "one int32");
+  }
+  detail::check_no_overlap(w, "out", out, "positions", positions);
+  cache_kv.check_not_in(w, "positions", positions);
+  if (status != nullptr) {
+    for (const auto& [name, b] : {std::pair<const char*, const Buffer<float>*>{"q", &q}, {"k_new", &k_new},
+                                  {"v_new", &v_new}, {"out", &out}})
+      detail::check_no_overlap(w, "status", *status, name, *b);
+    detail::check_no_overlap(w, "status", *status, "positions", positions);
+    cache_kv.check_not_in(w, "status", *status);
+  }
+  // The workspace for max_len (the lengths are on the device): the same size every call.
+  const std::size_t ws_floats = detail::decode_workspace_floats(c.slots, c.num_heads, c.head_dim, c.max_len);
+  const detail::Staged st = detail::stage(stream, {}, ws_floats);
+  // A slot's position p: p + 1 tokens; -1 (done): 0 (Note [device positions]); the append and
+  // the attention in one chunk launch (Note [fused append]).
+  kernels::DecodeParams p = flash_params(c, cache_kv, q, k_new, v_new, out, positions.data().get(), 1,
+                                         status != nullptr ? status->data().get() : nullptr);
+  detail::launch_decode(stream, p, st.floats, c.head_dim, c.max_len);
+  cache.appended_on_device(layer);
+}
+
+}  // namespace lockstep

@@ -1,0 +1,601 @@
+// The decode kernels' schedules on every backend, launched directly: row and merge batches,
+// signals, the folded merge, one grid, row-major CPU forms, L2 policies and timelines, all giving
+// the same bytes.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "lockstep/attention/decode.hpp"
+#include "lockstep/attention/kv_cache.hpp"
+#include "lockstep/kernels/decode.hpp"
+#include "lockstep/kernels/launch.hpp"
+#include "support/attention.hpp"
+
+namespace lockstep::testing {
+namespace {
+
+// Note [one grid]: whether a decode whose merge does not fold is one launch on `d`:
+// LOCKSTEP_DECODE_ONE_GRID=0|1 forces either; unset, the two launches on every device for now
+// (kOneGridOnCuda in attention/src/decode_launch.cpp; this follows it).
+constexpr bool kOneGridOnCuda = false;
+bool one_grid_by_default(const Device& d) {
+  const char* env = std::getenv("LOCKSTEP_DECODE_ONE_GRID");
+  const int n = env != nullptr ? std::atoi(env) : -1;  // as the library's knob: negative is unset
+  return n >= 0 ? n != 0 : kOneGridOnCuda && d.id().kind == DeviceKind::kCuda;
+}
+
+// How the merge of run_decode learns that a row's chunks are done: it waits for the whole chunk
+// kernel (no counters), or on the stream's counters (Note [block signals]), or it is folded into
+// the chunk kernel and not launched (Note [folded merge]), or its blocks follow the chunk blocks
+// in one launch and wait on the counters there (Note [one grid]).
+enum class DecodeSync { kKernel, kSignals, kFold, kOneGrid };
+
+// Chunk then Merge over `rows` query rows (row r's q is row r of q; every row reads slot 0's
+// cache) of length len; with counters, checks that they are zero afterwards. timeline: the
+// timeline variant's marks (Note [decode timeline]), or null; merge_timeline: Note [merge
+// timeline]; l2_policy: the K/V copies' L2 policy (Note [streamed tiles]); prefetch_tail: Note
+// [tail prefetch].
+template <class Chunk, class Merge>
+std::vector<float> run_decode(Stream& s, const std::shared_ptr<Device>& dev, const Buffer<float>& q,
+                              const Buffer<float>& k, const Buffer<float>& v, int H, int Hkv, int L,
+                              int len, int rows, DecodeSync sync, std::uint64_t* timeline = nullptr,
+                              std::uint64_t* merge_timeline = nullptr, int l2_policy = kernels::kL2Unchanged,
+                              int prefetch_tail = 0) {
+  constexpr int D = Chunk::kQuads * 32;
+  const int chunks = (L + kernels::kDecodeChunk - 1) / kernels::kDecodeChunk;
+  const std::size_t blocks_y = std::size_t(H / Chunk::kHeads);
+  Buffer<float> ws(dev, std::size_t(rows) * H * chunks * (D + 2)), out(dev, std::size_t(rows) * H * D);
+  kernels::DecodeParams p{};
+  p.q = q.data().get();
+  p.k = k.data().get();
+  p.v = v.data().get();
+  p.part_o = ws.data().get();
+  p.part_ml = ws.data().get() + std::size_t(rows) * H * chunks * D;
+  p.out = out.data().get();
+  p.head_stride = std::int64_t{L} * D;
+  p.slot_stride = 0;
+  p.rows = rows;
+  p.H = H;
+  p.Hkv = Hkv;
+  p.max_chunks = chunks;
+  p.length = len;
+  p.max_len = L;
+  p.scale = 1.0f / std::sqrt(float(D));
+  p.heads_per_block = Chunk::kHeads;
+  p.timeline = timeline;
+  p.merge_timeline = merge_timeline;
+  p.kv_l2_policy = l2_policy;
+  p.prefetch_tail = prefetch_tail;
+  // The ticket, then the pairs (as launch_decode lays them out: Note [one grid]).
+  const std::size_t counter_ints = 1 + rows * blocks_y * 2;
+  bool fresh = false;
+  std::int32_t* const counter_base =
+      sync != DecodeSync::kKernel ? detail::StreamAccess::counters(s, counter_ints, &fresh) : nullptr;
+  p.ticket = counter_base;
+  p.counters = counter_base != nullptr ? counter_base + 1 : nullptr;
+  p.ticket_after_wait = fresh ? 1 : 0;  // Note [one grid]
+  p.fold = sync == DecodeSync::kFold ? 1 : 0;
+  if (sync == DecodeSync::kOneGrid) {
+    using One = kernels::DecodeOneGrid<Chunk, Merge>;
+    if constexpr (kernels::registered_v<One>)
+      launch<One>(s, Dim3{std::uint32_t(One::chunk_blocks(p) + One::merge_blocks(p)), 1, 1}, One::kSharedBytes, p);
+    else
+      ADD_FAILURE() << "no DecodeOneGrid of this chunk kernel and merge in AllKernels";
+  } else {
+    launch<Chunk>(s, Dim3{std::uint32_t(chunks), std::uint32_t(blocks_y), std::uint32_t(rows)},
+                  Chunk::kSharedBytes, p);
+  }
+  if (sync == DecodeSync::kKernel || sync == DecodeSync::kSignals)
+    launch<Merge>(s, Dim3{std::uint32_t(H * Merge::kSlices), std::uint32_t(rows), 1}, Merge::kSharedBytes, p);
+  if (counter_base != nullptr) {
+    std::vector<std::int32_t> counters(counter_ints, -1);
+    detail::StreamAccess::copy_d2h(s, counters.data(), counter_base, counters.size() * sizeof(std::int32_t));
+    s.synchronize();
+    for (std::size_t i = 0; i < counters.size(); ++i) EXPECT_EQ(counters[i], 0) << "counter " << i;
+  }
+  return out.to_vector(s);
+}
+
+// The decode kernels' schedule choices (row batches in the chunk kernel, merge batches) move
+// loads, never arithmetic: every variant gives the same bytes (Note [row batches], Note [merge
+// order]), for rows that the merge folds in one batch and in several.
+template <class Chunk, class Merge>
+std::vector<float> run_decode_variant(Stream& s, const std::shared_ptr<Device>& dev,
+                                      const Buffer<float>& q, const Buffer<float>& k,
+                                      const Buffer<float>& v, int H, int Hkv, int L, int len) {
+  return run_decode<Chunk, Merge>(s, dev, q, k, v, H, Hkv, L, len, 1, DecodeSync::kKernel);
+}
+
+template <int D>
+struct DecodeInputs {
+  Buffer<float> q, k, v;
+  DecodeInputs(const std::shared_ptr<Device>& dev, Stream& s, int H, int Hkv, int L, std::uint32_t seed)
+      : q(dev, std::size_t(H) * D), k(dev, std::size_t(Hkv) * L * D), v(dev, std::size_t(Hkv) * L * D) {
+    Lcg rng{seed};
+    for (auto* b : {&q, &k, &v}) b->copy_from_host(s, rng.floats(b->size()));
+  }
+};
+
+TEST_P(Attention, DecodeScheduleVariantsGiveTheSameBytes) {
+  using kernels::DecodeChunk;
+  using kernels::DecodeMerge;
+  constexpr int L = 9000;
+  for (int Hkv : {1, 2}) {
+    const int H = 4 * Hkv;
+    {
+      constexpr int D = 128;
+      DecodeInputs<D> in(dev, s(), H, Hkv, L, 12345u + Hkv);
+      // One chunk; one merge batch for both merge variants (12 chunks); one batch at MB = 8 but
+      // two at MB = 4 (20 chunks); several batches for both (36 chunks).
+      for (int len : {1, 3000, 5000, 9000}) {
+        SCOPED_TRACE("D 128, Hkv " + std::to_string(Hkv) + ", length " + std::to_string(len));
+        const auto a = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        const auto b = run_decode_variant<DecodeChunk<D, 4, 4>, DecodeMerge<D, 4>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        EXPECT_TRUE(same(a, b)) << "row batch 2 / merge batch 8 vs row batch 4 / merge batch 4";
+        // One query head per block: 4 blocks per kv head, each over the same chunk.
+        const auto c = run_decode_variant<DecodeChunk<D, 1, 4>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        const auto d = run_decode_variant<DecodeChunk<D, 1, 2>, DecodeMerge<D, 4>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        EXPECT_TRUE(same(a, c)) << "4 query heads per block vs 1";
+        EXPECT_TRUE(same(c, d)) << "row batch 4 vs 2 at one head per block";
+        // Note [async tiles]: K and V through a ring of tiles in shared memory (the defaults:
+        // 16-row tiles in a ring of 4 with four heads per block, 32-row tiles in a ring of 3
+        // with one).
+        const auto e3 = run_decode_variant<DecodeChunk<D, 4, 2, 3>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        const auto e4 = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        const auto f3 = run_decode_variant<DecodeChunk<D, 1, 2, 3>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        const auto g4 = run_decode_variant<DecodeChunk<D, 2, 1, 4>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        EXPECT_TRUE(same(a, e3)) << "registers vs a ring of 3 async 32-row tiles";
+        EXPECT_TRUE(same(a, e4)) << "registers vs a ring of 4 async 16-row tiles";
+        EXPECT_TRUE(same(a, f3)) << "registers vs a ring of 3 async tiles, one head per block";
+        EXPECT_TRUE(same(a, g4)) << "registers vs a ring of 4 async tiles, two heads per block";
+        // Note [decode timeline]: the diagnostic variant computes what the default does.
+        const auto tl = run_decode_variant<DecodeChunk<D, 4, 1, 4, true>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        EXPECT_TRUE(same(a, tl)) << "registers vs the timeline variant";
+        // Note [merge schedule]: 4 blocks per head, all chunks in one round trip.
+        const auto m16 = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D, 16>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        const auto sl = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D, 32, 4, 1>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        EXPECT_TRUE(same(a, m16)) << "merge batch 8 vs 16";
+        const auto m2 = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D, 2>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        EXPECT_TRUE(same(a, m2)) << "merge batch 8 vs 2";
+        EXPECT_TRUE(same(a, sl)) << "merge without slices vs 4 slices";
+        bool finite = true;
+        for (float x : a) finite = finite && std::isfinite(x);
+        EXPECT_TRUE(finite);
+      }
+    }
+    {
+      constexpr int D = 96;  // the merge's 480-thread shape (5 groups); 4 heads per block vs 1
+      DecodeInputs<D> in(dev, s(), H, Hkv, L, 777u + Hkv);
+      for (int len : {300, 9000}) {
+        SCOPED_TRACE("D 96, Hkv " + std::to_string(Hkv) + ", length " + std::to_string(len));
+        const auto a = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        const auto b = run_decode_variant<DecodeChunk<D, 1, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        const auto c = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        EXPECT_TRUE(same(a, b)) << "registers, 4 query heads per block vs async tiles, 1";
+        EXPECT_TRUE(same(a, c)) << "registers vs async tiles, 4 query heads per block";
+        // Note [merge schedule]: one element per thread, 3 slices, 10-chunk batches (so several
+        // batches at length 9000) vs the default (4 elements per thread, 120 of 128 threads).
+        const auto m = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D, 2, 3, 1>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        EXPECT_TRUE(same(a, m)) << "merge: 4 elements per thread, one slice vs 1, 3 slices";
+      }
+    }
+  }
+}
+
+// A timeline buffer's marks (Note [decode timeline], Note [merge timeline]): 64-bit words held in
+// a float buffer.
+std::vector<std::uint64_t> timeline_words(Stream& s, const Buffer<float>& tl) {
+  const auto words = tl.to_vector(s);
+  std::vector<std::uint64_t> t(words.size() / 2);
+  std::memcpy(t.data(), words.data(), t.size() * sizeof(std::uint64_t));
+  return t;
+}
+
+// Note [decode timeline]: with its buffer set, the timeline variant computes the default
+// kernel's bytes, and each block's marks are in order: start <= first K tile <= scores <= softmax
+// <= P x V <= partials stored; a block past the length marks its start only. On the CPU device
+// the test takes the lane path (the row-major path marks the start only).
+TEST_P(Attention, DecodeTimelineMarksEachPhaseInOrder) {
+  using kernels::DecodeChunk;
+  using kernels::DecodeMerge;
+  const bool cpu = dev->id().kind == DeviceKind::kCpu;
+  std::optional<ScopedEnv> lanes;
+  if (cpu) lanes.emplace("LOCKSTEP_CPU_DECODE_LANES", "1");
+  constexpr int D = 128, L = 1500, H = 8, Hkv = 2;
+  DecodeInputs<D> in(dev, s(), H, Hkv, L, 99u);
+  const int chunks = (L + kernels::kDecodeChunk - 1) / kernels::kDecodeChunk;
+  const int blocks = chunks * (H / 4);
+  Buffer<float> tl(dev, std::size_t(blocks) * 16);
+  for (int len : {1500, 700}) {
+    SCOPED_TRACE("length " + std::to_string(len));
+    const auto ref = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+    tl.fill(s(), 0.0f);
+    const auto got = run_decode<DecodeChunk<D, 4, 1, 4, true>, DecodeMerge<D>>(
+        s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kKernel,
+        reinterpret_cast<std::uint64_t*>(tl.data().get()));
+    EXPECT_TRUE(same(ref, got)) << "the timeline variant vs the default";
+    const auto t = timeline_words(s(), tl);
+    for (int b = 0; b < blocks; ++b) {
+      const std::uint64_t* m = &t[std::size_t(b) * 8];
+      EXPECT_GT(m[0], 0u) << "block " << b << ": its start";
+      if ((b % chunks) * kernels::kDecodeChunk >= len) {
+        for (int k = 1; k < 6; ++k) EXPECT_EQ(m[k], 0u) << "block " << b << " past the length, mark " << k;
+      } else {
+        for (int k = 1; k < 6; ++k) EXPECT_LE(m[k - 1], m[k]) << "block " << b << ", mark " << k;
+      }
+    }
+  }
+}
+
+// Note [streamed tiles]: the K/V copies' L2 policy is a cache hint: every policy gives the bytes
+// of a chunk kernel that copies nothing (K and V loaded straight into registers, the same
+// arithmetic: Note [async tiles]), in the two launches and in DecodeOneGrid (whose first tiles
+// are issued by a loop that is not unrolled), for rows past and within the length, at head_dim
+// 128 with 4 heads per block and with 1 (32-row tiles). At head_dim 64 (whisper-tiny's kernel),
+// where no copy-free variant is registered, every policy gives evict-unchanged's bytes. So does
+// the variant of Note [tail prefetch] (another hint) at head_dim 128 with 4 heads per block,
+// with none of its blocks, the last, the last three and all of them prefetching (on the CPU
+// device by both of its decode paths).
+TEST_P(Attention, DecodeL2PoliciesGiveTheSameBytes) {
+  const auto check = [&]<class Chunk, class Ref>(int H, int Hkv, std::uint32_t seed) {
+    constexpr int D = Chunk::kQuads * 32;
+    using Merge = kernels::DecodeMerge<D>;
+    constexpr int L = 1500;
+    DecodeInputs<D> in(dev, s(), H, Hkv, L, seed);
+    for (int len : {1500, 700}) {
+      SCOPED_TRACE("head_dim " + std::to_string(D) + ", heads per block " + std::to_string(Chunk::kHeads) +
+                   ", length " + std::to_string(len));
+      const auto ref = std::is_same_v<Ref, Chunk>
+                           ? run_decode<Chunk, Merge>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kSignals,
+                                                      nullptr, nullptr, kernels::kL2Unchanged)
+                           : run_decode<Ref, Merge>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kKernel);
+      for (int policy : {kernels::kL2Unchanged, kernels::kL2EvictFirst, kernels::kL2EvictNormal}) {
+        for (auto sync : {DecodeSync::kSignals, DecodeSync::kOneGrid}) {
+          const auto got = run_decode<Chunk, Merge>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, sync, nullptr,
+                                                    nullptr, policy);
+          EXPECT_TRUE(same(ref, got)) << "policy " << policy << (sync == DecodeSync::kOneGrid ? ", one grid" : ", two launches");
+        }
+        if constexpr (std::is_same_v<Chunk, kernels::DecodeChunk<128, 4, 1, 4>>) {
+          // On the CPU device both paths: the lane path runs the GPU's code (the ring, its
+          // rolled first copies and the prefetch's checks), the row-major path its own.
+          using Prefetching = kernels::DecodeChunk<128, 4, 1, 4, false, true>;
+          const bool cpu = dev->id().kind == DeviceKind::kCpu;
+          for (int lanes : {0, 1}) {
+            if (lanes == 1 && !cpu) break;
+            const ScopedEnv path("LOCKSTEP_CPU_DECODE_LANES", lanes == 1 ? "1" : "0");
+            for (int tail : {0, 1, 3, 1 << 30}) {
+              const auto got = run_decode<Prefetching, Merge>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1,
+                                                              DecodeSync::kSignals, nullptr, nullptr, policy, tail);
+              EXPECT_TRUE(same(ref, got)) << "policy " << policy << ", tail prefetch " << tail << (lanes ? ", lane path" : "");
+            }
+          }
+        }
+      }
+    }
+  };
+  using kernels::DecodeChunk;
+  check.template operator()<DecodeChunk<128, 4, 1, 4>, DecodeChunk<128, 4, 2>>(8, 2, 97u);
+  check.template operator()<DecodeChunk<128, 1, 2, 3>, DecodeChunk<128, 1, 2>>(4, 4, 98u);
+  check.template operator()<DecodeChunk<64, 1, 1, 4>, DecodeChunk<64, 1, 1, 4>>(6, 6, 96u);
+}
+
+// Note [merge timeline]: with its buffer set, the timeline merge gives the default's bytes and
+// leaves the counters zero (run_decode checks), and each merge block marks start <= counter
+// reached <= merged <= after the final wait, and its multiprocessor.
+TEST_P(Attention, DecodeMergeTimelineMarksInOrder) {
+  using kernels::DecodeChunk;
+  using Sliced = kernels::DecodeMerge<128, 32, 4, 1, true>;
+  constexpr int D = 128, L = 1500, H = 8, Hkv = 2;
+  DecodeInputs<D> in(dev, s(), H, Hkv, L, 98u);
+  const int blocks = H * Sliced::kSlices;
+  Buffer<float> mtl(dev, std::size_t(blocks) * 16);
+  for (int len : {1500, 700}) {
+    SCOPED_TRACE("length " + std::to_string(len));
+    const auto ref = run_decode<DecodeChunk<D, 4, 1, 4>, kernels::DecodeMerge<D>>(
+        s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kSignals);
+    mtl.fill(s(), 0.0f);
+    const auto got = run_decode<DecodeChunk<D, 4, 1, 4>, Sliced>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1,
+                                                                  DecodeSync::kSignals, nullptr,
+                                                                  reinterpret_cast<std::uint64_t*>(mtl.data().get()));
+    EXPECT_TRUE(same(ref, got)) << "the merge with its marks vs the default";
+    const auto t = timeline_words(s(), mtl);
+    for (int b = 0; b < blocks; ++b) {
+      const std::uint64_t* m = &t[std::size_t(b) * 8];
+      EXPECT_GT(m[0], 0u) << "merge block " << b << ": its start";
+      for (int k = 1; k < 4; ++k) EXPECT_LE(m[k - 1], m[k]) << "merge block " << b << ", mark " << k;
+      for (int k = 4; k < 6; ++k) EXPECT_EQ(m[k], 0u) << "merge block " << b << ", unused word " << k;
+    }
+  }
+}
+
+// Three rows over the same cache (row r's q is row r of in.q): `sync` gives the bytes of the two
+// launches with counters (kSignals), whose blocks of different rows run concurrently, and row 0's
+// output is `ref`, the single row's.
+template <class Chunk, class Merge, class In>
+void expect_three_rows(Stream& s, const std::shared_ptr<Device>& dev, const In& in, int H, int Hkv, int L,
+                       int len, DecodeSync sync, const std::vector<float>& ref) {
+  const auto rows3 = run_decode<Chunk, Merge>(s, dev, in.q, in.k, in.v, H, Hkv, L, len, 3, sync);
+  const auto rows3s = run_decode<Chunk, Merge>(s, dev, in.q, in.k, in.v, H, Hkv, L, len, 3, DecodeSync::kSignals);
+  const auto same_bits = [](float a, float b) { return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b); };
+  EXPECT_TRUE(rows3.size() == rows3s.size() && std::equal(rows3.begin(), rows3.end(), rows3s.begin(), same_bits))
+      << "three rows vs the two launches with signals";
+  EXPECT_TRUE(std::equal(ref.begin(), ref.end(), rows3.begin(), same_bits)) << "row 0 of three vs the single row";
+}
+
+// Note [block signals]: incremental_attention's merge waits on counters that the chunk blocks
+// count up; it gives the bytes of the same kernels without counters (the merge then waits for
+// the whole chunk kernel), and leaves the stream's counters zero for the next call, call after
+// call (a counter left non-zero would let a later merge read partials before they are written).
+TEST_P(Attention, DecodeSignalsGiveTheSameBytesAndLeaveCountersZero) {
+  using kernels::DecodeChunk;
+  using kernels::DecodeMerge;
+  constexpr int D = 128, L = 5000, H = 16, Hkv = 2;  // 8 query heads per kv head: 2 blocks of 4
+  DecodeInputs<D> in(dev, s(), H, Hkv, L, 2024u);
+  const DecodeShape sh{H, Hkv, D, L};
+  Buffer<float> out(dev, std::size_t(H) * D);
+  // Note [folded merge]: incremental_attention's chunks are those of its length; with 4 heads per
+  // block, up to 2 chunks (G * chunks <= 8) the chunk kernel merges, one launch; more take the
+  // separate merge, which waits on the counters: two launches.
+  // With the one grid (Note [one grid]; LOCKSTEP_DECODE_ONE_GRID=1) the merges that do not fold
+  // run in the chunk kernel's launch: one launch always.
+  const bool one_grid = one_grid_by_default(*dev);
+  const bool default_schedule =
+      std::getenv("LOCKSTEP_DECODE_FOLD") == nullptr && std::getenv("LOCKSTEP_DECODE_SIGNALS") == nullptr &&
+      std::getenv("LOCKSTEP_DECODE_STAGES") == nullptr && std::getenv("LOCKSTEP_DECODE_DIAG_ONLY") == nullptr &&
+      std::getenv("LOCKSTEP_DECODE_MERGE_BATCH") == nullptr;
+  for (int len : {4999, 1, 0, 700, 5000}) {
+    SCOPED_TRACE("length " + std::to_string(len));
+    const auto launches_before = s().launches();
+    incremental_attention(s(), in.q, in.k, in.v, len, out, sh);
+    const std::uint64_t expected = (std::max(len, 1) + 255) / 256 <= 2 || one_grid ? 1 : 2;
+    if (default_schedule) EXPECT_EQ(s().launches() - launches_before, expected) << "folded merge or one grid: one launch";
+    const auto plain = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+    EXPECT_TRUE(same(out.to_vector(s()), plain));
+    std::vector<std::int32_t> counters(64, -1);
+    auto* c = detail::StreamAccess::counters(s(), counters.size());
+    detail::StreamAccess::copy_d2h(s(), counters.data(), c, counters.size() * sizeof(std::int32_t));
+    s().synchronize();
+    for (std::size_t i = 0; i < counters.size(); ++i) ASSERT_EQ(counters[i], 0) << "counter " << i;
+  }
+  {
+    // One head per block at head_dim 128 (MHA) with 16 chunks: a merge batch of 4 chunks, whose
+    // one-grid pair is not registered, so the knob takes the plain merge's (the same bits).
+    DecodeInputs<D> mha(dev, s(), 4, 4, 4096, 2025u);
+    Buffer<float> o(dev, std::size_t(4) * D);
+    const auto launches_before = s().launches();
+    incremental_attention(s(), mha.q, mha.k, mha.v, 4000, o, DecodeShape{4, 4, D, 4096});
+    if (default_schedule) EXPECT_EQ(s().launches() - launches_before, one_grid ? 1u : 2u) << "MHA, 16 chunks";
+    const auto plain = run_decode_variant<DecodeChunk<D, 1, 2, 3>, DecodeMerge<D>>(s(), dev, mha.q, mha.k, mha.v, 4, 4, 4096, 4000);
+    EXPECT_TRUE(same(o.to_vector(s()), plain));
+  }
+  // Several rows of different lengths, one of them done, through flash_decoding, twice.
+  KvCacheConfig cfg{.num_layers = 1, .num_heads = 8, .num_kv_heads = 2, .head_dim = 64, .max_len = 1100, .slots = 3};
+  KvCache cache(dev, cfg);
+  Lcg rng{77u};
+  for (std::int64_t slot : {0, 2}) {
+    const std::int64_t n = slot == 0 ? 1000 : 300;
+    const auto kh = rng.floats(std::size_t(2) * n * 64), vh = rng.floats(kh.size());
+    cache.write_from_host(s(), slot, 0, kh, vh, n);
+  }
+  cache.mark_done(1);
+  Buffer<float> fq(dev, 3 * 8 * 64), fk(dev, 3 * 2 * 64), fv(dev, 3 * 2 * 64), fo(dev, 3 * 8 * 64);
+  for (auto* b : {&fq, &fk, &fv}) b->copy_from_host(s(), rng.floats(b->size()));
+  for (int step = 0; step < 2; ++step) {
+    const auto launches_before = s().launches();
+    flash_decoding(s(), cache, 0, fq, fk, fv, std::vector<std::int64_t>{1000 + step, -1, 300 + step}, fo);
+    // 5 chunks x 4 heads per block: too large a merge to fold by default (Note [folded merge]);
+    // one with the one grid (Note [one grid]; LOCKSTEP_DECODE_ONE_GRID=1).
+    if (default_schedule) EXPECT_EQ(s().launches() - launches_before, one_grid ? 1u : 2u) << "the chunk kernel and the merge";
+    std::vector<std::int32_t> counters(64, -1);
+    auto* c = detail::StreamAccess::counters(s(), counters.size());
+    detail::StreamAccess::copy_d2h(s(), counters.data(), c, counters.size() * sizeof(std::int32_t));
+    s().synchronize();
+    for (std::size_t i = 0; i < counters.size(); ++i) ASSERT_EQ(counters[i], 0) << "step " << step << ", counter " << i;
+    for (float v : fo.to_vector(s())) ASSERT_TRUE(std::isfinite(v));
+  }
+}
+
+// Note [folded merge]: the last chunk block of each (row, block y) merges, in the chunk kernel;
+// the bytes are those of the separate merge (waiting on the same counters, or on the whole chunk
+// kernel), for rows of one merge batch and of several, every head count per block, several rows
+// (whose last blocks merge concurrently) and rows of length 0; the counters end at zero.
+TEST_P(Attention, DecodeFoldedMergeGivesTheSameBytes) {
+  using kernels::DecodeChunk;
+  using kernels::DecodeMerge;
+  constexpr int L = 9000, H = 8, Hkv = 2;
+  {
+    constexpr int D = 128;
+    DecodeInputs<D> in(dev, s(), 3 * H, Hkv, L, 5150u);  // q of 3 rows
+    // 0 to 36 chunks; the folded merge's batch is 8 chunks with 4 heads per block (every head's
+    // partials loaded at once), 16 with 2, 32 with 1: rows of one batch and of several.
+    for (int len : {0, 1, 2048, 3000, 4096, 8192, 9000}) {
+      SCOPED_TRACE("D 128, length " + std::to_string(len));
+      const auto ref = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+      const auto f4 = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kFold);
+      const auto f1 = run_decode<DecodeChunk<D, 1, 2, 3>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kFold);
+      const auto f2 = run_decode<DecodeChunk<D, 2, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kFold);
+      const auto w4 = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D, 32, 4, 1>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kSignals);
+      EXPECT_TRUE(same(ref, f4)) << "folded, 4 heads per block";
+      EXPECT_TRUE(same(ref, f1)) << "folded, 1 head per block";
+      EXPECT_TRUE(same(ref, f2)) << "folded, 2 heads per block";
+      EXPECT_TRUE(same(ref, w4)) << "signals, sliced merge";
+      if (len == 0) EXPECT_TRUE(std::all_of(f4.begin(), f4.end(), [](float x) { return x == 0.0f; }));
+      expect_three_rows<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in, H, Hkv, L, len, DecodeSync::kFold, ref);
+    }
+  }
+  {
+    constexpr int D = 96;  // 5 merge groups, 120 of 128 threads active
+    DecodeInputs<D> in(dev, s(), H, Hkv, L, 5151u);
+    for (int len : {300, 9000}) {
+      SCOPED_TRACE("D 96, length " + std::to_string(len));
+      const auto ref = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+      const auto f = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kFold);
+      EXPECT_TRUE(same(ref, f));
+    }
+  }
+}
+
+// Note [one grid]: the chunk blocks and the merge blocks in one launch, each block's work given
+// by its ticket, give the bytes of the two launches, for every chunk variant with the merges
+// launch_decode pairs it with, rows of one merge batch and of several, three rows (blocks of
+// different rows interleaved in ticket order), rows of length 0; the counters and the ticket end
+// at zero (run_decode checks), so calls in a row work.
+TEST_P(Attention, DecodeOneGridGivesTheSameBytes) {
+  using kernels::DecodeChunk;
+  using kernels::DecodeMerge;
+  constexpr int L = 9000, H = 8, Hkv = 2;
+  {
+    constexpr int D = 128;
+    DecodeInputs<D> in(dev, s(), 3 * H, Hkv, L, 6160u);
+    for (int len : {0, 1, 2048, 4000, 9000}) {
+      SCOPED_TRACE("D 128, length " + std::to_string(len));
+      const auto ref = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+      const auto a = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kOneGrid);
+      const auto b = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D, 32, 4, 1>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kOneGrid);
+      const auto c = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D, 2>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kOneGrid);
+      const auto d = run_decode<DecodeChunk<D, 1, 2, 3>, DecodeMerge<D, 32, 4, 1>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kOneGrid);
+      const auto e = run_decode<DecodeChunk<D, 2, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kOneGrid);
+      EXPECT_TRUE(same(ref, a)) << "4 heads per block";
+      EXPECT_TRUE(same(ref, b)) << "4 heads per block, sliced merge";
+      EXPECT_TRUE(same(ref, c)) << "4 heads per block, 2-chunk merge batches";
+      EXPECT_TRUE(same(ref, d)) << "1 head per block, sliced merge";
+      EXPECT_TRUE(same(ref, e)) << "2 heads per block";
+      if (len == 0) EXPECT_TRUE(std::all_of(a.begin(), a.end(), [](float x) { return x == 0.0f; }));
+      expect_three_rows<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in, H, Hkv, L, len, DecodeSync::kOneGrid, ref);
+    }
+  }
+  {
+    constexpr int D = 64;  // 8 heads per block at most
+    DecodeInputs<D> in(dev, s(), H, Hkv, L, 6161u);
+    for (int len : {300, 9000}) {
+      SCOPED_TRACE("D 64, length " + std::to_string(len));
+      const auto ref = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+      const auto a = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kOneGrid);
+      const auto b = run_decode<DecodeChunk<D, 1, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kOneGrid);
+      EXPECT_TRUE(same(ref, a)) << "4 heads per block";
+      EXPECT_TRUE(same(ref, b)) << "1 head per block";
+    }
+  }
+}
+
+// 129 chunks: more than the sliced merge folds in one batch (4 groups x 32).
+// Note [row-major decode]: the CPU's row-by-row products give the lane path's bytes
+// (LOCKSTEP_CPU_DECODE_LANES=1), for every head_dim, 1 to 8 query heads per block, lengths that
+// end inside, at and just past a chunk, the fused append of flash_decoding (out and cache), rows
+// whose scores overflow to inf and a NaN query; K/V past each length are NaN and never read.
+TEST_P(Attention, DecodeRowMajorGivesTheLaneBytes) {
+  if (dev->id().kind != DeviceKind::kCpu) GTEST_SKIP() << "a CPU device path (Note [row-major decode])";
+  if (dev->name().find("AVX2") == std::string::npos && dev->name().find("AVX3") == std::string::npos)
+    GTEST_SKIP() << dev->name() << ": this SIMD variant has no row-major decode (it runs the lane path)";
+  struct Case { int H, Hkv, D; };
+  const Case cases[] = {{32, 8, 128}, {8, 8, 128}, {4, 2, 128}, {16, 2, 64}, {8, 1, 32},
+                        {4, 2, 256}, {4, 1, 96}, {6, 6, 64}};
+  Lcg rng{2024u};
+  auto both = [&](auto&& call) {
+    std::vector<float> r[2];
+    for (int i = 0; i < 2; ++i) {
+      const ScopedEnv path("LOCKSTEP_CPU_DECODE_LANES", i == 1 ? "1" : "0");
+      r[i] = call();
+    }
+    return std::pair{r[0], r[1]};
+  };
+  for (const Case& c : cases) {
+    const int L = 700;
+    for (int len : {1, 255, 256, 257, 700}) {
+      SCOPED_TRACE("H " + std::to_string(c.H) + " Hkv " + std::to_string(c.Hkv) + " D " + std::to_string(c.D) +
+                   " length " + std::to_string(len));
+      auto kh = rng.floats(std::size_t(c.Hkv) * L * c.D), vh = rng.floats(kh.size());
+      for (int h = 0; h < c.Hkv; ++h)
+        for (std::size_t i = (std::size_t(h) * L + len) * c.D; i < std::size_t(h + 1) * L * c.D; ++i)
+          kh[i] = vh[i] = std::numeric_limits<float>::quiet_NaN();
+      auto qh = rng.floats(std::size_t(c.H) * c.D, 2.0f);
+      if (len == 257) qh[0] = 1e30f;  // head 0's scores overflow to +-inf
+      if (len == 255) qh[c.D + 1] = std::numeric_limits<float>::quiet_NaN();  // head 1: NaN
+      Buffer<float> q(dev, qh.size()), k(dev, kh.size()), v(dev, vh.size());
+      q.copy_from_host(s(), qh);
+      k.copy_from_host(s(), kh);
+      v.copy_from_host(s(), vh);
+      const auto [a, b] = both([&] {
+        auto out = filled(qh.size(), 42.0f);
+        incremental_attention(s(), q, k, v, len, out, DecodeShape{c.H, c.Hkv, c.D, L});
+        return out.to_vector(s());
+      });
+      EXPECT_TRUE(same(a, b)) << "incremental_attention";
+      bool finite = true;
+      for (std::size_t i = 2 * std::size_t(c.D); i < a.size(); ++i) finite = finite && std::isfinite(a[i]);
+      EXPECT_TRUE(finite) << "heads without inf or NaN inputs";
+    }
+    // flash_decoding: three slots of different lengths, the new token appended in the chunk kernel.
+    const KvCacheConfig cfg{.num_layers = 1, .num_heads = c.H, .num_kv_heads = c.Hkv, .head_dim = c.D,
+                            .max_len = 600, .slots = 3};
+    KvCache ca(dev, cfg), cb(dev, cfg);
+    const std::int64_t pre[3] = {255, 0, 511};
+    for (int slot = 0; slot < 3; ++slot) {
+      if (pre[slot] == 0) continue;
+      const auto kh = rng.floats(std::size_t(c.Hkv) * pre[slot] * c.D), vh = rng.floats(kh.size());
+      ca.write_from_host(s(), slot, 0, kh, vh, pre[slot]);
+      cb.write_from_host(s(), slot, 0, kh, vh, pre[slot]);
+    }
+    Buffer<float> q(dev, std::size_t(3) * c.H * c.D), kn(dev, std::size_t(3) * c.Hkv * c.D), vn(dev, kn.size());
+    for (auto* buf : {&q, &kn, &vn}) buf->copy_from_host(s(), rng.floats(buf->size()));
+    int call = 0;  // the first call (row-major) on ca, the second (lanes) on cb
+    const auto [a, b] = both([&] {
+      KvCache& cache = call++ == 0 ? ca : cb;
+      auto out = filled(q.size(), 42.0f);
+      flash_decoding(s(), cache, 0, q, kn, vn, std::vector<std::int64_t>{255, 0, 511}, out);
+      return out.to_vector(s());
+    });
+    EXPECT_TRUE(same(a, b)) << "flash_decoding";
+    EXPECT_TRUE(same(ca.k(0).to_vector(s()), cb.k(0).to_vector(s())) && same(ca.v(0).to_vector(s()), cb.v(0).to_vector(s())))
+        << "the caches after the append";
+  }
+}
+
+TEST_P(Attention, DecodeMergeSlicesGiveTheSameBytesOnLongRows) {
+  using kernels::DecodeChunk;
+  using kernels::DecodeMerge;
+  constexpr int D = 128, L = 33000, H = 4, Hkv = 1;
+  DecodeInputs<D> in(dev, s(), H, Hkv, L, 99u);
+  const auto a = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, L);
+  const auto b = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D, 32, 4, 1>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, L);
+  EXPECT_TRUE(same(a, b));
+  bool finite = true;
+  for (float x : b) finite = finite && std::isfinite(x);
+  EXPECT_TRUE(finite);
+}
+
+// The asynchronous tile copies never read a row at or past the length: NaN there changes no bit.
+TEST_P(Attention, DecodeAsyncTilesNeverReadPastTheLength) {
+  using kernels::DecodeChunk;
+  using kernels::DecodeMerge;
+  constexpr int D = 128, L = 1200, H = 8, Hkv = 2;
+  DecodeInputs<D> in(dev, s(), H, Hkv, L, 4242u);
+  for (int len : {1, 37, 256, 1000}) {
+    SCOPED_TRACE("length " + std::to_string(len));
+    const auto clean = run_decode_variant<DecodeChunk<D, 4, 2, 3>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+    DecodeInputs<D> poisoned(dev, s(), H, Hkv, L, 4242u);
+    for (auto* b : {&poisoned.k, &poisoned.v}) {
+      auto h = b->to_vector(s());
+      for (int hk = 0; hk < Hkv; ++hk)
+        for (int t = len; t < L; ++t)
+          for (int d = 0; d < D; ++d) h[(std::size_t(hk) * L + t) * D + d] = std::numeric_limits<float>::quiet_NaN();
+      b->copy_from_host(s(), h);
+    }
+    const auto p3 = run_decode_variant<DecodeChunk<D, 4, 2, 3>, DecodeMerge<D, 8>>(s(), dev, poisoned.q, poisoned.k, poisoned.v, H, Hkv, L, len);
+    const auto p4 = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D, 32, 4, 1>>(s(), dev, poisoned.q, poisoned.k, poisoned.v, H, Hkv, L, len);
+    EXPECT_TRUE(same(clean, p3));
+    EXPECT_TRUE(same(clean, p4));
+  }
+}
+
+}  // namespace
+}  // namespace lockstep::testing
