@@ -21,6 +21,7 @@ def main():
     with open(os.path.join(gpu, "ctest.json")) as f:
         tests = json.load(f)["tests"]
     failed = 0
+    reruns = 0
     for t in tests:
         cmd = t.get("command") or []
         if not cmd or os.path.basename(cmd[0]) != "lockstep_tests" or "--gtest_also_run_disabled_tests" in cmd:
@@ -38,7 +39,10 @@ def main():
         with open(log) as f:
             counts = [l.strip() for l in f if re.match(r"\[  (PASSED  |FAILED  )\] \d+ tests?", l)]
         failed |= rc != 0
+        reruns += 1
         print(f"  rerun {t['name']} ({' '.join(settings) or 'no settings'}): {' '.join(counts) or 'rc ' + str(rc)}")
+    if reruns == 0:
+        print("  reruns: none in the test list")
     return 1 if failed else 0
 
 

@@ -9,7 +9,8 @@
 #
 # Stages on the GPU machine (binaries from .gpu/; logs, JSON and summary.txt under $OUT, ./out
 # when OUT is not set; a summary line per stage):
-#   tests     the unit tests, then the test suite's reruns of them under other settings (ctest's)
+#   tests     the unit tests, then the test suite's reruns of them under other settings (ctest's
+#             entries with an environment of their own, e.g. LOCKSTEP_TUNING=...; none is fine)
 #   props     the properties, CUDA against the CPU device and a float64 oracle, at N cases each
 #             (--cases N or PROPS_CASES, default 1000; PROPS_FILTER: a gtest filter)
 #   parity    lockstep parity: every kernel on random shapes, CUDA bytes against the CPU's
