@@ -59,8 +59,7 @@ HostTime host_us(Stream& s, F&& fn, int reps) {
   return {median(batches), median(cold)};
 }
 // Kernel launches one call enqueues (the stream's count around it): the decode chunk kernel,
-// plus the merge where it is not folded into it (Note [folded merge]), plus a KvScatter with
-// LOCKSTEP_DECODE_STAGES=0.
+// plus the merge where it is not folded into it (Note [folded merge]).
 template <class F>
 int launches_per_call(Stream& s, F&& fn) {
   const auto before = s.launches();
@@ -380,7 +379,7 @@ std::vector<Bench> attention_benches() {
              // batch_invariant = false (split keys).
              rs.push_back(fused(ctx, 1, 32, 512, 128, true, tc, 8192));
              rs.push_back(fused(ctx, 1, 6, 1500, 64, true, tc));
-             if (!tc) {  // TensorCore does not split unless its knob asks (run 137)
+             if (!tc) {  // TensorCore does not split unless its Tuning asks
                rs.push_back(fused(ctx, 1, 6, 1500, 64, false, tc, -1, false));
                rs.push_back(fused(ctx, 1, 6, 1500, 64, true, tc, -1, false));
              }

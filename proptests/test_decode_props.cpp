@@ -169,9 +169,10 @@ RC_GTEST_PROP(Decode, CpuRowMajorGivesTheLaneBytes, ()) {
   const DecodeWorld w(s);
   const auto cpu = open("cpu");
   const auto rows = w.decode(cpu);
-  ::setenv("LOCKSTEP_CPU_DECODE_LANES", "1", 1);
-  const auto lanes = w.decode(cpu);
-  ::unsetenv("LOCKSTEP_CPU_DECODE_LANES");
+  const auto lanes = w.decode(make_cpu_device({.index = 7, .simd = cpu->caps().simd_target == "AVX3"  ? "avx3"
+                                                                 : cpu->caps().simd_target == "AVX2" ? "avx2"
+                                                                                                      : "generic",
+                                                 .decode_lanes = true}));
   for (std::int64_t r = 0; r < s.slots; ++r) RC_ASSERT(rows_equal(rows, r, lanes, r, std::size_t(s.heads * s.dim)));
 }
 

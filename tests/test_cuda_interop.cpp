@@ -162,14 +162,12 @@ TEST_F(CudaInterop, DecodeStepReplaysAsACudaGraph) {
     ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &nodes), cudaSuccess);
     // Kernels only, no copies: two per layer (the chunk kernel appends: Note [fused append]; 3
     // chunks x 4 heads per block is too large a merge to fold by default: Note [folded merge]),
-    // one with LOCKSTEP_DECODE_FOLD=1 or LOCKSTEP_DECODE_ONE_GRID=1 (Note [one grid]), three
-    // with LOCKSTEP_DECODE_STAGES=0 (a KvScatter first).
+    // one with the Tuning decode.fold_merge = 1 or decode.one_grid = 1 (Note [one grid]).
     EXPECT_EQ(nodes, launched) << "graph nodes vs kernel launches: no copies";
-    const char* one_grid_env = std::getenv("LOCKSTEP_DECODE_ONE_GRID");
-    const bool one_grid = one_grid_env != nullptr && std::atoi(one_grid_env) > 0;  // as the library reads it
-    const bool knobs = std::getenv("LOCKSTEP_DECODE_STAGES") != nullptr || std::getenv("LOCKSTEP_DECODE_FOLD") != nullptr ||
-                       std::getenv("LOCKSTEP_DECODE_SIGNALS") != nullptr;
-    if (!knobs) EXPECT_EQ(nodes, one_grid ? 3u : 6u) << (one_grid ? "one kernel per layer" : "two kernels per layer");
+    const Tuning& t = tuning_in_force(*dev);
+    const bool one_grid = t.decode.one_grid.value_or(false);
+    if (!t.decode.fold_merge.has_value() && t.decode.block_signals)
+      EXPECT_EQ(nodes, one_grid ? 3u : 6u) << (one_grid ? "one kernel per layer" : "two kernels per layer");
 
     std::vector<std::int64_t> len = start;
     for (int t = 0; t < 4; ++t) {

@@ -23,14 +23,11 @@
 namespace lockstep::testing {
 namespace {
 
-// Note [one grid]: whether a decode whose merge does not fold is one launch on `d`:
-// LOCKSTEP_DECODE_ONE_GRID=0|1 forces either; unset, the two launches on every device for now
-// (kOneGridOnCuda in attention/src/decode_launch.cpp; this follows it).
-constexpr bool kOneGridOnCuda = false;
+// Note [one grid]: whether a decode whose merge does not fold is one launch on `d`: the Tuning in
+// force says (unset: two launches on every device).
 bool one_grid_by_default(const Device& d) {
-  const char* env = std::getenv("LOCKSTEP_DECODE_ONE_GRID");
-  const int n = env != nullptr ? std::atoi(env) : -1;  // as the library's knob: negative is unset
-  return n >= 0 ? n != 0 : kOneGridOnCuda && d.id().kind == DeviceKind::kCuda;
+  const Tuning* t = detail::scoped_tuning();
+  return (t != nullptr ? *t : d.tuning()).decode.one_grid.value_or(false);
 }
 
 // How the merge of run_decode learns that a row's chunks are done: it waits for the whole chunk
@@ -207,9 +204,10 @@ std::vector<std::uint64_t> timeline_words(Stream& s, const Buffer<float>& tl) {
 TEST_P(Attention, DecodeTimelineMarksEachPhaseInOrder) {
   using kernels::DecodeChunk;
   using kernels::DecodeMerge;
-  const bool cpu = dev->id().kind == DeviceKind::kCpu;
-  std::optional<ScopedEnv> lanes;
-  if (cpu) lanes.emplace("LOCKSTEP_CPU_DECODE_LANES", "1");
+  // On the CPU device, a device of its lane path (these names hide the fixture's).
+  const std::shared_ptr<Device> dev =
+      this->dev->id().kind == DeviceKind::kCpu ? cpu_with(&CpuDeviceOptions::decode_lanes) : this->dev;
+  const auto s = [&]() -> Stream& { return dev->default_stream(); };
   constexpr int D = 128, L = 1500, H = 8, Hkv = 2;
   DecodeInputs<D> in(dev, s(), H, Hkv, L, 99u);
   const int chunks = (L + kernels::kDecodeChunk - 1) / kernels::kDecodeChunk;
@@ -271,9 +269,15 @@ TEST_P(Attention, DecodeL2PoliciesGiveTheSameBytes) {
           const bool cpu = dev->id().kind == DeviceKind::kCpu;
           for (int lanes : {0, 1}) {
             if (lanes == 1 && !cpu) break;
-            const ScopedEnv path("LOCKSTEP_CPU_DECODE_LANES", lanes == 1 ? "1" : "0");
+            // The lane path: a CPU device of its own, with the inputs copied there.
+            const std::shared_ptr<Device> d = lanes == 1 ? cpu_with(&CpuDeviceOptions::decode_lanes) : dev;
+            Stream& st = d->default_stream();
+            Buffer<float> q(d, in.q.size()), k(d, in.k.size()), v(d, in.v.size());
+            q.copy_from_host(st, in.q.to_vector(s()));
+            k.copy_from_host(st, in.k.to_vector(s()));
+            v.copy_from_host(st, in.v.to_vector(s()));
             for (int tail : {0, 1, 3, 1 << 30}) {
-              const auto got = run_decode<Prefetching, Merge>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1,
+              const auto got = run_decode<Prefetching, Merge>(st, d, q, k, v, H, Hkv, L, len, 1,
                                                               DecodeSync::kSignals, nullptr, nullptr, policy, tail);
               EXPECT_TRUE(same(ref, got)) << "policy " << policy << ", tail prefetch " << tail << (lanes ? ", lane path" : "");
             }
@@ -345,13 +349,11 @@ TEST_P(Attention, DecodeSignalsGiveTheSameBytesAndLeaveCountersZero) {
   // Note [folded merge]: incremental_attention's chunks are those of its length; with 4 heads per
   // block, up to 2 chunks (G * chunks <= 8) the chunk kernel merges, one launch; more take the
   // separate merge, which waits on the counters: two launches.
-  // With the one grid (Note [one grid]; LOCKSTEP_DECODE_ONE_GRID=1) the merges that do not fold
+  // With the one grid (Note [one grid]; the Tuning decode.one_grid = 1) the merges that do not fold
   // run in the chunk kernel's launch: one launch always.
   const bool one_grid = one_grid_by_default(*dev);
-  const bool default_schedule =
-      std::getenv("LOCKSTEP_DECODE_FOLD") == nullptr && std::getenv("LOCKSTEP_DECODE_SIGNALS") == nullptr &&
-      std::getenv("LOCKSTEP_DECODE_STAGES") == nullptr && std::getenv("LOCKSTEP_DECODE_DIAG_ONLY") == nullptr &&
-      std::getenv("LOCKSTEP_DECODE_MERGE_BATCH") == nullptr;
+  const Tuning& tuning = detail::scoped_tuning() != nullptr ? *detail::scoped_tuning() : dev->tuning();
+  const bool default_schedule = !tuning.decode.fold_merge.has_value() && tuning.decode.block_signals;
   for (int len : {4999, 1, 0, 700, 5000}) {
     SCOPED_TRACE("length " + std::to_string(len));
     const auto launches_before = s().launches();
@@ -393,7 +395,7 @@ TEST_P(Attention, DecodeSignalsGiveTheSameBytesAndLeaveCountersZero) {
     const auto launches_before = s().launches();
     flash_decoding(s(), cache, 0, fq, fk, fv, std::vector<std::int64_t>{1000 + step, -1, 300 + step}, fo);
     // 5 chunks x 4 heads per block: too large a merge to fold by default (Note [folded merge]);
-    // one with the one grid (Note [one grid]; LOCKSTEP_DECODE_ONE_GRID=1).
+    // one with the one grid (Note [one grid]; the Tuning decode.one_grid = 1).
     if (default_schedule) EXPECT_EQ(s().launches() - launches_before, one_grid ? 1u : 2u) << "the chunk kernel and the merge";
     std::vector<std::int32_t> counters(64, -1);
     auto* c = detail::StreamAccess::counters(s(), counters.size());
@@ -489,7 +491,7 @@ TEST_P(Attention, DecodeOneGridGivesTheSameBytes) {
 
 // 129 chunks: more than the sliced merge folds in one batch (4 groups x 32).
 // Note [row-major decode]: the CPU's row-by-row products give the lane path's bytes
-// (LOCKSTEP_CPU_DECODE_LANES=1), for every head_dim, 1 to 8 query heads per block, lengths that
+// (CpuDeviceOptions::decode_lanes), for every head_dim, 1 to 8 query heads per block, lengths that
 // end inside, at and just past a chunk, the fused append of flash_decoding (out and cache), rows
 // whose scores overflow to inf and a NaN query; K/V past each length are NaN and never read.
 TEST_P(Attention, DecodeRowMajorGivesTheLaneBytes) {
@@ -500,13 +502,14 @@ TEST_P(Attention, DecodeRowMajorGivesTheLaneBytes) {
   const Case cases[] = {{32, 8, 128}, {8, 8, 128}, {4, 2, 128}, {16, 2, 64}, {8, 1, 32},
                         {4, 2, 256}, {4, 1, 96}, {6, 6, 64}};
   Lcg rng{2024u};
-  auto both = [&](auto&& call) {
-    std::vector<float> r[2];
-    for (int i = 0; i < 2; ++i) {
-      const ScopedEnv path("LOCKSTEP_CPU_DECODE_LANES", i == 1 ? "1" : "0");
-      r[i] = call();
-    }
-    return std::pair{r[0], r[1]};
+  // The row path and the lane path: two devices of dev's SIMD variant.
+  const std::string simd = dev->caps().simd_target == "AVX3" ? "avx3" : "avx2";
+  const std::shared_ptr<Device> paths[2] = {make_cpu_device({.index = 7, .simd = simd}),
+                                            make_cpu_device({.index = 8, .simd = simd, .decode_lanes = true})};
+  const auto up = [](const std::shared_ptr<Device>& d, const std::vector<float>& h) {
+    Buffer<float> b(d, h.size());
+    b.copy_from_host(d->default_stream(), h);
+    return b;
   };
   for (const Case& c : cases) {
     const int L = 700;
@@ -520,16 +523,15 @@ TEST_P(Attention, DecodeRowMajorGivesTheLaneBytes) {
       auto qh = rng.floats(std::size_t(c.H) * c.D, 2.0f);
       if (len == 257) qh[0] = 1e30f;  // head 0's scores overflow to +-inf
       if (len == 255) qh[c.D + 1] = std::numeric_limits<float>::quiet_NaN();  // head 1: NaN
-      Buffer<float> q(dev, qh.size()), k(dev, kh.size()), v(dev, vh.size());
-      q.copy_from_host(s(), qh);
-      k.copy_from_host(s(), kh);
-      v.copy_from_host(s(), vh);
-      const auto [a, b] = both([&] {
-        auto out = filled(qh.size(), 42.0f);
-        incremental_attention(s(), q, k, v, len, out, DecodeShape{c.H, c.Hkv, c.D, L});
-        return out.to_vector(s());
-      });
-      EXPECT_TRUE(same(a, b)) << "incremental_attention";
+      std::vector<float> r[2];
+      for (int i = 0; i < 2; ++i) {
+        const auto& d = paths[i];
+        auto q = up(d, qh), k = up(d, kh), v = up(d, vh), out = up(d, std::vector<float>(qh.size(), 42.0f));
+        incremental_attention(d->default_stream(), q, k, v, len, out, DecodeShape{c.H, c.Hkv, c.D, L});
+        r[i] = out.to_vector(d->default_stream());
+      }
+      const auto& a = r[0];
+      EXPECT_TRUE(same(a, r[1])) << "incremental_attention";
       bool finite = true;
       for (std::size_t i = 2 * std::size_t(c.D); i < a.size(); ++i) finite = finite && std::isfinite(a[i]);
       EXPECT_TRUE(finite) << "heads without inf or NaN inputs";
@@ -537,25 +539,26 @@ TEST_P(Attention, DecodeRowMajorGivesTheLaneBytes) {
     // flash_decoding: three slots of different lengths, the new token appended in the chunk kernel.
     const KvCacheConfig cfg{.num_layers = 1, .num_heads = c.H, .num_kv_heads = c.Hkv, .head_dim = c.D,
                             .max_len = 600, .slots = 3};
-    KvCache ca(dev, cfg), cb(dev, cfg);
+    KvCache ca(paths[0], cfg), cb(paths[1], cfg);
     const std::int64_t pre[3] = {255, 0, 511};
     for (int slot = 0; slot < 3; ++slot) {
       if (pre[slot] == 0) continue;
       const auto kh = rng.floats(std::size_t(c.Hkv) * pre[slot] * c.D), vh = rng.floats(kh.size());
-      ca.write_from_host(s(), slot, 0, kh, vh, pre[slot]);
-      cb.write_from_host(s(), slot, 0, kh, vh, pre[slot]);
+      ca.write_from_host(paths[0]->default_stream(), slot, 0, kh, vh, pre[slot]);
+      cb.write_from_host(paths[1]->default_stream(), slot, 0, kh, vh, pre[slot]);
     }
-    Buffer<float> q(dev, std::size_t(3) * c.H * c.D), kn(dev, std::size_t(3) * c.Hkv * c.D), vn(dev, kn.size());
-    for (auto* buf : {&q, &kn, &vn}) buf->copy_from_host(s(), rng.floats(buf->size()));
-    int call = 0;  // the first call (row-major) on ca, the second (lanes) on cb
-    const auto [a, b] = both([&] {
-      KvCache& cache = call++ == 0 ? ca : cb;
-      auto out = filled(q.size(), 42.0f);
-      flash_decoding(s(), cache, 0, q, kn, vn, std::vector<std::int64_t>{255, 0, 511}, out);
-      return out.to_vector(s());
-    });
-    EXPECT_TRUE(same(a, b)) << "flash_decoding";
-    EXPECT_TRUE(same(ca.k(0).to_vector(s()), cb.k(0).to_vector(s())) && same(ca.v(0).to_vector(s()), cb.v(0).to_vector(s())))
+    const auto qh = rng.floats(std::size_t(3) * c.H * c.D), knh = rng.floats(std::size_t(3) * c.Hkv * c.D),
+               vnh = rng.floats(knh.size());
+    std::vector<float> r[2];
+    for (int i = 0; i < 2; ++i) {
+      const auto& d = paths[i];
+      auto q = up(d, qh), kn = up(d, knh), vn = up(d, vnh), out = up(d, std::vector<float>(qh.size(), 42.0f));
+      flash_decoding(d->default_stream(), i == 0 ? ca : cb, 0, q, kn, vn, std::vector<std::int64_t>{255, 0, 511}, out);
+      r[i] = out.to_vector(d->default_stream());
+    }
+    EXPECT_TRUE(same(r[0], r[1])) << "flash_decoding";
+    Stream &sa = paths[0]->default_stream(), &sb = paths[1]->default_stream();
+    EXPECT_TRUE(same(ca.k(0).to_vector(sa), cb.k(0).to_vector(sb)) && same(ca.v(0).to_vector(sa), cb.v(0).to_vector(sb)))
         << "the caches after the append";
   }
 }

@@ -281,7 +281,7 @@ TEST_P(Attention, FusedExactMisalignedInputsGiveTheSameBytes) {
   for (std::int64_t d : {32, 64, 96, 128, 256, -64})
     for (bool causal : {false, true}) {
       // -64: head_dim 64 with P in K's memory forced (this grid is small enough for the other).
-      const ScopedEnv p_buffer("LOCKSTEP_FUSED_EXACT_P", d < 0 ? "0" : nullptr);
+      const ScopedSetting p_buffer("fused.exact_separate_p", d < 0 ? "0" : nullptr);
       const std::int64_t D = d < 0 ? -d : d;
       SCOPED_TRACE("D=" + std::to_string(D) + (causal ? " causal" : "") + (d < 0 ? " P in K" : ""));
       const AttentionShape sh{1, 2, 1, 70, 150, D};
@@ -325,8 +325,8 @@ TEST_P(Attention, FusedTensorCoreRowsPerBlockGiveTheSameBytes) {
   for (std::int64_t D : {64, 128})
     for (bool causal : {false, true}) {
       SCOPED_TRACE("D=" + std::to_string(D) + (causal ? " causal" : ""));
-      const ScopedEnv mma("LOCKSTEP_FUSED_TC_WGMMA", "0");  // the mma.sync kernels (wgmma: its own test)
-      expect_knob_gives_same_bytes("LOCKSTEP_FUSED_TC_ROWS", "64", "128", AttentionPrecision::kTensorCore,
+      const ScopedSetting mma("fused.wgmma", "0");  // the mma.sync kernels (wgmma: its own test)
+      expect_knob_gives_same_bytes("fused.tc_rows", "64", "128", AttentionPrecision::kTensorCore,
                                    AttentionShape{2, 4, 2, 200, 230, D}, causal, rng, 1.0f);
     }
 }
@@ -344,14 +344,14 @@ TEST_P(Attention, FusedWgmmaGivesTheTensorCoreBytesOnTheCpu) {
     for (std::int64_t D : {64, 128})
       for (bool causal : {false, true}) {
         SCOPED_TRACE(std::string("warpgroups ") + wg + " D=" + std::to_string(D) + (causal ? " causal" : ""));
-        const ScopedEnv warpgroups("LOCKSTEP_FUSED_TC_WGMMA_WG", wg);
-        expect_knob_gives_same_bytes("LOCKSTEP_FUSED_TC_WGMMA", "0", "1", AttentionPrecision::kTensorCore,
+        const ScopedSetting warpgroups("fused.wgmma_warpgroups", wg);
+        expect_knob_gives_same_bytes("fused.wgmma", "0", "1", AttentionPrecision::kTensorCore,
                                      AttentionShape{2, 4, 2, 200, 230, D}, causal, rng, 1.0f);
       }
 }
 
-// Note [four wgmma blocks per SM]: the serial schedule (LOCKSTEP_FUSED_TC_WGMMA_SERIAL=1, the
-// default, here in its own order: LOCKSTEP_FUSED_TC_WGMMA_DEFER=0) gives the overlapping
+// Note [four wgmma blocks per SM]: the serial schedule (fused.wgmma_serial = 1, the
+// default, here in its own order: fused.wgmma_deferred = 0) gives the overlapping
 // schedule's (=0) bytes, with its own packing blocks and after the packing launch, causal or
 // not, with partial tiles, a single tile and many. The launch record shows that the variant ran.
 // On the CPU device the wgmma kernel is forced (its emulation); on an sm_90a build on compute
@@ -359,9 +359,9 @@ TEST_P(Attention, FusedWgmmaGivesTheTensorCoreBytesOnTheCpu) {
 TEST_P(Attention, FusedWgmmaSerialGivesTheSameBytes) {
   const bool cpu = dev->id().kind == DeviceKind::kCpu;
   Lcg rng{17};
-  std::optional<ScopedEnv> forced;  // on the CPU device the wgmma kernel's emulation
-  if (cpu) forced.emplace("LOCKSTEP_FUSED_TC_WGMMA", "1");
-  const ScopedEnv warpgroups("LOCKSTEP_FUSED_TC_WGMMA_WG", "1"), in_order("LOCKSTEP_FUSED_TC_WGMMA_DEFER", "0");
+  std::optional<ScopedSetting> forced;  // on the CPU device the wgmma kernel's emulation
+  if (cpu) forced.emplace("fused.wgmma", "1");
+  const ScopedSetting warpgroups("fused.wgmma_warpgroups", "1"), in_order("fused.wgmma_deferred", "0");
   for (const char* pack : {"0", "1"})
     for (const AttentionShape& sh : {AttentionShape{2, 4, 2, 200, 230, 64}, AttentionShape{3, 2, 1, 64, 700, 64},
                                      AttentionShape{1, 2, 2, 40, 17, 64}})
@@ -370,8 +370,8 @@ TEST_P(Attention, FusedWgmmaSerialGivesTheSameBytes) {
                      std::to_string(sh.seq_kv) + (causal ? " causal" : ""));
         detail::LaunchRecorder rec;
         {
-          const ScopedEnv packing("LOCKSTEP_FUSED_TC_PACK", pack);
-          expect_knob_gives_same_bytes("LOCKSTEP_FUSED_TC_WGMMA_SERIAL", "0", "1", AttentionPrecision::kTensorCore,
+          const ScopedSetting packing("fused.pack_in_kernel", pack);
+          expect_knob_gives_same_bytes("fused.wgmma_serial", "0", "1", AttentionPrecision::kTensorCore,
                                        sh, causal, rng, 1.0f);
         }
         const bool pk = pack[0] == '1';
@@ -384,7 +384,7 @@ TEST_P(Attention, FusedWgmmaSerialGivesTheSameBytes) {
         EXPECT_TRUE(rec.launched(serial));
         EXPECT_TRUE(rec.launched(overlapped));
         // With the knob unset the serial schedule is the one that runs (the default;
-        // in its own order here, LOCKSTEP_FUSED_TC_WGMMA_DEFER=0).
+        // in its own order here, fused.wgmma_deferred = 0).
         {
           detail::LaunchRecorder by_default;
           tensor_core_attention(sh, causal, pack);
@@ -395,7 +395,7 @@ TEST_P(Attention, FusedWgmmaSerialGivesTheSameBytes) {
 }
 
 // Note [deferred P.V wait]: the serial schedule with tile j's softmax during tile j - 1's P.V
-// (LOCKSTEP_FUSED_TC_WGMMA_DEFER=1, the default) gives the serial order's bytes, with its own packing blocks
+// (fused.wgmma_deferred = 1, the default) gives the serial order's bytes, with its own packing blocks
 // and after the packing launch, causal or not, partial tiles, one tile and many, and (200 queries
 // over 17 keys, causal) blocks whose rows see no key at all (no tile). Inputs in [-4, 4]
 // as well, so that a row's max moves past the lazy rescale's threshold after its first tile and
@@ -403,9 +403,9 @@ TEST_P(Attention, FusedWgmmaSerialGivesTheSameBytes) {
 TEST_P(Attention, FusedWgmmaDeferredGivesTheSameBytes) {
   const bool cpu = dev->id().kind == DeviceKind::kCpu;
   Lcg rng{23};
-  std::optional<ScopedEnv> forced;  // on the CPU device the wgmma kernel's emulation
-  if (cpu) forced.emplace("LOCKSTEP_FUSED_TC_WGMMA", "1");
-  std::optional<ScopedEnv> warpgroups(std::in_place, "LOCKSTEP_FUSED_TC_WGMMA_WG", "1");
+  std::optional<ScopedSetting> forced;  // on the CPU device the wgmma kernel's emulation
+  if (cpu) forced.emplace("fused.wgmma", "1");
+  std::optional<ScopedSetting> warpgroups(std::in_place, "fused.wgmma_warpgroups", "1");
   for (const char* pack : {"0", "1"})
     for (const AttentionShape& sh : {AttentionShape{2, 4, 2, 200, 230, 64}, AttentionShape{3, 2, 1, 64, 700, 64},
                                      AttentionShape{1, 2, 2, 40, 17, 64}, AttentionShape{1, 2, 1, 200, 17, 64}})
@@ -415,8 +415,8 @@ TEST_P(Attention, FusedWgmmaDeferredGivesTheSameBytes) {
                        std::to_string(sh.seq_kv) + (causal ? " causal" : "") + " range " + std::to_string(range));
           detail::LaunchRecorder rec;
           {
-            const ScopedEnv packing("LOCKSTEP_FUSED_TC_PACK", pack);
-            expect_knob_gives_same_bytes("LOCKSTEP_FUSED_TC_WGMMA_DEFER", "0", "1", AttentionPrecision::kTensorCore,
+            const ScopedSetting packing("fused.pack_in_kernel", pack);
+            expect_knob_gives_same_bytes("fused.wgmma_deferred", "0", "1", AttentionPrecision::kTensorCore,
                                          sh, causal, rng, range);
           }
           const bool pk = pack[0] == '1';
@@ -435,8 +435,9 @@ TEST_P(Attention, FusedWgmmaDeferredGivesTheSameBytes) {
           EXPECT_FALSE(by_default.launched(serial));
         }
   warpgroups.reset();
-  // Grids under two waves of 132 SMs (at 64 rows per block), by default: one warpgroup per block
-  // at head_dim 64 (this kernel), two at head_dim 128 (wgmma_warpgroups).
+  // By default one warpgroup per block at head_dim 64 (this kernel); at head_dim 128 two for grids
+  // under two waves of the device's multiprocessors at 64 rows per block (here 8 blocks), else one.
+  const bool two_at_128 = 8 < 2 * dev->caps().multiprocessors;
   for (std::int64_t D : {64, 128}) {
     SCOPED_TRACE("small grid, D=" + std::to_string(D));
     detail::LaunchRecorder rec;
@@ -445,8 +446,8 @@ TEST_P(Attention, FusedWgmmaDeferredGivesTheSameBytes) {
                             : kernels::kernel_index_v<kernels::FusedAttentionWgmma<128, 1>>;
     const int two = D == 64 ? kernels::kernel_index_v<kernels::FusedAttentionWgmma<64, 2>>
                             : kernels::kernel_index_v<kernels::FusedAttentionWgmma<128, 2>>;
-    EXPECT_EQ(rec.launched(one), D == 64);
-    EXPECT_EQ(rec.launched(two), D == 128);
+    EXPECT_EQ(rec.launched(one), D == 64 || !two_at_128);
+    EXPECT_EQ(rec.launched(two), D == 128 && two_at_128);
   }
 }
 
@@ -459,16 +460,16 @@ TEST_P(Attention, FusedWgmmaDeferredGivesTheSameBytes) {
 // packing block per kv head packing many tiles (64 query rows, 700 keys), one kv head in all
 // (packed by the kernel before only), partial tiles, GQA. Repeated calls on one stream also check
 // that the tickets and counters are zeros again after a call. The blocks pack the default 8, one
-// and two kv heads ahead (LOCKSTEP_FUSED_TC_PACK_AHEAD, at most the kv heads per batch; the launch
+// and two kv heads ahead (fused.pack_ahead, at most the kv heads per batch; the launch
 // before packs that many; the last shape has 10 kv heads, so 8 ahead is not clamped there).
 // Without split keys (Note [split keys]: the packing blocks never split; the knob keeps
 // the packing launch from splitting too).
 TEST_P(Attention, FusedWgmmaPackingBlocksGiveTheSameBytes) {
   Lcg rng{16};
   const bool cpu = dev->id().kind == DeviceKind::kCpu;
-  std::optional<ScopedEnv> forced;  // on the CPU device the wgmma kernel's emulation
-  if (cpu) forced.emplace("LOCKSTEP_FUSED_TC_WGMMA", "1");
-  const ScopedEnv one_range("LOCKSTEP_FUSED_TC_SPLITS", "1");
+  std::optional<ScopedSetting> forced;  // on the CPU device the wgmma kernel's emulation
+  if (cpu) forced.emplace("fused.wgmma", "1");
+  const ScopedSetting one_range("fused.tc_splits", "1");
   for (const char* ahead : {"", "1", "2"})  // "": the default (8, at most the kv heads per batch)
     for (const char* wg : {"1", "2"})
       for (const AttentionShape& sh : {AttentionShape{2, 4, 2, 200, 230, 128}, AttentionShape{3, 2, 1, 64, 700, 64},
@@ -478,8 +479,8 @@ TEST_P(Attention, FusedWgmmaPackingBlocksGiveTheSameBytes) {
           SCOPED_TRACE(std::string("ahead ") + (*ahead != '\0' ? ahead : "default") + " warpgroups " + wg +
                        " B=" + std::to_string(sh.batch) + " Hkv=" + std::to_string(sh.kv_heads) + " D=" +
                        std::to_string(sh.head_dim) + (causal ? " causal" : ""));
-          const ScopedEnv warpgroups("LOCKSTEP_FUSED_TC_WGMMA_WG", wg);
-          const ScopedEnv pack_ahead("LOCKSTEP_FUSED_TC_PACK_AHEAD", ahead);
+          const ScopedSetting warpgroups("fused.wgmma_warpgroups", wg);
+          const ScopedSetting pack_ahead("fused.pack_ahead", ahead);
           const std::size_t nq = std::size_t(sh.batch * sh.heads * sh.seq_q * sh.head_dim);
           const std::size_t nkv = std::size_t(sh.batch * sh.kv_heads * sh.seq_kv * sh.head_dim);
           auto buf = [&](std::size_t n) {
@@ -494,7 +495,7 @@ TEST_P(Attention, FusedWgmmaPackingBlocksGiveTheSameBytes) {
             AttentionOptions o;
             o.precision = AttentionPrecision::kTensorCore;
             o.causal = causal;
-            const ScopedEnv packing("LOCKSTEP_FUSED_TC_PACK", i == 1 ? "1" : "0");
+            const ScopedSetting packing("fused.pack_in_kernel", i == 1 ? "1" : "0");
             attention(s(), q, i == 0 ? k_other : k, i == 0 ? v_other : v, out, sh, o);
             outs[i] = out.to_vector(s());
           }
@@ -549,17 +550,19 @@ TEST_P(Attention, FusedBatchRowsOfALargeGridAreTheBatchAlone) {
 TEST_P(Attention, FusedTensorCoreSplitKeys) {
   const double uh = std::ldexp(1.0, -11);
   split_keys_case(
-      AttentionPrecision::kTensorCore, "LOCKSTEP_FUSED_TC_SPLITS",
+      AttentionPrecision::kTensorCore, "fused.tc_splits",
       [uh](double qmag, std::int64_t, std::int64_t) { return 4.0 * qmag * uh + 8.0 * uh; },
       [](const AttentionShape&) { return false; },  // TensorCore: only when the knob asks
       [this](const AttentionShape& sh, bool causal, Lcg& rng, float range) {
+        // The wgmma kernel after its packing launch (its packing blocks never split).
+        const ScopedSetting no_packing_blocks("fused.pack_in_kernel", "0");
         for (const char* wg : {"1", "2"}) {
-          const ScopedEnv warpgroups("LOCKSTEP_FUSED_TC_WGMMA_WG", wg);
-          expect_knob_gives_same_bytes("LOCKSTEP_FUSED_TC_WGMMA", "0", "1", AttentionPrecision::kTensorCore, sh,
+          const ScopedSetting warpgroups("fused.wgmma_warpgroups", wg);
+          expect_knob_gives_same_bytes("fused.wgmma", "0", "1", AttentionPrecision::kTensorCore, sh,
                                        causal, rng, range);
         }
-        const ScopedEnv mma("LOCKSTEP_FUSED_TC_WGMMA", "0");
-        expect_knob_gives_same_bytes("LOCKSTEP_FUSED_TC_ROWS", "64", "128", AttentionPrecision::kTensorCore, sh,
+        const ScopedSetting mma("fused.wgmma", "0");
+        expect_knob_gives_same_bytes("fused.tc_rows", "64", "128", AttentionPrecision::kTensorCore, sh,
                                      causal, rng, range);
       });
 }
@@ -567,20 +570,20 @@ TEST_P(Attention, FusedTensorCoreSplitKeys) {
 // Exact: within fp32's bound (every score's error, (D + 4) u qmag, and the sums', (keys + D + 40)
 // u; the merge adds a few u); the CUDA bytes are the CPU's (the property FusedExactSplitKeys). On
 // the CPU device the row-major path gives the lane path's bytes with splits too
-// (LOCKSTEP_CPU_EXACT_LANES), and P in its own buffer those of P in K's memory (head_dim 64).
+// (CpuDeviceOptions::exact_lanes), and P in its own buffer those of P in K's memory (head_dim 64).
 TEST_P(Attention, FusedExactSplitKeys) {
   const double u = std::ldexp(1.0, -24);
   split_keys_case(
-      AttentionPrecision::kExact, "LOCKSTEP_FUSED_EXACT_SPLITS",
+      AttentionPrecision::kExact, "fused.exact_splits",
       [u](double qmag, std::int64_t keys, std::int64_t D) {
         return 4.0 * (qmag * double(D + 4) + double(keys + D + 40)) * u;
       },
       [](const AttentionShape&) { return true; },  // fewer than 12 warps per SM of 132
       [this](const AttentionShape& sh, bool causal, Lcg& rng, float range) {
-        expect_knob_gives_same_bytes("LOCKSTEP_CPU_EXACT_LANES", "0", "1", AttentionPrecision::kExact, sh, causal,
-                                     rng, range);
+        expect_cpu_path_gives_same_bytes(&CpuDeviceOptions::exact_lanes, AttentionPrecision::kExact, sh, causal,
+                                         rng, range);
         if (sh.head_dim == 64)
-          expect_knob_gives_same_bytes("LOCKSTEP_FUSED_EXACT_P", "0", "1", AttentionPrecision::kExact, sh, causal,
+          expect_knob_gives_same_bytes("fused.exact_separate_p", "0", "1", AttentionPrecision::kExact, sh, causal,
                                        rng, range);
       });
 }
@@ -597,7 +600,7 @@ TEST_P(Attention, FusedExactUnmaskedTilesGiveTheMaskedBytes) {
     for (std::int64_t D : {64, 128})
       for (bool causal : {false, true}) {
         SCOPED_TRACE(std::string("splits ") + splits + " D=" + std::to_string(D) + (causal ? " causal" : ""));
-        const ScopedEnv ranges("LOCKSTEP_FUSED_EXACT_SPLITS", splits);
+        const ScopedSetting ranges("fused.exact_splits", splits);
         const std::int64_t skv = causal ? 192 : 200;
         const auto hq = rng.floats(std::size_t(64 * D), 2.0f);
         const auto hk = rng.floats(std::size_t(skv * D), 2.0f), hv = rng.floats(std::size_t(skv * D), 2.0f);
@@ -625,18 +628,18 @@ TEST_P(Attention, FusedExactUnmaskedTilesGiveTheMaskedBytes) {
 }
 
 // Exact at head_dim 64 with P in K's memory and with P in a buffer of its own (the host picks by
-// grid size; LOCKSTEP_FUSED_EXACT_P forces either): the same bytes, out and log-sum-exp.
+// grid size; fused.exact_separate_p forces either): the same bytes, out and log-sum-exp.
 TEST_P(Attention, FusedExactPBuffersGiveTheSameBytes) {
   Lcg rng{12};
   for (bool causal : {false, true}) {
     SCOPED_TRACE(causal ? "causal" : "full");
-    expect_knob_gives_same_bytes("LOCKSTEP_FUSED_EXACT_P", "0", "1", AttentionPrecision::kExact,
+    expect_knob_gives_same_bytes("fused.exact_separate_p", "0", "1", AttentionPrecision::kExact,
                                  AttentionShape{2, 4, 2, 150, 201, 64}, causal, rng, 2.0f);
   }
 }
 
 // Note [row-major exact]: on the CPU's avx2 and avx3 variants FusedAttentionExact's blocks run
-// row by row (x.exact_rows); LOCKSTEP_CPU_EXACT_LANES=1 runs the lane path. The same bytes, out
+// row by row (x.exact_rows); CpuDeviceOptions::exact_lanes runs the lane path. The same bytes, out
 // and log-sum-exp (NaN payloads aside, outside the contract), on the device's variant and on
 // avx2 (two key and column vectors per register block), at every head_dim, causal or not, GQA,
 // lengths that are not multiples of the 64-row blocks or the key tiles, rows that see no key
@@ -647,25 +650,27 @@ TEST_P(Attention, FusedExactRowMajorGivesTheLaneBytes) {
   if (dev->id().kind != DeviceKind::kCpu) GTEST_SKIP() << "a CPU device path (Note [row-major exact])";
   if (dev->name().find("AVX2") == std::string::npos && dev->name().find("AVX3") == std::string::npos)
     GTEST_SKIP() << dev->name() << ": this SIMD variant has no row-major path (it runs the lane path)";
-  std::vector<std::shared_ptr<Device>> devices{dev};
-  if (dev->name().find("AVX3") != std::string::npos) devices.push_back(make_cpu_device({.index = 7, .simd = "avx2"}));
+  // Pairs of devices of one SIMD variant: the row path, the lane path.
+  std::vector<std::string> variants{dev->name().find("AVX3") != std::string::npos ? "avx3" : "avx2"};
+  if (variants[0] == "avx3") variants.push_back("avx2");
   struct Case {
     AttentionShape sh;
     AttentionLayout layout;
   };
   Lcg rng{31};
-  for (const auto& d : devices)
+  for (const std::string& variant : variants)
     for (std::int64_t D : {32, 64, 96, 128, 256}) {
+      const std::shared_ptr<Device> pair[2] = {make_cpu_device({.index = 7, .simd = variant}),
+                                               make_cpu_device({.index = 8, .simd = variant, .exact_lanes = true})};
       const Case cases[] = {{{2, 4, 2, 70, 130, D}, AttentionLayout::kHeadsFirst},
                             {{1, 2, 1, 150, 40, D}, AttentionLayout::kHeadsFirst},
                             {{1, 4, 4, 65, 65, D}, AttentionLayout::kInterleaved}};
       for (const Case& c : cases)
         for (bool causal : {false, true}) {
           const AttentionShape& sh = c.sh;
-          SCOPED_TRACE(d->name() + ": D " + std::to_string(D) + " Sq " + std::to_string(sh.seq_q) + " Skv " +
+          SCOPED_TRACE(variant + ": D " + std::to_string(D) + " Sq " + std::to_string(sh.seq_q) + " Skv " +
                        std::to_string(sh.seq_kv) + (causal ? " causal" : "") +
                        (c.layout == AttentionLayout::kInterleaved ? " interleaved" : ""));
-          Stream& st = d->default_stream();
           const std::size_t nq = std::size_t(sh.batch * sh.heads * sh.seq_q * D);
           const std::size_t nkv = std::size_t(sh.batch * sh.kv_heads * sh.seq_kv * D);
           const std::size_t nl = std::size_t(sh.batch * sh.heads * sh.seq_q);
@@ -677,12 +682,15 @@ TEST_P(Attention, FusedExactRowMajorGivesTheLaneBytes) {
           const std::int64_t vrow = c.layout == AttentionLayout::kInterleaved ? sh.kv_heads * D : D;
           hv[std::size_t((sh.seq_kv - 1) * vrow)] = std::numeric_limits<float>::infinity();
           hv[std::size_t((sh.seq_kv - 2) * vrow + 1)] = std::numeric_limits<float>::quiet_NaN();
-          Buffer<float> q(d, nq), k(d, nkv), v(d, nkv);
-          q.copy_from_host(st, hq);
-          k.copy_from_host(st, rng.floats(nkv, 2.0f));
-          v.copy_from_host(st, hv);
+          const auto hk = rng.floats(nkv, 2.0f);
           std::vector<float> outs[2], lses[2];
           for (int i = 0; i < 2; ++i) {
+            const std::shared_ptr<Device>& d = pair[i];
+            Stream& st = d->default_stream();
+            Buffer<float> q(d, nq), k(d, nkv), v(d, nkv);
+            q.copy_from_host(st, hq);
+            k.copy_from_host(st, hk);
+            v.copy_from_host(st, hv);
             Buffer<float> out(d, nq), lse(d, nl);
             out.fill(st, 42.0f);
             lse.fill(st, 42.0f);
@@ -691,7 +699,6 @@ TEST_P(Attention, FusedExactRowMajorGivesTheLaneBytes) {
             o.causal = causal;
             o.layout = c.layout;
             o.lse = &lse;
-            const ScopedEnv path("LOCKSTEP_CPU_EXACT_LANES", i == 0 ? "0" : "1");  // until the reads below
             attention(st, q, k, v, out, sh, o);
             outs[i] = out.to_vector(st);
             lses[i] = lse.to_vector(st);

@@ -122,7 +122,7 @@ TEST_P(Kernels, SoftmaxInPlace) {
 }
 
 // Note [row-major softmax]: on the CPU device's avx2 and avx3 variants each row is computed by the
-// backend's row-major code, and LOCKSTEP_CPU_SOFTMAX_LANES=1 runs the kernel's lane code: the
+// backend's row-major code, and CpuDeviceOptions::softmax_lanes runs the kernel's lane code: the
 // same bytes (NaN payloads aside, outside the contract), out of place and in place, on each of
 // those variants this CPU has. Row lengths around the 32-lane groups and around 1024 (the rows
 // held in registers), 1 to 17 rows (partial blocks of 8), values over a wide range, and rows of
@@ -153,7 +153,7 @@ TEST(CpuRowMajor, SoftmaxGivesTheLaneBytes) {
         for (bool in_place : {false, true}) {
           std::vector<float> got[2];
           for (int lanes = 0; lanes < 2; ++lanes) {
-            const ScopedEnv path("LOCKSTEP_CPU_SOFTMAX_LANES", lanes == 1 ? "1" : "0");  // until read
+            const ScopedCpuPath path(*dev, &CpuDeviceOptions::softmax_lanes, lanes == 1);
             Buffer<float> in(dev, h.size()), out(dev, h.size());
             in.copy_from_host(s, h);
             out.copy_from_host(s, std::vector<float>(h.size(), 42.0f));
@@ -200,7 +200,7 @@ TEST_P(Kernels, ElementwiseCallsRefuseAPartialOverlap) {
 }
 
 // Note [warp passes] (backends/cpu/lanes/cpu_exec.hpp): the CPU runs warp-independent kernels one warp at
-// a time; LOCKSTEP_CPU_BLOCK_PASSES=1 runs them block-wide. Every such kernel, through its host
+// a time; CpuDeviceOptions::block_passes runs them block-wide. Every such kernel, through its host
 // call, gives the same bytes both ways: partial blocks, rows of 1 to 3000, -inf, NaN and inf.
 TEST_P(Kernels, WarpPassesGiveTheBlockPassBytes) {
   if (dev->id().kind != DeviceKind::kCpu) GTEST_SKIP() << "warp passes are a CPU execution mode";
@@ -210,17 +210,17 @@ TEST_P(Kernels, WarpPassesGiveTheBlockPassBytes) {
     std::vector<float> warp, block;
     const auto ranges0 = cpu::warp_pass_ranges().load();
     {
-      const ScopedEnv passes("LOCKSTEP_CPU_BLOCK_PASSES", nullptr);
+      const ScopedCpuPath passes(*dev, &CpuDeviceOptions::block_passes, false);
       warp = op();
     }
     const auto ranges1 = cpu::warp_pass_ranges().load();
     {
-      const ScopedEnv passes("LOCKSTEP_CPU_BLOCK_PASSES", "1");
+      const ScopedCpuPath passes(*dev, &CpuDeviceOptions::block_passes, true);
       block = op();
     }
     const auto ranges2 = cpu::warp_pass_ranges().load();
     EXPECT_GT(ranges1, ranges0) << "warp passes ran";
-    EXPECT_EQ(ranges2, ranges1) << "LOCKSTEP_CPU_BLOCK_PASSES=1 ran none";
+    EXPECT_EQ(ranges2, ranges1) << "block passes ran none as warp passes";
     ASSERT_EQ(warp.size(), block.size());
     for (std::size_t i = 0; i < warp.size(); ++i) ASSERT_EQ(bits(warp[i]), bits(block[i])) << i;
   };

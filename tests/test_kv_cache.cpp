@@ -460,13 +460,12 @@ TEST_P(Attention, KvCacheDoneSlotsDoNotLengthenTheLaunch) {
   }
   EXPECT_EQ(launches[0], launches[1]);
   EXPECT_EQ(kernels[0], kernels[1]);
-  // The same slot live: other kernels (a merge of its own, or with LOCKSTEP_DECODE_ONE_GRID=1 the
-  // one-grid kernel), unless a knob decides the folding (FOLD, STAGES, SIGNALS).
-  const bool fold_knobs = std::getenv("LOCKSTEP_DECODE_FOLD") != nullptr || std::getenv("LOCKSTEP_DECODE_STAGES") != nullptr ||
-                          std::getenv("LOCKSTEP_DECODE_SIGNALS") != nullptr;
-  if (!fold_knobs) {
+  // The same slot live: other kernels (a merge of its own, or with decode.one_grid the one-grid
+  // kernel), unless the Tuning decides the folding (fold_merge, block_signals).
+  const Tuning& t = tuning_in_force(*dev);
+  if (!t.decode.fold_merge.has_value() && t.decode.block_signals) {
     EXPECT_NE(kernels[2], kernels[1]);
-    if (std::getenv("LOCKSTEP_DECODE_ONE_GRID") == nullptr) EXPECT_GT(launches[2], launches[1]);
+    if (!t.decode.one_grid.value_or(false)) EXPECT_GT(launches[2], launches[1]);
   }
   for (std::size_t e = 0; e < 4 * 32; ++e) {
     ASSERT_EQ(bits(outs[0][e]), bits(outs[1][e])) << e;

@@ -33,7 +33,7 @@ std::uint32_t bits(float f) {
 
 TEST(Lanes, LoadsMatchTheirScalarMeaning) {
   alignas(64) char smem[64];
-  X x(smem, sizeof smem);
+  X x(smem, sizeof smem, CpuPaths{});
   const auto data = random_floats(4096, 1);
   const auto t = x.thread();
   // contiguous, broadcast, strided gather, masked
@@ -51,7 +51,7 @@ TEST(Lanes, LoadsMatchTheirScalarMeaning) {
 
 TEST(Lanes, MaskedLoadsNeverTouchMaskedOffLanes) {
   alignas(64) char smem[64];
-  X x(smem, sizeof smem);
+  X x(smem, sizeof smem, CpuPaths{});
   std::vector<float> small(10, 3.0f);  // lanes >= 10 would read out of bounds (ASan would see it)
   X::Lanes<float> v = x.load(small.data(), x.thread(), x.thread() < 10, 0.0f);
   for (int i = 0; i < N; ++i) ASSERT_EQ(v[i], i < 10 ? 3.0f : 0.0f);
@@ -59,7 +59,7 @@ TEST(Lanes, MaskedLoadsNeverTouchMaskedOffLanes) {
 
 TEST(Lanes, StoresMatchTheirScalarMeaning) {
   alignas(64) char smem[64];
-  X x(smem, sizeof smem);
+  X x(smem, sizeof smem, CpuPaths{});
   std::vector<float> out(1024, -7.0f);
   const auto t = x.thread();
   x.store(out.data(), t * 3 + 1, x.to_float(t), (t % 5) != 0);
@@ -71,7 +71,7 @@ TEST(Lanes, StoresMatchTheirScalarMeaning) {
 
 TEST(Lanes, Quad16ByteLoadsAndStores) {
   alignas(64) char smem[64];
-  X x(smem, sizeof smem);
+  X x(smem, sizeof smem, CpuPaths{});
   std::vector<float> data(N * 4 + 64);
   for (std::size_t i = 0; i < data.size(); ++i) data[i] = float(i);
   auto q = x.load4(data.data(), x.thread() * 4);        // contiguous quads
@@ -90,7 +90,7 @@ TEST(Lanes, Quad16ByteLoadsAndStores) {
 // (all lanes active: staged 16-byte copies), masked (inactive lanes load zeros, store nothing).
 TEST(Lanes, QuadGathersAndScattersMatchTheirScalarMeaning) {
   alignas(64) char smem[64];
-  X x(smem, sizeof smem);
+  X x(smem, sizeof smem, CpuPaths{});
   std::vector<float> data(N * 8 + 64);
   for (std::size_t i = 0; i < data.size(); ++i) data[i] = float(i) * 0.5f - 3.0f;
   const auto t = x.thread();
@@ -131,7 +131,7 @@ std::vector<float> cuda_butterfly(std::vector<float> v, int W, Op op) {
 
 TEST(Lanes, WarpReductionsAreTheCudaButterflyBitForBit) {
   alignas(64) char smem[64];
-  X x(smem, sizeof smem);
+  X x(smem, sizeof smem, CpuPaths{});
   for (std::uint64_t seed = 0; seed < 20; ++seed) {
     auto in = random_floats(N, seed);
     in[seed % N] = seed % 3 == 0 ? -0.0f : in[seed % N];
@@ -156,7 +156,7 @@ TEST(Lanes, WarpReductionsAreTheCudaButterflyBitForBit) {
 
 TEST(Lanes, ShufflesMoveValuesLikeCuda) {
   alignas(64) char smem[64];
-  X x(smem, sizeof smem);
+  X x(smem, sizeof smem, CpuPaths{});
   const X::Lanes<float> v = x.to_float(x.thread());
   for (int k : {1, 2, 4, 8, 16}) {
     const auto s = x.shfl_xor(v, k);
@@ -168,7 +168,7 @@ TEST(Lanes, ShufflesMoveValuesLikeCuda) {
 
 TEST(Lanes, FusedExpressionsEvaluateLaneWise) {
   alignas(64) char smem[64];
-  X x(smem, sizeof smem);
+  X x(smem, sizeof smem, CpuPaths{});
   const auto in = random_floats(N, 9);
   X::Lanes<float> v = x.load(in.data(), x.thread());
   X::Lanes<float> r = x.select(v > 0.0f, x.exp(v - 1.0f) * 2.0f, x.fma(v, v, 0.5f));
@@ -182,7 +182,7 @@ TEST(Lanes, FusedExpressionsEvaluateLaneWise) {
 
 TEST(Lanes, SharedMemoryIsCarvedInOrderAndBounded) {
   alignas(64) char smem[256];
-  X x(smem, sizeof smem);
+  X x(smem, sizeof smem, CpuPaths{});
   float* a = x.shared<float>(10);
   float* b = x.shared<float>(10);
   EXPECT_EQ(reinterpret_cast<char*>(a), smem);

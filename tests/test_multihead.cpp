@@ -68,9 +68,9 @@ TEST_P(Attention, MultiheadReportsLaunchesAndRejectsBadShapes) {
 }
 
 TEST_P(Attention, MultiheadAutoFollowsTheSeedRule) {
-  auto run = [&](std::int64_t S, std::int64_t D) {
+  auto run = [&](std::int64_t S, std::int64_t D, MhaOptions opts = {}) {
     auto q = filled(S * D, 0.1f), k = filled(S * D, 0.1f), v = filled(S * D, 0.1f), o = filled(S * D, 0.0f);
-    return multihead_attention(s(), q, k, v, o, MhaShape{S, 1, D}, {});
+    return multihead_attention(s(), q, k, v, o, MhaShape{S, 1, D}, opts);
   };
   auto r = run(64, 64);
   EXPECT_EQ(r.score_gemm, GemmKind::kTensorCore);  // m = n = 64 >= 16, k = 64
@@ -78,10 +78,7 @@ TEST_P(Attention, MultiheadAutoFollowsTheSeedRule) {
   r = run(64, 32);
   EXPECT_EQ(r.score_gemm, GemmKind::kFp32);        // k = head_dim = 32 < 64
   EXPECT_EQ(r.value_gemm, GemmKind::kTensorCore);  // k = seq_len = 64
-  {
-    const ScopedEnv fp32("LOCKSTEP_FORCE_FP32_GEMM", "1");
-    r = run(64, 64);
-  }
+  r = run(64, 64, MhaOptions{.gemm = GemmKind::kFp32});
   EXPECT_EQ(r.score_gemm, GemmKind::kFp32);
   EXPECT_EQ(r.value_gemm, GemmKind::kFp32);
 }

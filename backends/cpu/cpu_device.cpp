@@ -330,8 +330,8 @@ class CpuDevice final : public Device {
     caps_.simd_target = table_.target;
     name_ = "lockstep simulated GPU on " + cpu_model() + " (" + std::to_string(rt_.threads) +
             " threads, " + table_.target + ")";
-    const char* shuffle = env("LOCKSTEP_CPU_SHUFFLE_BLOCKS");
-    shuffle_ = shuffle != nullptr && std::string_view(shuffle) != "0";
+    shuffle_ = o.shuffle_blocks;
+    paths_ = CpuPaths{o.decode_lanes, o.exact_lanes, o.softmax_lanes, o.block_passes};
     default_stream_ = std::make_unique<CpuStream>(*this);
   }
   ~CpuDevice() override {
@@ -371,6 +371,19 @@ class CpuDevice final : public Device {
   }
   const KernelTable& table() const { return table_; }
   bool shuffle_blocks() const { return shuffle_; }
+  const CpuPaths& paths() const { return paths_; }
+  // Test support (lockstep/launch_checked.hpp's set_cpu_paths).
+  CpuDeviceOptions set_paths(const CpuDeviceOptions& o) {
+    CpuDeviceOptions old;
+    old.shuffle_blocks = shuffle_;
+    old.decode_lanes = paths_.decode_lanes;
+    old.exact_lanes = paths_.exact_lanes;
+    old.softmax_lanes = paths_.softmax_lanes;
+    old.block_passes = paths_.block_passes;
+    shuffle_ = o.shuffle_blocks;
+    paths_ = CpuPaths{o.decode_lanes, o.exact_lanes, o.softmax_lanes, o.block_passes};
+    return old;
+  }
 
  protected:
   void* allocate(std::size_t bytes) override {
@@ -418,6 +431,7 @@ class CpuDevice final : public Device {
   DeviceCaps caps_;
   std::string name_;
   bool shuffle_ = false;
+  CpuPaths paths_;
   mutable std::mutex alloc_mu_;
   std::uint64_t in_use_ = 0, peak_ = 0;
   std::mutex streams_mu_;
@@ -465,8 +479,9 @@ void CpuStream::launch(const lockstep::detail::KernelLaunch& l) {
                                     static_cast<const unsigned char*>(l.params) + l.params_size);
   const BlockRangeFn fn = t.fns[l.kernel_index];
   const bool shuffle = dev_.shuffle_blocks();
+  const CpuPaths paths = dev_.paths();
   const int threads = Runtime::get().threads;
-  enqueue_op([l = lockstep::detail::KernelLaunch(l), params = std::move(params), fn, shuffle, threads]() mutable {
+  enqueue_op([l = lockstep::detail::KernelLaunch(l), params = std::move(params), fn, shuffle, paths, threads]() mutable {
     l.params = params.data();
     const Dim3 g = l.config.grid;
     const std::uint64_t n = std::uint64_t{g.x} * g.y * g.z;
@@ -478,14 +493,14 @@ void CpuStream::launch(const lockstep::detail::KernelLaunch& l) {
     }
     const std::uint64_t* ord = shuffle ? order.data() : nullptr;
     if (n == 1 || threads == 1) {
-      fn(l, 0, n, thread_shared_memory(), ord);
+      fn(l, 0, n, thread_shared_memory(), ord, paths);
       return;
     }
     const std::uint64_t grain = std::max<std::uint64_t>(1, n / (std::uint64_t(threads) * 8));
     tbb::parallel_for(
         tbb::blocked_range<std::uint64_t>(0, n, grain),
         [&](const tbb::blocked_range<std::uint64_t>& r) {
-          fn(l, r.begin(), r.end(), thread_shared_memory(), ord);
+          fn(l, r.begin(), r.end(), thread_shared_memory(), ord, paths);
         },
         tbb::simple_partitioner());
   });
@@ -495,6 +510,16 @@ CpuDeviceOptions options_from_env(int index) {
   CpuDeviceOptions o;
   o.index = index;
   if (const char* v = env("LOCKSTEP_CPU_POISON")) o.poison = std::string(v) != "0";
+  // The numeric values were checked by the registry before the device opened (kKnobs).
+  const auto on = [](const char* name) {
+    const char* v = env(name);
+    return v != nullptr && std::string(v) != "0";
+  };
+  o.shuffle_blocks = on("LOCKSTEP_CPU_SHUFFLE_BLOCKS");
+  o.decode_lanes = on("LOCKSTEP_CPU_DECODE_LANES");
+  o.exact_lanes = on("LOCKSTEP_CPU_EXACT_LANES");
+  o.softmax_lanes = on("LOCKSTEP_CPU_SOFTMAX_LANES");
+  o.block_passes = on("LOCKSTEP_CPU_BLOCK_PASSES");
   if (const char* v = env("LOCKSTEP_CPU_MEMORY")) {
     // Decimal digits only (strtoull took "abc" and "-5" as 0 and 2^64-5: no cap, silently).
     const std::string s(v);
@@ -556,5 +581,10 @@ Backend& cpu_backend() {
 }
 std::shared_ptr<Device> make_cpu_device(const CpuDeviceOptions& options) {
   return std::make_shared<cpu::CpuDevice>(options);
+}
+std::optional<CpuDeviceOptions> set_cpu_device_paths(Device& device, const CpuDeviceOptions& paths) {
+  auto* cpu = dynamic_cast<cpu::CpuDevice*>(&device);
+  if (cpu == nullptr) return std::nullopt;
+  return cpu->set_paths(paths);
 }
 }  // namespace lockstep::detail

@@ -37,25 +37,20 @@ void run_range(X& x, const lockstep::detail::KernelLaunch& l, std::uint64_t begi
   }
 }
 
-// LOCKSTEP_CPU_BLOCK_PASSES=1 runs warp-independent kernels block-wide too (for tests: the same
-// bits; Note [warp passes]). Read at each launch.
-inline bool block_passes_forced() {
-  const char* v = std::getenv("LOCKSTEP_CPU_BLOCK_PASSES");
-  return v != nullptr && std::atoi(v) != 0;
-}
-
+// paths.block_passes runs warp-independent kernels block-wide too (a check: the same bits; Note
+// [warp passes]).
 template <class K>
 void run_blocks(const lockstep::detail::KernelLaunch& l, std::uint64_t begin, std::uint64_t end,
-                char* shared, const std::uint64_t* order) {
+                char* shared, const std::uint64_t* order, const CpuPaths& paths) {
   if constexpr (kernels::warp_independent_v<K>) {
-    if (!block_passes_forced()) {
+    if (!paths.block_passes) {
       warp_pass_ranges().fetch_add(1, std::memory_order_relaxed);
-      CpuExec<K::kThreads, 32> x(shared, l.config.shared_bytes);
+      CpuExec<K::kThreads, 32> x(shared, l.config.shared_bytes, paths);
       run_range<K>(x, l, begin, end, order);
       return;
     }
   }
-  CpuExec<K::kThreads> x(shared, l.config.shared_bytes);
+  CpuExec<K::kThreads> x(shared, l.config.shared_bytes, paths);
   run_range<K>(x, l, begin, end, order);
 }
 

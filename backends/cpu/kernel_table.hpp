@@ -9,10 +9,16 @@
 
 namespace lockstep::cpu {
 
+// Which code paths a device's launches take (CpuDeviceOptions; the same bits either way).
+struct CpuPaths {
+  bool decode_lanes = false, exact_lanes = false, softmax_lanes = false, block_passes = false;
+};
+
 // Runs blocks [begin, end) of a launch (block b = order ? order[i] : i), with `shared` as the
 // block's shared memory.
 using BlockRangeFn = void (*)(const lockstep::detail::KernelLaunch& launch, std::uint64_t begin,
-                              std::uint64_t end, char* shared, const std::uint64_t* order);
+                              std::uint64_t end, char* shared, const std::uint64_t* order,
+                              const CpuPaths& paths);
 
 struct KernelTable {
   const char* target = "";  // Highway target name

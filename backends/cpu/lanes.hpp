@@ -43,6 +43,7 @@
 
 #include "lockstep/error.hpp"
 #include "lockstep/kernels/math.hpp"
+#include "kernel_table.hpp"  // CpuPaths
 
 #include "lanes/chunks.hpp"
 #include "lanes/expressions.hpp"

@@ -3,6 +3,7 @@
 // backends implement this interface and the registry reaches them through the functions below.
 
 #include <memory>
+#include <optional>
 
 #include "lockstep/device.hpp"
 
@@ -22,6 +23,8 @@ Backend& cpu_backend();
 Backend* cuda_backend();
 
 std::shared_ptr<Device> make_cpu_device(const CpuDeviceOptions& options);
+// lockstep/launch_checked.hpp's set_cpu_paths; nullopt when `device` is not a CPU device.
+std::optional<CpuDeviceOptions> set_cpu_device_paths(Device& device, const CpuDeviceOptions& paths);
 // CUDA interop (only reached when the CUDA backend is built).
 std::unique_ptr<Stream> cuda_wrap_stream(Device& device, void* cuda_stream);
 

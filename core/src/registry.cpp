@@ -153,6 +153,12 @@ bool LaunchRecorder::launched(int kernel_index) const {
   return false;
 }
 
+CpuDeviceOptions set_cpu_paths(Device& device, const CpuDeviceOptions& paths) {
+  auto old = set_cpu_device_paths(device, paths);
+  LOCKSTEP_CHECK_ARG(old.has_value(), "set_cpu_paths", "device", device.id().str(), "a CPU device");
+  return *old;
+}
+
 void launch_checked(Stream& stream, const KernelLaunch& l) {
   const DeviceCaps& caps = stream.device().caps();
   // The location text is built only when a check fails (this runs on every launch).

@@ -21,7 +21,7 @@ namespace lockstep::testing {
 
 class Attention : public CallTest {
  protected:
-  // A schedule knob (environment variable) set to a and then to b gives the same bytes, out and
+  // A Tuning field (ScopedSetting) set to a and then to b gives the same bytes, out and
   // log-sum-exp, for fused attention of shape sh (inputs uniform in [-range, range]).
   void expect_knob_gives_same_bytes(const char* knob, const char* a, const char* b,
                                     AttentionPrecision precision, const AttentionShape& sh,
@@ -42,8 +42,7 @@ class Attention : public CallTest {
       o.precision = precision;
       o.causal = causal;
       o.lse = &lse;
-      // Set until the results are read: the CPU device reads some knobs when the blocks run.
-      const ScopedEnv knob_value(knob, i == 0 ? a : b);
+      const ScopedSetting knob_value(knob, i == 0 ? a : b);
       attention(s(), q, k, v, out, sh, o);
       outs[i] = out.to_vector(s());
       lses[i] = lse.to_vector(s());
@@ -53,10 +52,45 @@ class Attention : public CallTest {
     ASSERT_NE(outs[0][0], 42.0f);
     ASSERT_NE(lses[0][0], 42.0f);
   }
-  // One TensorCore attention call with the defaults (LOCKSTEP_FUSED_TC_PACK=pack), synchronized:
+  // A CPU device path (CpuDeviceOptions::exact_lanes, ...) off and on gives the same bytes, out
+  // and log-sum-exp, for fused attention of shape sh on two new CPU devices of dev's SIMD variant
+  // (under the Tuning in force on this thread).
+  void expect_cpu_path_gives_same_bytes(bool CpuDeviceOptions::*path, AttentionPrecision precision,
+                                        const AttentionShape& sh, bool causal, Lcg& rng, float range) {
+    const std::size_t nq = std::size_t(sh.batch * sh.heads * sh.seq_q * sh.head_dim);
+    const std::size_t nkv = std::size_t(sh.batch * sh.kv_heads * sh.seq_kv * sh.head_dim);
+    const std::size_t nl = std::size_t(sh.batch * sh.heads * sh.seq_q);
+    const auto hq = rng.floats(nq, range), hk = rng.floats(nkv, range), hv = rng.floats(nkv, range);
+    std::vector<float> outs[2], lses[2];
+    for (int i = 0; i < 2; ++i) {
+      CpuDeviceOptions opt;
+      opt.index = 7;
+      opt.simd = dev->caps().simd_target == "AVX3" ? "avx3" : dev->caps().simd_target == "AVX2" ? "avx2" : "generic";
+      opt.*path = i == 1;
+      const auto d = make_cpu_device(opt);
+      Stream& st = d->default_stream();
+      Buffer<float> q(d, nq), k(d, nkv), v(d, nkv), out(d, nq), lse(d, nl);
+      q.copy_from_host(st, hq);
+      k.copy_from_host(st, hk);
+      v.copy_from_host(st, hv);
+      out.fill(st, 42.0f);
+      lse.fill(st, 42.0f);
+      AttentionOptions o;
+      o.precision = precision;
+      o.causal = causal;
+      o.lse = &lse;
+      attention(st, q, k, v, out, sh, o);
+      outs[i] = out.to_vector(st);
+      lses[i] = lse.to_vector(st);
+    }
+    for (std::size_t e = 0; e < outs[0].size(); ++e) ASSERT_EQ(bits(outs[0][e]), bits(outs[1][e])) << e;
+    for (std::size_t e = 0; e < lses[0].size(); ++e) ASSERT_EQ(bits(lses[0][e]), bits(lses[1][e])) << e;
+    ASSERT_NE(outs[0][0], 42.0f);
+  }
+  // One TensorCore attention call with the defaults (fused.pack_in_kernel = pack), synchronized:
   // what a launch record around it shows is what runs by default.
   void tensor_core_attention(const AttentionShape& sh, bool causal, const char* pack) {
-    const ScopedEnv packing("LOCKSTEP_FUSED_TC_PACK", pack);
+    const ScopedSetting packing("fused.pack_in_kernel", pack);
     auto q = filled(std::size_t(sh.batch * sh.heads * sh.seq_q * sh.head_dim), 0.5f);
     auto kv = filled(std::size_t(sh.batch * sh.kv_heads * sh.seq_kv * sh.head_dim), 0.25f);
     auto out = filled(std::size_t(sh.batch * sh.heads * sh.seq_q * sh.head_dim), 42.0f);
@@ -116,7 +150,7 @@ class Attention : public CallTest {
             o.causal = causal;
             o.lse = &lse;
             o.batch_invariant = invariant;
-            const ScopedEnv split(knob, splits);  // nullptr: the default
+            const ScopedSetting split(knob, splits);  // nullptr: the default
             attention(s(), q, k, v, out, sh, o);
             lse_out = lse.to_vector(s());
             return out.to_vector(s());
@@ -156,7 +190,7 @@ class Attention : public CallTest {
               }
             }
           if (dev->id().kind == DeviceKind::kCpu) {
-            const ScopedEnv split(knob, "3");
+            const ScopedSetting split(knob, "3");
             same_bytes(sh, causal, rng, range);
           }
         }

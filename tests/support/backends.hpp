@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "lockstep/launch_checked.hpp"
 #include "lockstep/lockstep.hpp"
 
 namespace lockstep::testing {
@@ -42,6 +43,67 @@ class ScopedEnv {
   std::string name_, old_;
   bool had_ = false;
 };
+
+// The Tuning a call on `d` from this thread uses when it passes none (lockstep/tuning.hpp).
+inline const Tuning& tuning_in_force(const Device& d) {
+  return detail::scoped_tuning() != nullptr ? *detail::scoped_tuning() : d.tuning();
+}
+
+// One Tuning field (a name of Tuning::apply's text form, e.g. "fused.tc_rows") set to `value`
+// for a scope, on top of the Tuning in force on this thread (the innermost TuningScope's, or the
+// defaults); nullptr or "": the field's default. Scopes nest, so settings compose.
+class ScopedSetting {
+ public:
+  ScopedSetting(const char* field, const char* value) : scope_(make(field, value)) {}
+
+ private:
+  static Tuning make(const char* field, const char* value) {
+    Tuning t = detail::scoped_tuning() != nullptr ? *detail::scoped_tuning() : Tuning{};
+    if (value != nullptr && *value == '\0') value = nullptr;
+    std::string v = value != nullptr ? value : "auto";
+    if (value == nullptr) {  // the fields without "auto": their defaults
+      const std::string f(field);
+      const Tuning d;
+      if (f == "fused.tc_splits") v = std::to_string(d.fused.tc_splits);
+      if (f == "fused.pack_ahead") v = std::to_string(d.fused.pack_ahead);
+      if (f == "fused.wgmma_serial") v = d.fused.wgmma_serial ? "1" : "0";
+      if (f == "fused.wgmma_deferred") v = d.fused.wgmma_deferred ? "1" : "0";
+      if (f == "decode.block_signals") v = d.decode.block_signals ? "1" : "0";
+      if (f == "decode.max_heads_x_dim") v = std::to_string(d.decode.max_heads_x_dim);
+    }
+    t.apply(std::string(field) + "=" + v, "ScopedSetting");
+    return t;
+  }
+  TuningScope scope_;
+};
+
+// One CPU simulation path of `device` (CpuDeviceOptions::decode_lanes, exact_lanes,
+// softmax_lanes, block_passes) set for a scope, then restored (the same bits either way).
+class ScopedCpuPath {
+ public:
+  ScopedCpuPath(Device& device, bool CpuDeviceOptions::*path, bool on) : device_(device) {
+    old_ = detail::set_cpu_paths(device_, CpuDeviceOptions{});  // read the current ones
+    CpuDeviceOptions now = old_;
+    now.*path = on;
+    detail::set_cpu_paths(device_, now);
+  }
+  ~ScopedCpuPath() { detail::set_cpu_paths(device_, old_); }
+  ScopedCpuPath(const ScopedCpuPath&) = delete;
+  ScopedCpuPath& operator=(const ScopedCpuPath&) = delete;
+
+ private:
+  Device& device_;
+  CpuDeviceOptions old_;
+};
+
+// A CPU device like open("cpu")'s with one code path of the simulation switched (the same bits
+// either way): CpuDeviceOptions::decode_lanes, exact_lanes, softmax_lanes or block_passes.
+inline std::shared_ptr<Device> cpu_with(bool CpuDeviceOptions::*path, bool on = true) {
+  CpuDeviceOptions o;
+  o.index = 7;
+  o.*path = on;
+  return make_cpu_device(o);
+}
 
 // A new CPU device running the SIMD variant `simd` ("generic", "avx2", "avx3"), or nullptr, with
 // the reason printed, where this CPU cannot run it.

@@ -2,8 +2,9 @@
 # The GPU verification and benchmarks, in named stages.
 #
 #   tools/gpu/verify.sh stage                 on the build machine: builds the gpu preset (sm_90a,
-#                                             static CUDA runtime) and fills .gpu/ with what the
-#                                             GPU machine needs
+#                                             static CUDA runtime; BUILD_DIR: an existing CUDA
+#                                             build instead) and fills .gpu/ with what the GPU
+#                                             machine needs
 #   tools/gpu/verify.sh [--cases N] [STAGE ...]   on the GPU machine, from the repository root
 #                                             (default: every stage below, in this order)
 #
@@ -39,12 +40,15 @@ usage() {
 # ---------------------------------------------------------------------------------------------
 # The build machine: build, then copy the binaries, the test list and their shared libraries.
 stage_build() {
+  # BUILD_DIR: an existing build directory with the CUDA backend for sm_90a (the default preset
+  # on a machine with nvcc builds sm_90a and static cudart), built as it is configured.
   local build=${BUILD_DIR:-$root/build/gpu}
-  local args=(--preset gpu -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_CUDA_RUNTIME_LIBRARY=Static)
-  [ -n "${BUILD_DIR:-}" ] && args+=(-B "$BUILD_DIR")
-  command -v ccache > /dev/null &&
-    args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
-  (cd "$root" && cmake "${args[@]}") || return 1
+  if [ -z "${BUILD_DIR:-}" ]; then
+    local args=(--preset gpu -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_CUDA_RUNTIME_LIBRARY=Static)
+    command -v ccache > /dev/null &&
+      args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+    (cd "$root" && cmake "${args[@]}") || return 1
+  fi
   cmake --build "$build" -j "${JOBS:-$(nproc)}" || return 1
 
   rm -rf "$G" && mkdir -p "$G"

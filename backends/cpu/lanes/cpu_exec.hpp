@@ -40,14 +40,14 @@ class CpuExec : public LaneMath,
   template <class T>
   using Lanes = LaneArray<T, PW>;
 
-  CpuExec(char* shared, std::size_t shared_bytes) : smem_(shared), smem_cap_(shared_bytes) {
-    const char* lanes = std::getenv("LOCKSTEP_CPU_DECODE_LANES");  // Note [row-major decode]
-    row_major_decode_ = lanes == nullptr || std::atoi(lanes) == 0;
-    const char* exact_lanes = std::getenv("LOCKSTEP_CPU_EXACT_LANES");  // Note [row-major exact]
-    row_major_exact_ = exact_lanes == nullptr || std::atoi(exact_lanes) == 0;
-    const char* softmax_lanes = std::getenv("LOCKSTEP_CPU_SOFTMAX_LANES");  // Note [row-major softmax]
-    row_major_softmax_ = softmax_lanes == nullptr || std::atoi(softmax_lanes) == 0;
-  }
+  // The device's paths (CpuDeviceOptions): Notes [row-major decode], [row-major exact] and
+  // [row-major softmax].
+  CpuExec(char* shared, std::size_t shared_bytes, const CpuPaths& paths)
+      : smem_(shared),
+        smem_cap_(shared_bytes),
+        row_major_decode_(!paths.decode_lanes),
+        row_major_exact_(!paths.exact_lanes),
+        row_major_softmax_(!paths.softmax_lanes) {}
   void begin_block(const BlockCoords& b) {
     blk_ = b;
     smem_off_ = 0;

@@ -229,6 +229,12 @@ struct CpuDeviceOptions {
   std::uint64_t memory_capacity = 0;  // bytes; 0 = unlimited
   bool poison = true;              // fill new allocations with the poison NaN pattern
   std::string simd = "auto";       // SIMD variant running kernels: auto, avx3, avx2, generic
+  // Checks of the simulation itself (docs/api.md, "Environment"; the same bits either way):
+  bool shuffle_blocks = false;  // each launch's blocks in a random order (inter-block races)
+  bool decode_lanes = false;    // the decode chunk kernel on the lane code, not the row form
+  bool exact_lanes = false;     // fused Exact on the lane code (Note [row-major exact])
+  bool softmax_lanes = false;   // softmax_rows on the lane code (Note [row-major softmax])
+  bool block_passes = false;    // warp-independent kernels block-wide (Note [warp passes])
 };
 std::shared_ptr<Device> make_cpu_device(const CpuDeviceOptions& options = {});
 

@@ -29,6 +29,12 @@ class LaunchRecorder {
   std::vector<int> kernels_;
   LaunchRecorder* outer_;
 };
+
+// Test support: the CPU device's simulation paths (CpuDeviceOptions' shuffle_blocks,
+// decode_lanes, exact_lanes, softmax_lanes, block_passes) for the launches enqueued from now on;
+// returns the previous ones (in a CpuDeviceOptions, other fields default). Not while another
+// thread enqueues on the device. A device that is not a CPU device is InvalidArgument.
+CpuDeviceOptions set_cpu_paths(Device& device, const CpuDeviceOptions& paths);
 }  // namespace detail
 
 }  // namespace lockstep

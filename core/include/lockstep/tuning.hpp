@@ -39,9 +39,9 @@ struct FusedTuning {
   // Exact at head_dim 64: P in a buffer of its own (Note [exact tile pipeline]). Unset: where
   // the grid fits in three blocks per multiprocessor.
   std::optional<bool> exact_separate_p;
-  // Exact's key ranges per query tile when options.batch_invariant is false (Note [split keys];
-  // 1..16; the bytes then depend on the grid). Unset: from the grid's size. Ignored (1) when
-  // batch_invariant is true.
+  // Exact's key ranges per query tile (Note [split keys]; 1..16; the bytes then depend on the
+  // split). Unset: from the grid's size when options.batch_invariant is false, else none. Set: that
+  // many whatever batch_invariant says (a test and measurement setting).
   std::optional<int> exact_splits;
   // TensorCore (mma.sync) rows per block at head_dim 64..128: 64 or 128. Unset: 128 at head_dim
   // 128 for grids of two waves or more.
