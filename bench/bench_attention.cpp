@@ -31,8 +31,8 @@ std::string dshape(std::int64_t B, std::int64_t H, std::int64_t Hkv, std::int64_
 // Host time of enqueueing `fn` (no synchronization inside), microseconds per call.
 // steady: calls enqueued back to back while the device works through them, as in a decode loop
 //   (the median over 5 batches of `reps` calls of the batch's mean);
-// cold: one call on an idle stream right after a synchronize (the median over `reps` calls): the
-//   figure reported before run 31, which also contains the cost of waking an idle stream.
+// cold: one call on an idle stream right after a synchronize (the median over `reps` calls),
+//   which also contains the cost of waking an idle stream.
 struct HostTime {
   double steady, cold;
 };
@@ -295,7 +295,7 @@ Result fused(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t S, std::
   r.bytes = 4.0 * double(2 * n + 2 * nkv);
   r.note = tc ? "2 launches (K, V to fp16; the fused kernel: wgmma on sm_90a builds at head_dim 64 and 128, else mma.sync m16n8k16; S, P, O in registers; at head_dim 64 with large grids the first launch packs one kv head and the fused kernel's packing blocks the rest), fp32 accumulation and softmax, FlashAttention-2 schedule; FLOPs halved when causal"
              : "strict fp32 SIMT, FlashAttention-2 schedule; FLOPs halved when causal";
-  // The H200's dense fp16 tensor-core figure (../shared/perf-targets.md), not measured here.
+  // The H200's dense fp16 tensor-core peak, 763 TFLOP/s (the vendor's figure), not measured here.
   if (tc && ctx.cuda) r.extra["frac_fp16_tensor_peak_763_TFLOPs"] = r.flops / (r.median_ms * 1e-3) / 763e12;
   return r;
 }
@@ -367,7 +367,7 @@ std::vector<Bench> attention_benches() {
              // batch_invariant = false (split keys).
              rs.push_back(fused(ctx, 1, 32, 512, 128, true, tc, 8192));
              rs.push_back(fused(ctx, 1, 6, 1500, 64, true, tc));
-             if (!tc) {  // TensorCore does not split unless its knob asks (run 137)
+             if (!tc) {  // TensorCore does not split unless its knob asks
                rs.push_back(fused(ctx, 1, 6, 1500, 64, false, tc, -1, false));
                rs.push_back(fused(ctx, 1, 6, 1500, 64, true, tc, -1, false));
              }
