@@ -3,7 +3,8 @@
 // against the KV cache, output projection and residual add. One slot finishes early (marked
 // done), and one speculative token per slot is appended and rolled back midway: that step's
 // output must have the bytes of the same step computed before the token was appended. The same
-// loop then runs on the CPU device and the final hidden states are compared bit for bit.
+// loop then runs on the CPU device and the final hidden states are compared bit for bit. Both runs
+// print their progress as they go.
 
 #include "demo.hpp"
 
@@ -58,7 +59,9 @@ struct Result {
   std::int64_t tokens = 0;
 };
 
-Result run_loop(const std::shared_ptr<Device>& dev, const Model& m, const Options& o, bool verbose) {
+// `first`: the run being demonstrated (it also reports the speculative step); the reference run
+// prints its progress only.
+Result run_loop(const std::shared_ptr<Device>& dev, const Model& m, const Options& o, bool first) {
   auto& st = dev->default_stream();
   const std::int64_t M = o.slots, Hd = m.hidden, Q = m.heads * m.dim, KV = m.kv_heads * m.dim;
   auto upload = [&](const std::vector<float>& h) {
@@ -104,6 +107,8 @@ Result run_loop(const std::shared_ptr<Device>& dev, const Model& m, const Option
   };
 
   const auto t0 = std::chrono::steady_clock::now();
+  auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  double last_line = 0;
   for (int t = 0; t < o.steps; ++t) {
     if (t == (3 * o.steps) / 4 && M > 1) cache.mark_done(M - 1);  // the last slot finishes early
     std::vector<std::int64_t> pos(static_cast<std::size_t>(M));
@@ -127,15 +132,19 @@ Result run_loop(const std::shared_ptr<Device>& dev, const Model& m, const Option
       // The positions from the cache again, so that a rollback that does not take the token back
       // shows in the bytes (the step would attend to it).
       for (std::int64_t s = 0; s < M; ++s) pos[std::size_t(s)] = cache.done(s) ? 0 : cache.length(s);
-      if (verbose) std::printf("  step %d: speculative token appended to every slot and rolled back\n", t);
+      if (first) std::printf("    step %d: speculative token appended to every slot and rolled back\n", t + 1);
     }
     step(pos, tok);
     if (t == o.steps / 2) r.after_spec = x.to_vector(st);
     for (std::int64_t s = 0; s < M; ++s) r.tokens += cache.done(s) ? 0 : 1;
-    if (verbose && ((t + 1) % 8 == 0 || t + 1 == o.steps)) {
+    // A line every 8 steps, at the last, and (the reference run, which may be much slower: it
+    // waits for each step) whenever 2 seconds passed without one.
+    if (!first) st.synchronize();
+    if ((t + 1) % 8 == 0 || t + 1 == o.steps || seconds() - last_line >= 2) {
       st.synchronize();
-      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::printf("  step %3d/%d: slot lengths", t + 1, o.steps);
+      const double sec = seconds();
+      last_line = sec;
+      std::printf("    step %3d/%d: slot lengths", t + 1, o.steps);
       for (std::int64_t s = 0; s < M; ++s) std::printf(" %lld%s", (long long)cache.length(s), cache.done(s) ? "(done)" : "");
       std::printf(", %.0f tokens/s\n", double(r.tokens) / sec);
     }
@@ -149,13 +158,6 @@ Result run_loop(const std::shared_ptr<Device>& dev, const Model& m, const Option
 
 int run(const std::string& device, const Options& o) {
   auto dev = open(device);
-  const Model m = make_model(o);
-  std::printf("lockstep demo on %s: %s\n", dev->id().str().c_str(), dev->name().c_str());
-  std::printf("  %d layers, %d slots, GQA %lld query / %lld kv heads x %lld, RoPE (NEOX), %d steps\n",
-              o.layers, o.slots, (long long)m.heads, (long long)m.kv_heads, (long long)m.dim, o.steps);
-  Result a = run_loop(dev, m, o, true);  // not const: --inject-fault may flip a bit
-  std::printf("  %lld tokens in %.3f s: %.0f tokens/s\n", (long long)a.tokens, a.seconds,
-              double(a.tokens) / a.seconds);
   // The reference: the CPU device (for a CPU run, its portable SIMD variant).
   std::shared_ptr<Device> ref;
   if (dev->id().kind == DeviceKind::kCpu) {
@@ -166,6 +168,18 @@ int run(const std::string& device, const Options& o) {
   } else {
     ref = open("cpu");
   }
+  std::printf("lockstep demo: the main job on %s, then on %s, and their bytes compared\n", dev->id().str().c_str(),
+              ref->id().str().c_str());
+  std::printf("  %s: %s\n  %s: %s\n", dev->id().str().c_str(), dev->name().c_str(), ref->id().str().c_str(),
+              ref->name().c_str());
+  const Model m = make_model(o);
+  std::printf("  %d layers, %d slots, GQA %lld query / %lld kv heads x %lld, RoPE (NEOX), %d steps\n",
+              o.layers, o.slots, (long long)m.heads, (long long)m.kv_heads, (long long)m.dim, o.steps);
+  std::printf("  1. on %s:\n", dev->id().str().c_str());
+  Result a = run_loop(dev, m, o, true);  // not const: --inject-fault may flip a bit
+  std::printf("    %lld tokens in %.3f s: %.0f tokens/s\n", (long long)a.tokens, a.seconds,
+              double(a.tokens) / a.seconds);
+  std::printf("  2. the same on %s, the reference:\n", ref->id().str().c_str());
   const Result b = run_loop(ref, m, o, false);
   auto flip_first_bit = [](std::vector<float>& v) {
     if (v.empty()) return;
@@ -180,8 +194,8 @@ int run(const std::string& device, const Options& o) {
                     std::memcmp(a.hidden.data(), b.hidden.data(), a.hidden.size() * 4) == 0;
   double sum = 0;
   for (float v : a.hidden) sum += v;
-  std::printf("  checked against %s (%s): bytes match: %s (hidden-state checksum %.6f)\n",
-              ref->id().str().c_str(), ref->caps().simd_target.c_str(), same ? "yes" : "NO", sum);
+  std::printf("  %s against %s: bytes match: %s (hidden-state checksum %.6f)\n", dev->id().str().c_str(),
+              ref->id().str().c_str(), same ? "yes" : "NO", sum);
   // The step after the rolled-back speculative token against the same step before the token was
   // appended (what a run that never speculated computes), on both devices.
   auto restored = [](const Result& r) {
@@ -191,7 +205,7 @@ int run(const std::string& device, const Options& o) {
   const bool rolled_back = restored(a) && restored(b);
   std::printf("  rollback restores the bytes: %s (step %d after the speculative token's rollback against "
               "the same step computed before the token was appended, on %s and on %s)\n",
-              rolled_back ? "yes" : "no", o.steps / 2, dev->id().str().c_str(), ref->id().str().c_str());
+              rolled_back ? "yes" : "no", o.steps / 2 + 1, dev->id().str().c_str(), ref->id().str().c_str());
   return same && rolled_back ? 0 : 1;
 }
 

@@ -1,4 +1,4 @@
-// The lockstep command-line tool: devices, demo, parity.
+// The lockstep command-line tool: devices, demo, parity, mathacc.
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -14,6 +14,7 @@
 #include "mathacc.hpp"
 #include "parity.hpp"
 #include "lockstep/lockstep.hpp"
+#include "lockstep/version.hpp"
 
 using namespace lockstep;
 
@@ -93,6 +94,8 @@ int cmd_devices(bool json) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Every line as it is printed, also into a pipe or a file (progress of the long commands).
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   // A 64-bit unsigned seed written in decimal digits: CLI11 reads it with strtoull, which takes
   // "-1" as 2^64 - 1 and saturates an overflow, so that different seeds would run the same case.
   const CLI::Validator seed_digits(
@@ -117,6 +120,7 @@ int main(int argc, char** argv) {
       "UINT");
   CLI::App app{"lockstep: bit-faithful attention kernels on CUDA and a simulated CPU device"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "lockstep " LOCKSTEP_VERSION_STRING, "print the version and exit");
 
   bool json = false;
   auto* dev_cmd = app.add_subcommand("devices", "list backends and devices");
@@ -151,27 +155,45 @@ int main(int argc, char** argv) {
   par_cmd->add_option("--label", par.label)->group("");
 
   std::string acc_device = "cpu";
-  std::uint64_t stride = 1;
+  std::uint64_t stride = mathacc::kDefaultStride;
+  bool every_float = false;
   auto* acc_cmd = app.add_subcommand("mathacc", "accuracy of the strict math library over float bit patterns");
   acc_cmd->add_option("--device", acc_device, "device evaluating the functions")->capture_default_str();
-  acc_cmd->add_option("--stride", stride, "every stride-th bit pattern (1: all 2^32)")->check(whole_number)->check(CLI::Range(1, 1 << 30))->capture_default_str();
+  auto* stride_opt = acc_cmd->add_option("--stride", stride, "every stride-th bit pattern (the default: a sample of a few seconds per function)")->check(whole_number)->check(CLI::Range(1, 1 << 30))->capture_default_str();
+  acc_cmd->add_flag("--all", every_float, "every one of the 2^32 bit patterns (--stride 1; about 17 minutes on 2 CPU cores)")->excludes(stride_opt);
 
-  // An unknown first word: name it (CLI11 said only "A subcommand is required").
-  if (argc >= 2 && argv[1][0] != '-') {
+  // What the first word is not: a command is required, and the only options before it are --help
+  // and --version (CLI11 said only "A subcommand is required" for all three).
+  const char* commands = "devices, demo, parity, mathacc";
+  if (argc < 2) {
+    std::fprintf(stderr, "lockstep: a command is required (commands: %s; see lockstep --help)\n", commands);
+    return 2;
+  }
+  if (const std::string_view first = argv[1]; first != "-h" && first != "--help" && first != "--version") {
     bool known = false;
     for (const auto* c : app.get_subcommands([](CLI::App*) { return true; })) known = known || c->check_name(argv[1]);
     if (!known) {
-      std::fprintf(stderr, "lockstep: unknown command \"%s\" (commands: devices, demo, parity, mathacc; see --help)\n",
-                   argv[1]);
-      return static_cast<int>(CLI::ExitCodes::ExtrasError);
+      std::fprintf(stderr, "lockstep: unknown %s \"%s\" (commands: %s; see lockstep --help)\n",
+                   first[0] == '-' ? "option" : "command", argv[1], commands);
+      return 2;
     }
   }
-  CLI11_PARSE(app, argc, argv);
+  // Usage errors: one line naming what is wrong, and exit status 2 (CLI11's own are 105-114 and
+  // add a second line); --help and --version print to stdout and exit 0.
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+    std::string where = "lockstep";
+    for (const auto* c : app.get_subcommands()) where += " " + c->get_name();
+    std::fprintf(stderr, "lockstep: %s (see %s --help)\n", e.what(), where.c_str());
+    return 2;
+  }
   try {
     if (*dev_cmd) return cmd_devices(json);
     if (*demo_cmd) return demo::run(demo_device, demo_opts);
     if (*par_cmd) return parity::run(par);
-    if (*acc_cmd) return mathacc::run(acc_device, stride);
+    if (*acc_cmd) return mathacc::run(acc_device, every_float ? 1 : stride);
   } catch (const Error& e) {
     std::fflush(stdout);  // what the command printed first, then the error
     std::fprintf(stderr, "%s\n", e.what());

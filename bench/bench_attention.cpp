@@ -31,8 +31,8 @@ std::string dshape(std::int64_t B, std::int64_t H, std::int64_t Hkv, std::int64_
 // Host time of enqueueing `fn` (no synchronization inside), microseconds per call.
 // steady: calls enqueued back to back while the device works through them, as in a decode loop
 //   (the median over 5 batches of `reps` calls of the batch's mean);
-// cold: one call on an idle stream right after a synchronize (the median over `reps` calls): the
-//   figure reported before run 31, which also contains the cost of waking an idle stream.
+// cold: one call on an idle stream right after a synchronize (the median over `reps` calls),
+//   which also contains the cost of waking an idle stream.
 struct HostTime {
   double steady, cold;
 };
@@ -72,28 +72,15 @@ void record_host_time(Result& r, const HostTime& h) {
 }
 
 // The CPU device's decode against the DRAM, measured alongside: each repetition times a native
-// read of the same K and V (cpu_native_read_gbps: AVX2 loads on every thread) and then one call;
+// read of the same K and V (loads of the device's SIMD width on every thread) and then one call;
 // the median over repetitions of (read time / call time) is the fraction of the read bandwidth
 // that the call reaches. Pairing cancels the 2-core machine's drift, which moves a ceiling taken
 // once at the start by up to +-20-30% against medians taken later (docs/performance.md). 0 off
-// the CPU device, without AVX2, or when K and V are under twice the last-level cache (at least
-// 64 MiB): data that the caches largely hold make no DRAM figure (run 70: 202% on the GPU host).
-std::size_t last_level_cache_bytes() {
-  std::size_t best = 0;
-  for (int i = 0; i < 8; ++i) {  // Linux: the largest cache of cpu0 (what one core shares)
-    std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/size");
-    std::string v;
-    if (!(f >> v) || v.empty()) continue;
-    std::size_t n = std::strtoull(v.c_str(), nullptr, 10);
-    if (v.back() == 'K') n <<= 10;
-    if (v.back() == 'M') n <<= 20;
-    best = std::max(best, n);
-  }
-  return best != 0 ? best : std::size_t{32} << 20;
-}
+// the CPU device, or when K and V are under twice the last-level cache (at least 64 MiB): data
+// that the caches largely hold make no DRAM figure (on a GPU host's large cache, 202%).
 template <class F>
 double paired_read_fraction(Context& ctx, F&& call, std::initializer_list<const Buffer<float>*> spans) {
-  if (ctx.cuda || ctx.dev->id().kind != DeviceKind::kCpu) return 0;
+  if (ctx.cuda || ctx.native.read_gbps == nullptr) return 0;
   std::size_t bytes = 0;
   for (const Buffer<float>* b : spans) bytes += b->size() * sizeof(float);
   static const std::size_t need = std::max(std::size_t{64} << 20, 2 * last_level_cache_bytes());
@@ -104,7 +91,7 @@ double paired_read_fraction(Context& ctx, F&& call, std::initializer_list<const 
   for (int i = 0; i < reps; ++i) {
     double read_s = 0;
     for (const Buffer<float>* b : spans) {
-      const double gbps = cpu_native_read_gbps(b->data().get(), b->size(), 1);
+      const double gbps = ctx.native.read_gbps(b->data().get(), b->size(), 1);
       if (gbps <= 0) return 0;
       read_s += double(b->size()) * sizeof(float) / (gbps * 1e9);
     }
@@ -307,7 +294,7 @@ Result fused(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t S, std::
   r.bytes = 4.0 * double(2 * n + 2 * nkv);
   r.note = tc ? "2 launches (K, V to fp16; the fused kernel: wgmma on sm_90a builds at head_dim 64 and 128, else mma.sync m16n8k16; S, P, O in registers; at head_dim 64 with large grids the first launch packs one kv head and the fused kernel's packing blocks the rest), fp32 accumulation and softmax, FlashAttention-2 schedule; FLOPs halved when causal"
              : "strict fp32 SIMT, FlashAttention-2 schedule; FLOPs halved when causal";
-  // The H200's dense fp16 tensor-core figure (../shared/perf-targets.md), not measured here.
+  // The H200's dense fp16 tensor-core peak, 763 TFLOP/s (the vendor's figure), not measured here.
   if (tc && ctx.cuda) r.extra["frac_fp16_tensor_peak_763_TFLOPs"] = r.flops / (r.median_ms * 1e-3) / 763e12;
   return r;
 }

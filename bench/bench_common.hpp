@@ -16,11 +16,16 @@ namespace lockstep::bench {
 
 struct Ceilings {
   double copy_gbps = 0;   // device-to-device copy, bytes read + written
-  double read_gbps = 0;   // read-only sum of a large buffer (the CPU: native AVX2, all threads)
+  std::string copy_source;
+  double read_gbps = 0;   // read-only sum of a large buffer (the CPU: native, all threads)
   double read_lanes_gbps = 0;  // the CPU: the same sum as a kernel through the lanes (ReadSum)
   std::string read_source;
   double fma_gflops = 0;  // fp32 fused multiply-adds (2 FLOPs each)
   std::string fma_source;
+  // The CPU device: a benchmark that moves fewer bytes than this (twice the last-level cache, at
+  // least 64 MiB) has its data largely in the caches, where the DRAM's copy and read ceilings
+  // bound nothing: it gets no fraction of them.
+  double dram_min_bytes = 0;
 };
 
 struct Result {
@@ -34,9 +39,12 @@ struct Result {
 
   double gbps() const { return median_ms > 0 ? bytes / (median_ms * 1e6) : 0; }
   double gflops() const { return median_ms > 0 ? flops / (median_ms * 1e6) : 0; }
+  // The fractions of the ceilings (0: none, where the figure says nothing: no FLOPs, or data in
+  // the CPU's caches against the DRAM's ceilings).
   void fill_fractions(const Ceilings& c) {
-    if (c.copy_gbps > 0) frac_copy = gbps() / c.copy_gbps;
-    if (c.read_gbps > 0) frac_read = gbps() / c.read_gbps;
+    const bool dram = bytes >= c.dram_min_bytes;
+    if (c.copy_gbps > 0 && dram) frac_copy = gbps() / c.copy_gbps;
+    if (c.read_gbps > 0 && dram) frac_read = gbps() / c.read_gbps;
     if (c.fma_gflops > 0) frac_fma = gflops() / c.fma_gflops;
   }
   nlohmann::json to_json() const {
@@ -52,11 +60,26 @@ struct Result {
   }
 };
 
+// The CPU's native ceilings, written with the intrinsics of one SIMD width (bench/cpu_fma_peak.cpp)
+// and run on every hardware thread, each the best of `reps` passes: the fp32 peak in registers
+// (GFLOP/s; fma chains, alone and beside add chains), the GB/s of reading in[0, n), and the GB/s
+// (read + written) of copying it to out.
+struct NativeCpu {
+  std::string simd;  // "AVX-512", "AVX2" or "SSE2"
+  double (*fma_gflops)(long iters, int reps) = nullptr;
+  double (*read_gbps)(const float* in, std::size_t n, int reps) = nullptr;
+  double (*copy_gbps)(float* out, const float* in, std::size_t n, int reps) = nullptr;
+};
+// The loops of the width the CPU device with this DeviceCaps::simd_target runs, so that no kernel
+// of the device can beat its ceiling by using wider vectors than the ceiling's loops.
+NativeCpu native_cpu_for(const std::string& simd_target);
+
 struct Context {
   std::shared_ptr<Device> dev;
   bool quick = false, cuda = false;
   int reps = 5, warmup = 2;
   Ceilings ceil;
+  NativeCpu native;  // the CPU device: its SIMD width's native loops
   Stream& stream() const { return dev->default_stream(); }
   // Picks a size by device class: (quick, cpu, cuda).
   template <class T>
@@ -81,12 +104,9 @@ Buffer<float> random_buffer(const std::shared_ptr<Device>& dev, std::size_t n, s
 std::vector<float> random_host(std::size_t n, std::uint64_t seed, float lo, float hi);
 
 Ceilings measure_ceilings(Context& ctx);
+// The largest cache of cpu0 (Linux sysfs; 32 MiB where it cannot be read).
+std::size_t last_level_cache_bytes();
 const std::vector<Bench>& registry();
 void print_table(const std::vector<Result>& rs);
-
-// Native CPU fp32 fma peak (AVX2+FMA registers, all hardware threads), GFLOP/s; 0 if unsupported.
-double cpu_native_fma_gflops();
-// GB/s of a native AVX2 read of in[0, n) on every hardware thread (0 without AVX2).
-double cpu_native_read_gbps(const float* in, std::size_t n, int reps);
 
 }  // namespace lockstep::bench

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <string>
 
 #include "bench_common.hpp"
@@ -20,6 +22,19 @@ std::string shape_str(std::initializer_list<std::pair<const char*, std::int64_t>
 }
 }  // namespace
 
+std::size_t last_level_cache_bytes() {
+  std::size_t best = 0;
+  for (int i = 0; i < 8; ++i) {  // Linux: the largest cache of cpu0 (what one core shares)
+    std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/size");
+    std::string v;
+    if (!(f >> v) || v.empty()) continue;
+    std::size_t n = std::strtoull(v.c_str(), nullptr, 10);
+    if (v.back() == 'K') n <<= 10;
+    if (v.back() == 'M') n <<= 20;
+    best = std::max(best, n);
+  }
+  return best != 0 ? best : std::size_t{32} << 20;
+}
 Ceilings measure_ceilings(Context& ctx) {
   Ceilings c;
   auto& s = ctx.stream();
@@ -29,6 +44,18 @@ Ceilings measure_ceilings(Context& ctx) {
   b.fill(s, 2.0f);
   const double copy_ms = median_ms(*ctx.dev, s, [&] { b.copy_from(s, a); }, ctx.warmup, ctx.reps);
   c.copy_gbps = 2.0 * double(n) * 4 / (copy_ms * 1e6);
+  c.copy_source = "device copy";
+  if (ctx.native.copy_gbps != nullptr) {
+    // The CPU device: its copy (a memcpy per chunk) or a native copy loop of its SIMD width,
+    // whichever is faster (a kernel that reads and writes can reach the latter).
+    s.synchronize();
+    const double native = ctx.native.copy_gbps(b.data().get(), a.data().get(), n, 5);
+    if (native > c.copy_gbps) {
+      c.copy_gbps = native;
+      c.copy_source = "native " + ctx.native.simd + " copy, all threads";
+    }
+    c.dram_min_bytes = double(std::max(std::size_t{64} << 20, 2 * last_level_cache_bytes()));
+  }
 
   using RS = kernels::ReadSum;
   Buffer<float> partial(ctx.dev, n / RS::kPerBlock);
@@ -41,15 +68,15 @@ Ceilings measure_ceilings(Context& ctx) {
       ctx.warmup, ctx.reps);
   c.read_gbps = double(n) * 4 / (read_ms * 1e6);
   c.read_source = "read_sum kernel";
-  if (!ctx.cuda) {
-    // The DRAM's read bandwidth, as the CPU target is stated (perf-targets.md): the ReadSum
-    // kernel through the lanes is slower than the memory (12-20 GB/s against about 24).
+  if (ctx.native.read_gbps != nullptr) {
+    // The CPU device: the DRAM's read bandwidth, read by a native loop of the device's SIMD width
+    // (the ReadSum kernel through the lanes is slower than the memory).
     s.synchronize();
-    const double native = cpu_native_read_gbps(a.data().get(), n, ctx.quick ? 1 : 5);
+    const double native = ctx.native.read_gbps(a.data().get(), n, 5);
     if (native > 0) {
       c.read_lanes_gbps = c.read_gbps;
       c.read_gbps = native;
-      c.read_source = "native AVX2 sum, all threads";
+      c.read_source = "native " + ctx.native.simd + " sum, all threads";
     }
   }
 
@@ -64,9 +91,9 @@ Ceilings measure_ceilings(Context& ctx) {
         ctx.warmup, ctx.reps);
     c.fma_gflops = 2.0 * double(blocks) * FP::kThreads * FP::kChains * iters / (ms * 1e6);
     c.fma_source = "fma_peak kernel";
-  } else {
-    c.fma_gflops = cpu_native_fma_gflops();
-    c.fma_source = "native AVX2 fma loop, all threads";
+  } else if (ctx.native.fma_gflops != nullptr) {
+    c.fma_gflops = ctx.native.fma_gflops(ctx.quick ? 2'000'000 : 10'000'000, 3);
+    c.fma_source = "native " + ctx.native.simd + " fma and add chains, all threads";
   }
   return c;
 }
@@ -225,12 +252,20 @@ void print_table(const std::vector<Result>& rs) {
   std::printf("\n| device | benchmark | shape | median ms | GB/s | GFLOP/s | %% copy ceil | %% read ceil | %% fma ceil |\n");
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   bool above = false;
+  auto pct = [](double f, const char* format) {
+    if (f <= 0) return std::string("-");
+    char buf[32];
+    std::snprintf(buf, sizeof buf, format, 100 * f);
+    return std::string(buf);
+  };
   for (const auto& r : rs) {
-    std::printf("| %s | %s | %s | %.4f | %.1f | %.1f | %.0f%% | %.0f%% | %.1f%% |\n", r.device.c_str(),
-                r.name.c_str(), r.shape.c_str(), r.median_ms, r.gbps(), r.gflops(),
-                100 * r.frac_copy, 100 * r.frac_read, 100 * r.frac_fma);
+    std::printf("| %s | %s | %s | %.4f | %.1f | %.1f | %s | %s | %s |\n", r.device.c_str(), r.name.c_str(),
+                r.shape.c_str(), r.median_ms, r.gbps(), r.gflops(), pct(r.frac_copy, "%.0f%%").c_str(),
+                pct(r.frac_read, "%.0f%%").c_str(), pct(r.frac_fma, "%.1f%%").c_str());
     above = above || r.frac_copy > 1.0 || r.frac_read > 1.0 || r.frac_fma > 1.0;
   }
+  std::printf("\n-: no FLOPs, or (the CPU device) data that fit in the caches, which the DRAM's ceilings do "
+              "not bound.\n");
   if (above)  // the ceilings are medians measured once per device in this run, not hardware limits
     std::printf("\nA fraction above 100%% means the benchmark ran faster than the ceiling measured in this "
                 "run: a ceiling measured on a busy or noisy machine (or one a kernel's cache reuse beats); "

@@ -193,6 +193,7 @@ int run(const std::string& device_arg, const std::string& json_path, const std::
     ctx.dev = dev;
     ctx.quick = quick;
     ctx.cuda = dev->id().kind == DeviceKind::kCuda;
+    if (dev->id().kind == DeviceKind::kCpu) ctx.native = native_cpu_for(dev->caps().simd_target);
     ctx.reps = reps > 0 ? reps : (quick ? 1 : (ctx.cuda ? 20 : 5));
     ctx.warmup = quick ? 0 : 2;
     std::fprintf(stderr, "== %s: %s\n", dev->id().str().c_str(), dev->name().c_str());
@@ -201,13 +202,14 @@ int run(const std::string& device_arg, const std::string& json_path, const std::
     dj["device"] = dev->id().str();
     dj["name"] = dev->name();
     dj["ceilings"] = {{"copy_GBps", ctx.ceil.copy_gbps},
+                      {"copy_source", ctx.ceil.copy_source},
                       {"read_GBps", ctx.ceil.read_gbps},
                       {"read_source", ctx.ceil.read_source},
                       {"read_lanes_GBps", ctx.ceil.read_lanes_gbps},
                       {"fma_GFLOPs", ctx.ceil.fma_gflops},
                       {"fma_source", ctx.ceil.fma_source}};
-    std::fprintf(stderr, "   ceilings: copy %.1f GB/s, read %.1f GB/s (%s), fp32 fma %.1f GFLOP/s (%s)\n",
-                 ctx.ceil.copy_gbps, ctx.ceil.read_gbps, ctx.ceil.read_source.c_str(),
+    std::fprintf(stderr, "   ceilings: copy %.1f GB/s (%s), read %.1f GB/s (%s), fp32 fma %.1f GFLOP/s (%s)\n",
+                 ctx.ceil.copy_gbps, ctx.ceil.copy_source.c_str(), ctx.ceil.read_gbps, ctx.ceil.read_source.c_str(),
                  ctx.ceil.fma_gflops, ctx.ceil.fma_source.c_str());
     if (quick)
       std::fprintf(stderr, "   (--quick: tiny sizes, one repetition: a smoke test; these ceilings and the fractions below mean nothing)\n");

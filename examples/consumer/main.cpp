@@ -1,11 +1,13 @@
 // Picks a backend at run time ("auto" = CUDA when a usable GPU exists, else the CPU device),
-// decodes one token against a small KV cache and prints the result's checksum.
+// decodes one token against a small KV cache and prints the result's checksum (and the version
+// of the lockstep it was built against: the installed lockstep/version.hpp).
 #include <cmath>
 #include <cstdio>
 #include <vector>
 
 #include "lockstep/attention/decode.hpp"
 #include "lockstep/lockstep.hpp"
+#include "lockstep/version.hpp"
 
 int main(int argc, char** argv) {
   const char* spec = argc > 1 ? argv[1] : "auto";
@@ -24,7 +26,8 @@ int main(int argc, char** argv) {
     lockstep::incremental_attention(s, bq, bk, bv, 100, out, shape);
     double sum = 0;
     for (float v : out.to_vector(s)) sum += v;
-    std::printf("consumer: %s (%s): checksum %.6f\n", dev->id().str().c_str(), dev->name().c_str(), sum);
+    std::printf("consumer of lockstep %s: %s (%s): checksum %.6f\n", LOCKSTEP_VERSION_STRING,
+                dev->id().str().c_str(), dev->name().c_str(), sum);
     return std::isfinite(sum) ? 0 : 1;
   } catch (const lockstep::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());

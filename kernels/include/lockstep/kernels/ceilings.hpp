@@ -1,7 +1,9 @@
 #pragma once
 // Kernels that measure a device's ceilings in the benchmark run: read bandwidth (a sum of a large
-// buffer) and the fp32 fma rate. Written like every other kernel, so the CUDA and CPU devices
-// measure themselves with the same code.
+// buffer) and the fp32 fma rate. Written like every other kernel, so that every device can run
+// them. The GPU's ceilings are these kernels; the CPU device's are native loops of the SIMD width
+// its variant runs (bench/cpu_fma_peak.cpp), which its kernels, run through the lanes, cannot
+// beat; lockstep-bench reports read_sum through the lanes beside them.
 
 #include "lockstep/kernels/hd.hpp"
 
