@@ -52,7 +52,9 @@ int cmd_devices(bool json) {
                                  {"bit_faithful", d.caps.bit_faithful},
                                  {"simd_target", d.caps.simd_target},
                                  {"compute_capability", d.caps.compute_capability},
-                                 {"l2_bytes", d.caps.l2_bytes}});
+                                 {"l2_bytes", d.caps.l2_bytes},
+                                 {"simulated", d.caps.simulated},
+                                 {"warpgroup_mma", d.caps.warpgroup_mma}});
       j.push_back(bj);
     }
     std::cout << j.dump(2) << "\n";
@@ -145,8 +147,8 @@ int main(int argc, char** argv) {
   par_cmd->add_option("--cases", par.cases, "random cases per kernel")->check(whole_number)->check(CLI::Range(1, 1000000))->capture_default_str();
   par_cmd->add_option("--seed", par.seed, "random seed")->check(seed_digits)->capture_default_str();
   par_cmd->add_option("--knob-reruns", par.knob_reruns,
-                      "the decode entries again in child processes: one-grid (LOCKSTEP_DECODE_ONE_GRID=1) or all "
-                      "(every decode schedule knob), each giving the same CPU bytes")
+                      "the decode entries again in child processes: one-grid (the Tuning decode.one_grid=1) or "
+                      "all (every decode schedule set), each giving the same CPU bytes")
       ->check(CLI::IsMember({"one-grid", "all"}))
       ->capture_default_str();
   // A knob rerun's (a child process of parity; apps/parity.cpp).

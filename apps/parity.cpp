@@ -2,9 +2,9 @@
 // proptests/harness) on random shapes, plus each entry's fixed large shapes (the variants the
 // library picks only for large grids), on every device; compared bitwise with the CPU device and
 // with a float64 oracle. The decode entries (KernelEntry::decode) run again in a child process
-// with LOCKSTEP_DECODE_ONE_GRID=1 (Note [one grid]: the knob is read once per process), and with
-// --knob-reruns all under every decode schedule knob (knob_sets), whose CPU bytes must equal this
-// run's. This file is the driver only; the cases live in the harness.
+// under the Tuning decode.one_grid=1 (Note [one grid]; LOCKSTEP_TUNING, read when the child opens
+// its devices), and with --knob-reruns all under every decode schedule set (schedule_sets), whose
+// CPU bytes must equal this run's. This file is the driver only; the cases live in the harness.
 
 #include "parity.hpp"
 
@@ -54,22 +54,20 @@ std::vector<std::string> split(const std::string& s, char sep) {
 // The child's exit code when it cannot open the device (the parent reports a skipped rerun).
 constexpr int kChildNoDevice = 3;
 
-// The decode schedule knobs, every value of which gives the same bits (docs/api.md): each set
-// reruns the decode entries in a child process (the library reads them once per process), whose
+// The decode schedules, every one of which gives the same bits (docs/api.md, "Tuning"): each set
+// reruns the decode entries in a child process, whose devices read it when they open, and whose
 // CPU bytes must equal this run's. Sets that act on the CPU device's lane path (the ring, the
-// prefetch, the copies' L2 policy) run it there (LOCKSTEP_CPU_DECODE_LANES=1), so that the CPU
-// reaches the code they choose; the lane path alone is a set of its own.
-std::vector<std::vector<std::string>> knob_sets(const std::string& which) {
-  std::vector<std::vector<std::string>> sets = {{"LOCKSTEP_DECODE_ONE_GRID=1"}};
+// copies' L2 policy) run it there (LOCKSTEP_CPU_DECODE_LANES=1), so that the CPU reaches the code
+// they choose; the lane path alone is a set of its own.
+std::vector<std::vector<std::string>> schedule_sets(const std::string& which) {
+  std::vector<std::vector<std::string>> sets = {{"LOCKSTEP_TUNING=decode.one_grid=1"}};
   if (which != "all") return sets;
   for (auto set : std::vector<std::vector<std::string>>{
            {"LOCKSTEP_CPU_DECODE_LANES=1"},
-           {"LOCKSTEP_CPU_DECODE_LANES=1", "LOCKSTEP_DECODE_STAGES=0", "LOCKSTEP_DECODE_ROW_BATCH=2"},
-           {"LOCKSTEP_CPU_DECODE_LANES=1", "LOCKSTEP_DECODE_STAGES=3", "LOCKSTEP_DECODE_MERGE_BATCH=4"},
-           {"LOCKSTEP_DECODE_SIGNALS=0", "LOCKSTEP_DECODE_FOLD=0"},
-           {"LOCKSTEP_DECODE_FOLD=1", "LOCKSTEP_DECODE_HEAD_DIM_PRODUCT=256"},
-           {"LOCKSTEP_CPU_DECODE_LANES=1", "LOCKSTEP_DECODE_TAIL_PREFETCH=1000000", "LOCKSTEP_DECODE_L2_HINT=1"},
-           {"LOCKSTEP_CPU_DECODE_LANES=1", "LOCKSTEP_DECODE_L2_HINT=2"}})
+           {"LOCKSTEP_TUNING=decode.block_signals=0,decode.fold_merge=0"},
+           {"LOCKSTEP_TUNING=decode.fold_merge=1,decode.max_heads_x_dim=256"},
+           {"LOCKSTEP_CPU_DECODE_LANES=1", "LOCKSTEP_TUNING=decode.l2_policy=evict_first"},
+           {"LOCKSTEP_CPU_DECODE_LANES=1", "LOCKSTEP_TUNING=decode.l2_policy=evict_normal,decode.one_grid=1"}})
     sets.push_back(std::move(set));
   return sets;
 }
@@ -95,7 +93,7 @@ std::string joined(const std::vector<std::string>& v) {
   return r;
 }
 
-// Runs this program again as `parity` over the decode entries with the knobs `set` in its
+// Runs this program again as `parity` over the decode entries with the variables `set` in its
 // environment (replacing those variables); returns its exit code.
 int rerun_with(const Options& o, const std::vector<std::string>& set, const std::vector<std::string>& names,
                const std::map<std::string, std::uint64_t>& digests) {
@@ -296,13 +294,7 @@ int run(const Options& o) {
                 "(worst error: the largest distance), or the documented error bound of docs/numerics.md (worst "
                 "error: the largest |error| as a %% of the bound).\n");
   if (!child && !decode_names.empty()) {
-    for (const auto& set : knob_sets(o.knob_reruns)) {
-      // As the library reads the knob: a value > 0 selects the one grid.
-      if (const char* v = std::getenv("LOCKSTEP_DECODE_ONE_GRID");
-          set.front() == "LOCKSTEP_DECODE_ONE_GRID=1" && v != nullptr && std::atoi(v) > 0) {
-        std::printf("\nLOCKSTEP_DECODE_ONE_GRID=%s is set: the decode entries above ran with it; no rerun.\n", v);
-        continue;
-      }
+    for (const auto& set : schedule_sets(o.knob_reruns)) {
       const int rc = rerun_with(o, set, decode_names, digests);
       if (rc == kChildNoDevice) {
         std::printf("\nparity: the rerun with %s was skipped: its process could not open %s (a GPU in an "

@@ -9,8 +9,8 @@ struct Options {
   std::string device = "all";
   int cases = 20;
   std::uint64_t seed = 1;
-  // The decode entries' reruns in child processes: "one-grid" (LOCKSTEP_DECODE_ONE_GRID=1) or
-  // "all" (every decode schedule knob set, apps/parity.cpp knob_sets).
+  // The decode entries' reruns in child processes: "one-grid" (the Tuning decode.one_grid=1) or
+  // "all" (every decode schedule set, apps/parity.cpp schedule_sets).
   std::string knob_reruns = "one-grid";
   // Internal (a knob rerun, a child process): only these entries (comma-separated), the
   // CPU bytes each must reproduce ("name=hex,..."), and a label for the table.

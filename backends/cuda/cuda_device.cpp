@@ -87,9 +87,9 @@ void check(cudaError_t e, const char* what) {
 // Kernels are launched by the driver's cuLaunchKernelEx on the kernel's CUfunction (looked up
 // once per device and kernel by cudaGetFuncBySymbol), not by the runtime's cudaLaunchKernel(ExC),
 // which maps the host symbol to the function on every launch. tools/gpu/launch_cost.cu, us per
-// launch: run 119 (an H200 machine's host) cudaLaunchKernelExC 3.84-3.92, cuLaunchKernelEx
-// 3.40-3.50; run 158 (an H100 machine's host) the old wrapper 2.70 with PDL, plain
-// cudaLaunchKernel 3.26-4.25, this one 2.56-2.59. The driver's functions come through
+// launch: on an H200 machine's host cudaLaunchKernelExC 3.84-3.92, cuLaunchKernelEx 3.40-3.50;
+// on an H100 machine's host the runtime's launch with PDL 2.70, plain cudaLaunchKernel
+// 3.26-4.25, this one 2.56-2.59. The driver's functions come through
 // cudaGetDriverEntryPointByVersion, so nothing links libcuda (a build without a driver still runs
 // its CPU tests); where the entry point is missing, or with LOCKSTEP_DRIVER_LAUNCH=0, the
 // runtime's launch is used. The same kernel, configuration and parameters: only the host path

@@ -108,9 +108,9 @@ struct CudaExec {
 #endif
   }
   // L2 eviction policies for copy4_async_stream (Note [streamed tiles] in kernels/decode/chunk.hpp):
-  // kL2Unchanged (what a copy without a policy does to the L2, as run 114 measured), kL2EvictFirst
-  // (data read once, more of it than the L2 holds), kL2EvictNormal (measurement only: 12-14%
-  // slower streaming from DRAM than without a policy in run 114).
+  // kL2Unchanged (what a copy without a policy does to the L2, measured), kL2EvictFirst (data
+  // read once, more of it than the L2 holds), kL2EvictNormal (measurement only: 12-14% slower
+  // streaming from DRAM than without a policy).
   __device__ __forceinline__ std::uint64_t l2_policy(int which) const {
     std::uint64_t unchanged = 0, first = 0, normal = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -195,7 +195,7 @@ struct CudaExec {
   // CUTLASS's semaphore): the signal is a reduction with release semantics at GPU scope (SASS:
   // MEMBAR.ALL.GPU, then a fire-and-forget REDG), the wait polls with acquire loads (LDG.STRONG.GPU
   // and an L1 invalidate), and the fold's add is acquire-release (sm_70 and up; this library
-  // builds for sm_90). Until run 72 they were
+  // builds for sm_90), instead of
   // __threadfence() (MEMBAR.SC.GPU, the sequentially consistent fence, which also invalidated L1)
   // around relaxed atomics and volatile (system-scope) polls: the same ordering, paid with the
   // heavier fence at the end of every chunk block and after every wait.
@@ -230,7 +230,7 @@ struct CudaExec {
 #endif
       }
       // Relaxed, after the acquire in this thread's order; the last reader's reset
-      // (release_signals) follows its own add by a control dependency only, as before run 72: a
+      // (release_signals) follows its own add by a control dependency only: a
       // poll cannot see the reset in practice, though the PTX model would need a release here and
       // an acquire before the reset to prove it (each costs a fence on the merge's critical path;
       // not measured).

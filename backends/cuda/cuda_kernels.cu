@@ -16,7 +16,7 @@ __global__ void __launch_bounds__(K::kThreads) entry(const typename K::Params p)
 }
 // A kernel that states kMinBlocks (blocks per SM the register allocation must allow) gets it as
 // the second launch bound; the others keep ptxas's own choice (stating 1 is not the same: it
-// lets ptxas use more registers, which cost the decode and Exact kernels 5-10%, run 42).
+// lets ptxas use more registers, which cost the decode and Exact kernels 5-10%).
 template <class K>
 __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks) entry_min_blocks(const typename K::Params p) {
   CudaExec<K::kThreads> x;

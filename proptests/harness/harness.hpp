@@ -72,7 +72,7 @@ struct KernelEntry {
   // once after the random cases.
   std::vector<std::function<std::unique_ptr<Case>()>> fixed = {};
   // The kernel runs launch_decode: `lockstep parity` reruns it in a child process with
-  // LOCKSTEP_DECODE_ONE_GRID=1 (Note [one grid]), whose CPU bytes must equal the first run's.
+  // the Tuning decode.one_grid=1 (Note [one grid]), whose CPU bytes must equal the first run's.
   bool decode = false;
 };
 // Every registered kernel (softmax, scale, layout, transpose, gemm, math, attention, decode, the

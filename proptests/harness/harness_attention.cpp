@@ -449,8 +449,8 @@ std::vector<KernelEntry> fused_entries() {
             // FusedAttentionWgmma<64, 1, true> (packing blocks); FusedAttentionTensorCore<64> elsewhere.
             fixed(17, 16, 5, 70, 64, false, true, true, 42),
             // batch_invariant = false, which TensorCore ignores (it splits keys only when
-            // LOCKSTEP_FUSED_TC_SPLITS asks, Note [split keys]; run 137): 12 query tiles over 15 key
-            // tiles at head_dim 64 (split in two until run 137), 8 over 11 at head_dim 128.
+            // the Tuning fused.tc_splits asks, Note [split keys]): 12 query tiles over 15 key
+            // tiles at head_dim 64, 8 over 11 at head_dim 128.
             fixed(1, 4, 130, 900, 64, true, false, true, 43, false),
             fixed(1, 4, 100, 700, 128, false, true, true, 44, false)}}};
 }

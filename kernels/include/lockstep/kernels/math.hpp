@@ -366,7 +366,7 @@ LOCKSTEP_HD std::uint16_t half_bits_rn(float x) {
   const std::uint32_t b = static_cast<std::uint32_t>(as_int(r));
   const std::uint16_t sign = static_cast<std::uint16_t>((b >> 16) & 0x8000u);
   const std::uint32_t a = b & 0x7fffffffu;
-  if (a > 0x7f800000u) return 0x7fffu;  // CUDA's fp16 NaN for every NaN in (runs 148-149)
+  if (a > 0x7f800000u) return 0x7fffu;  // CUDA's fp16 NaN for every NaN in
   if (a == 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7c00u);
   if (a < 0x38800000u)  // below 2^-14: fp16 subnormal, an exact multiple of 2^-24
     return static_cast<std::uint16_t>(sign | static_cast<std::uint32_t>(as_float(static_cast<std::int32_t>(a)) * 16777216.0f));

@@ -27,8 +27,8 @@ namespace lockstep::kernels {
 // the same float, in the same order; the tests compare the two paths' bytes at the boundary and
 // the CPU with the float64 oracle). The exponential is the strict one (math::exp), about twenty
 // instructions: on the CPU device, which runs this arithmetic-bound, once instead of twice per
-// element took 32768 x 1024 from 22.0-22.7 ms to 13.5-15.3 ms (twenty-second session, AVX-512
-// machine: 73-74% of the read ceiling); on the GPU it holds the exponentials in the values' own
+// element took 32768 x 1024 from 22.0-22.7 ms to 13.5-15.3 ms (an AVX-512 machine: 73-74% of the
+// read ceiling); on the GPU it holds the exponentials in the values' own
 // registers, and has not yet run there.
 // Note [row-major softmax]
 // On the CPU device's avx2 and avx3 variants each warp's row is computed by x.softmax_rows
