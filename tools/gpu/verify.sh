@@ -43,7 +43,9 @@ stage_build() {
   # BUILD_DIR: an existing build directory with the CUDA backend for sm_90a (the default preset
   # on a machine with nvcc builds sm_90a and static cudart), built as it is configured.
   local build=${BUILD_DIR:-$root/build/gpu}
-  if [ -z "${BUILD_DIR:-}" ]; then
+  if [ -n "${BUILD_DIR:-}" ]; then
+    build=$(cd "$BUILD_DIR" && pwd) || return 1  # absolute: ldd's paths below
+  else
     local args=(--preset gpu -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_CUDA_RUNTIME_LIBRARY=Static)
     command -v ccache > /dev/null &&
       args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
