@@ -37,6 +37,11 @@ void check_decode_shape(std::string_view where, std::int64_t n_heads, std::int64
 
 namespace {
 
+static_assert(static_cast<int>(L2Policy::kUnchanged) == kernels::kL2Unchanged &&
+                  static_cast<int>(L2Policy::kEvictFirst) == kernels::kL2EvictFirst &&
+                  static_cast<int>(L2Policy::kEvictNormal) == kernels::kL2EvictNormal,
+              "Tuning's L2Policy is the chunk kernel's policy code");
+
 template <class K>
 void launch_with_shared(Stream& s, const kernels::DecodeParams& p, Dim3 grid) {
   launch<K>(s, grid, K::kSharedBytes, p);
