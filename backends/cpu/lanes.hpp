@@ -19,7 +19,10 @@
 //   lanes/memory.hpp       loads, stores and asynchronous copies of lanes
 //   lanes/cross_lane.hpp   shuffles and butterfly reductions within a warp
 //   lanes/matrix.hpp       fp16 storage and the tensor-core instructions, emulated
-//   rows/*.hpp             the CPU row forms of the decode chunk kernel, Exact attention and softmax
+//   rows/simd.hpp          the SIMD vocabulary of the kernels' CPU row forms (kernels/row_form.hpp)
+//   rows/*.hpp             the row forms of the decode chunk kernel, Exact attention and softmax
+//                          (kernels/decode/rows.hpp, fused/exact_rows.hpp, softmax_rows.hpp) in
+//                          CpuExec, over rows/simd.hpp
 //   lanes/cpu_exec.hpp     CpuExec<N>: the execution context of one block, built from the above
 
 #ifndef LOCKSTEP_CPU_NS
@@ -42,7 +45,10 @@
 #include <utility>
 
 #include "lockstep/error.hpp"
+#include "lockstep/kernels/decode/rows.hpp"
+#include "lockstep/kernels/fused/exact_rows.hpp"
 #include "lockstep/kernels/math.hpp"
+#include "lockstep/kernels/softmax_rows.hpp"
 #include "kernel_table.hpp"  // CpuPaths
 
 #include "lanes/chunks.hpp"
@@ -50,7 +56,7 @@
 #include "lanes/memory.hpp"
 #include "lanes/cross_lane.hpp"
 #include "lanes/matrix.hpp"
-#include "rows/transpose.hpp"
+#include "rows/simd.hpp"
 #include "rows/decode.hpp"
 #include "rows/exact.hpp"
 #include "rows/softmax.hpp"

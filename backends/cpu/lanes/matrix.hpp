@@ -80,7 +80,7 @@ class MatrixEmulation {
     }
   }
 
-  // --- register fragments of mma.sync.m16n8k16 (backends/cuda/cuda_exec.cuh has the layout) ---
+  // --- register fragments of mma.sync.m16n8k16 (backends/cuda/exec/matrix.cuh has the layout)
   // A fragment register is an int32 lane value holding two fp16 bit patterns (low half first).
   // ldmatrix_x4: lane 8i + r of each warp gives the offset of row r of 8x8 matrix i; lane 4g + t
   // receives row g, columns 2t and 2t + 1 of matrix i in r[i] (_trans: column g, rows 2t, 2t + 1).
@@ -143,7 +143,7 @@ class MatrixEmulation {
       }
     }
   }
-  // Warpgroup products (backends/cuda/cuda_exec.cuh has the layouts; Note [wgmma products]): the
+  // Warpgroup products (backends/cuda/exec/matrix.cuh has the layouts; Note [wgmma products]): the
   // kernels that use them give every warpgroup of the block the same B, so each warp's 16 rows
   // are its A fragment times that B, n-tile by n-tile, each as mma_16816 (Note [tensor-core
   // emulation]): the same bits as the mma.sync schedule over the same operands. The fences and
@@ -178,7 +178,7 @@ class MatrixEmulation {
   void wgmma_keep(Lanes<std::int32_t> (&)[K][4], int) const {}
   template <int K>
   void wgmma_ready(Lanes<std::int32_t> (&)[K][4]) const {}
-  // Bulk tiles (backends/cuda/cuda_exec.cuh): the copies happen where they are issued, and every
+  // Bulk tiles (backends/cuda/exec/matrix.cuh): the copies happen where they are issued, and every
   // wait is already satisfied (a block runs its statements in order).
   void mbar_init(std::uint64_t*, int) const {}
   void mbar_wait(std::uint64_t*, int) const {}

@@ -201,7 +201,7 @@ class LaneMemory {
   // --- asynchronous copies and overlapped launches: done at once / nothing to wait for --------
   // The CPU runs a block's statements in order and a stream's kernels one after another, so an
   // asynchronous copy is an ordinary copy (zeros where the mask is false) and the waits are
-  // empty (backends/cuda/cuda_exec.cuh has the GPU's meaning). A chunk of lanes whose quads form
+  // empty (backends/cuda/exec/memory.cuh has the GPU's meaning). A chunk of lanes whose quads form
   // one dense run at both ends, every lane active (a tile row of the decode ring), is copied as
   // a block, without de-interleaving it into lanes and back.
   template <class T, LaneExpr DO, LaneExpr SO, class M>
@@ -226,7 +226,7 @@ class LaneMemory {
         for (int k = 0; k < 4; ++k) dst[doffs[i] + k] = act[i] ? src[soffs[i] + k] : T{};
     }
   }
-  // As copy4_async: the GPU's L2 policies have no meaning here (backends/cuda/cuda_exec.cuh).
+  // As copy4_async: the GPU's L2 policies have no meaning here (backends/cuda/exec/memory.cuh).
   std::uint64_t l2_policy(int /*which*/) const { return 0; }
   // Note [tail prefetch]: a hint for the GPU's L2, so nothing is loaded here; but the request is
   // checked as the GPU's instruction needs it (a 16-byte aligned address, a size that is a
@@ -239,7 +239,7 @@ class LaneMemory {
   void copy4_async_stream(T* dst, DO&& doff, const T* src, SO&& soff, M&& mask, std::uint64_t /*policy*/) const {
     copy4_async(dst, std::forward<DO>(doff), src, std::forward<SO>(soff), std::forward<M>(mask));
   }
-  // As copy4_async, but lanes whose mask is false write nothing (backends/cuda/cuda_exec.cuh).
+  // As copy4_async, but lanes whose mask is false write nothing (backends/cuda/exec/memory.cuh).
   template <class T, LaneExpr DO, LaneExpr SO, class M>
   void copy4_async_some(T* dst, DO&& doff, const T* src, SO&& soff, M&& mask) const {
     const auto& od = wrap<std::int32_t>(std::forward<DO>(doff));

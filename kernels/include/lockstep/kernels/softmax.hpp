@@ -32,14 +32,14 @@ namespace lockstep::kernels {
 // registers, and has not yet run there.
 // Note [row-major softmax]
 // On the CPU device's avx2 and avx3 variants each warp's row is computed by x.softmax_rows
-// (backends/cpu/rows/softmax.hpp) with SIMD loads straight from the row, every value by the same
+// (SoftmaxRowForm in softmax_rows.hpp) with SIMD loads straight from the row, every value by the same
 // operations in the same order as the lane that computes it here (the CPU branch below: each
 // exponential once, kept in `out`); LOCKSTEP_CPU_SOFTMAX_LANES=1 runs this code instead, and the
 // tests compare the two paths' bytes (CpuRowMajor.SoftmaxGivesTheLaneBytes). The row-major code
 // is 1.2-1.4x faster on AVX2 (docs/performance.md): it executes 2.3x fewer instructions per
 // element (callgrind, tools/host/softmax_instructions.sh), the lane code's being mostly each
 // chunk's contiguity and mask checks on every load and store. Like Notes [row-major decode] and [row-major exact], this
-// writes a kernel's arithmetic a second time, in the backend (docs/architecture.md).
+// writes a kernel's arithmetic a second time, beside it (Note [row forms] in row_form.hpp).
 LOCKSTEP_FLAG_TRAIT(has_row_major_softmax, kRowMajorSoftmax)  // hd.hpp
 
 struct SoftmaxRowsParams {

@@ -17,15 +17,16 @@ namespace lockstep::kernels {
 // time storing and reloading lane arrays, and the softmax ran four times (docs/performance.md).
 // With an execution context that offers it (X::kRowMajorDecode: the CPU's avx2 and avx3
 // variants), the chunk kernel computes these phases row by row instead (x.decode_scores,
-// x.decode_softmax, x.decode_values in backends/cpu/rows/decode.hpp), reading K and V where they
+// x.decode_softmax, x.decode_values: DecodeRowForm in decode/rows.hpp), reading K and V where they
 // are (no ring), with every stored value computed by the same operations in the same order as the
 // lane that stores it on the GPU: the lane's fma chain, the butterflies with each lane's own
 // value first, the project's exp, the fixed reductions (the lane path's reduce-scatter after
 // P x V adds some pairs with the other operand first, Note [epilogue reduce-scatter]: the same
 // bits, IEEE addition being commutative, NaN payloads aside). So the bits are the lane path's (tested
-// against it on the CPU with LOCKSTEP_CPU_DECODE_LANES=1, and CUDA == CPU on the GPU). This is
-// the one place where a kernel's arithmetic is written a second time, in a backend: the price of
-// a CPU decode that reads its cache at a useful fraction of the DRAM's bandwidth.
+// against it on the CPU with LOCKSTEP_CPU_DECODE_LANES=1, and CUDA == CPU on the GPU). The
+// kernel's arithmetic is written a second time, beside it, over the CPU backend's SIMD vocabulary
+// (Note [row forms] in row_form.hpp): the price of a CPU decode that reads its cache at a useful
+// fraction of the DRAM's bandwidth.
 LOCKSTEP_FLAG_TRAIT(has_row_major_decode, kRowMajorDecode)  // hd.hpp
 template <class X>
 inline constexpr bool row_major_decode_v = has_row_major_decode<X>::value;
@@ -245,7 +246,7 @@ struct DecodeChunk
   }
 
   // Note [row-major decode]: the chunk's phases on the CPU device, row by row
-  // (backends/cpu/rows/decode.hpp).
+  // (decode/rows.hpp).
   template <class X>
   static void chunk_rows(X& x, const Params& p, float* S, float* P, int r, int h0, int chunk,
                          const float* kb, const float* vb, int live, int nrow, const float* kn,

@@ -60,13 +60,14 @@ namespace lockstep::kernels {
 // each lane value an array in memory: 22 GFLOP/s at 1 x 4 x 256 x 64 on the 2-core machine,
 // 10% of its fma rate. With an execution context that
 // offers it (X::kRowMajorExact: the CPU's avx2 and avx3 variants, unless
-// LOCKSTEP_CPU_EXACT_LANES=1), the block is computed row by row instead (x.exact_rows in
-// backends/cpu/rows/exact.hpp): K and V read where they are, every score, weight, sum and
+// LOCKSTEP_CPU_EXACT_LANES=1), the block is computed row by row instead (x.exact_rows:
+// ExactRowForm in fused/exact_rows.hpp): K and V read where they are, every score, weight, sum and
 // accumulator computed by the operations, in the order, of the lane that stores it here (the
 // comment there lists them), so the bits are the lane path's (tested against it on the CPU, by
 // Attention.FusedExactRowMajorGivesTheLaneBytes and by every fused property, which also runs
 // the generic variant's lane path; CUDA against it on the GPU by the fused properties). Like Note
-// [row-major decode], a kernel's arithmetic written a second time, in a backend: the price of
+// [row-major decode], a kernel's arithmetic written a second time, beside it (Note [row forms]
+// in row_form.hpp): the price of
 // 5-7x (51-69% of the fma rate at the CPU's prefill shapes on an AVX-512 machine; 53-61%,
 // 38-58% and 47-70% on the AVX2 machine with six-row register blocks, docs/performance.md).
 LOCKSTEP_FLAG_TRAIT(has_row_major_exact, kRowMajorExact)  // hd.hpp

@@ -8,7 +8,7 @@ namespace lockstep::kernels {
 
 // Note [register fragments]
 // The products are PTX mma.sync.m16n8k16 (fp16 inputs, fp32 accumulation) on fragments whose
-// lane layout PTX specifies (backends/cuda/cuda_exec.cuh: lane 4g + t holds rows g and g + 8,
+// lane layout PTX specifies (backends/cuda/exec/matrix.cuh: lane 4g + t holds rows g and g + 8,
 // columns 2t and 2t + 1 of each 16x8 accumulator), so the kernel does the softmax on the
 // accumulators where they are: a row's max and sum are reductions over the 4 lanes of a quad,
 // the rescale of O is a multiply per register, and the S accumulator becomes the A fragment of

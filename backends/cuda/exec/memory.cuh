@@ -1,0 +1,127 @@
+#pragma once
+// CudaExec's loads, stores and asynchronous copies (cp.async, L2 policies and prefetches).
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "lockstep/kernels/math.hpp"
+
+namespace lockstep::cuda {
+
+template <class T>
+struct Quad {
+  T x, y, z, w;
+};
+
+struct CudaMemory {
+  template <class T>
+  __device__ __forceinline__ T load_uniform(const T* p) const {
+    return *p;
+  }
+  template <class T>
+  __device__ __forceinline__ T load(const T* base, int off) const {
+    return base[off];
+  }
+  template <class T>
+  __device__ __forceinline__ T load(const T* base, int off, bool m, T fallback) const {
+    return m ? base[off] : fallback;
+  }
+  template <class T, class V>
+  __device__ __forceinline__ void store(T* base, int off, V v) const {
+    base[off] = static_cast<T>(v);
+  }
+  template <class T, class V>
+  __device__ __forceinline__ void store(T* base, int off, V v, bool m) const {
+    if (m) base[off] = static_cast<T>(v);
+  }
+  __device__ __forceinline__ Quad<float> load4(const float* base, int off, bool m = true) const {
+    if (!m) return {0.0f, 0.0f, 0.0f, 0.0f};
+    const float4 t = *reinterpret_cast<const float4*>(base + off);
+    return {t.x, t.y, t.z, t.w};
+  }
+  __device__ __forceinline__ void store4(float* base, int off, const Quad<float>& q,
+                                         bool m = true) const {
+    if (m) *reinterpret_cast<float4*>(base + off) = make_float4(q.x, q.y, q.z, q.w);
+  }
+
+  // Asynchronous copies into shared memory (Note [async tiles] in kernels/decode/chunk.hpp): 16 bytes
+  // from src[soff..] to dst[doff..] (dst in shared memory), zeros when m is false (nothing is
+  // read then). They land after async_wait<P>() (at most P newer groups still pending) and a
+  // sync(); commit closes a group. Before sm_80: an ordinary load and store.
+  __device__ __forceinline__ void copy4_async(float* dst, int doff, const float* src, int soff,
+                                              bool m) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst + doff));
+    const float* s = m ? src + soff : src;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(s), "r"(m ? 16 : 0)
+                 : "memory");
+#else
+    store4(dst, doff, load4(src, soff, m));
+#endif
+  }
+  // L2 eviction policies for copy4_async_stream (Note [streamed tiles] in kernels/decode/chunk.hpp):
+  // kL2Unchanged (what a copy without a policy does to the L2, as measured), kL2EvictFirst
+  // (data read once, more of it than the L2 holds), kL2EvictNormal (measurement only: 12-14%
+  // slower streaming from DRAM than without a policy).
+  __device__ __forceinline__ std::uint64_t l2_policy(int which) const {
+    std::uint64_t unchanged = 0, first = 0, normal = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm("createpolicy.fractional.L2::evict_unchanged.b64 %0, 1.0;\n" : "=l"(unchanged));
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(first));
+    asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(normal));
+#endif
+    return which == kernels::kL2EvictFirst ? first : which == kernels::kL2EvictNormal ? normal : unchanged;
+  }
+  // Note [tail prefetch] (kernels/decode/chunk.hpp): bytes (a multiple of 16, from a 16-byte aligned
+  // p) requested into the L2 by thread 0 of the block; a hint, block-uniform.
+  __device__ __forceinline__ void prefetch_l2(const float* p, int bytes) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x == 0 && bytes > 0)
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+#else
+    (void)p;
+    (void)bytes;
+#endif
+  }
+  // As copy4_async, under an L2 policy from l2_policy: a cache hint, the same bytes copied.
+  __device__ __forceinline__ void copy4_async_stream(float* dst, int doff, const float* src, int soff,
+                                                     bool m, std::uint64_t policy) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst + doff));
+    const float* s = m ? src + soff : src;
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(d), "l"(s),
+                 "r"(m ? 16 : 0), "l"(policy)
+                 : "memory");
+#else
+    (void)policy;
+    copy4_async(dst, doff, src, soff, m);
+#endif
+  }
+  // As copy4_async, but a lane whose mask is false issues nothing (no zero fill): two such
+  // copies with disjoint masks may fill one tile from two sources.
+  __device__ __forceinline__ void copy4_async_some(float* dst, int doff, const float* src, int soff,
+                                                   bool m) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (m) {
+      const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst + doff));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src + soff) : "memory");
+    }
+#else
+    if (m) store4(dst, doff, load4(src, soff, true));
+#endif
+  }
+  __device__ __forceinline__ void async_commit() const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+  }
+  template <int P>
+  __device__ __forceinline__ void async_wait() const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(P) : "memory");
+#endif
+  }
+};
+
+}  // namespace lockstep::cuda
