@@ -236,7 +236,7 @@ std::vector<Result> mha(Context& ctx, std::int64_t B, std::int64_t S, std::int64
        v = random_buffer(ctx.dev, n, 23, -1.0f, 1.0f);
   Buffer<float> out(ctx.dev, n);
   for (auto impl : {MhaImpl::kPerHead, MhaImpl::kBatched})
-    for (auto gemm : {GemmKind::kFp32, GemmKind::kTensorCore}) {
+    for (auto gemm : {GemmKind::kExact, GemmKind::kTensorCore}) {
       if (!ctx.cuda && gemm == GemmKind::kTensorCore && S > 256) continue;  // emulated: too slow here
       MhaOptions o;
       o.impl = impl;
@@ -249,7 +249,7 @@ std::vector<Result> mha(Context& ctx, std::int64_t B, std::int64_t S, std::int64
       };
       Result r;
       r.name = std::string("multihead_") + (impl == MhaImpl::kPerHead ? "per_head" : "batched") +
-               (gemm == GemmKind::kFp32 ? "_fp32" : "_tensor_core");
+               (gemm == GemmKind::kExact ? "_fp32" : "_tensor_core");
       r.shape = "B=" + std::to_string(B) + " S=" + std::to_string(S) + " H=" + std::to_string(H) +
                 " D=" + std::to_string(D);
       r.median_ms = median_ms(*ctx.dev, ctx.stream(), call, ctx.quick ? 0 : 1, std::max(1, ctx.reps / 4));

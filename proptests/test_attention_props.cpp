@@ -125,7 +125,7 @@ RC_GTEST_PROP(Attention, DecodeMatchesLastRowOfCausalAttention, ()) {
   Buffer<float> bo(dev, q.size());
   MhaOptions opt;
   opt.causal = true;
-  opt.gemm = GemmKind::kFp32;
+  opt.gemm = GemmKind::kExact;
   multihead_attention(st, bq, bk, bv, bo, MhaShape{S, H, D}, opt);
   const auto mha = bo.to_vector(st);
   // The same tokens as a head-first cache [H, S, D] and the last query row [H, D].
@@ -295,7 +295,7 @@ RC_GTEST_PROP(Attention, FusedMatchesMultiheadAndCausalRowsMatchPrefixes, ()) {
   attention(st, bq, bk, bv, o1, AttentionShape{1, H, H, S, S, D}, fo);
   MhaOptions mo;
   mo.causal = causal;
-  mo.gemm = GemmKind::kFp32;
+  mo.gemm = GemmKind::kExact;
   multihead_attention(st, bq, bk, bv, o2, MhaShape{S, H, D}, mo);
   const auto a = o1.to_vector(st), b = o2.to_vector(st);
   for (std::int64_t h = 0; h < H; ++h) {
@@ -448,7 +448,7 @@ RC_GTEST_PROP(Attention, FusedRowsDoNotDependOnTheBatchHeadsOrQueryRows, ()) {
     auto run = [&](const std::vector<float>& hq, const std::vector<float>& hk_, const std::vector<float>& hv,
                    const AttentionShape& shape) {
       Buffer<float> bq(dev, hq.size()), bk(dev, hk_.size()), bv(dev, hv.size()), o(dev, hq.size()),
-          lse(dev, std::size_t(shape.batch * shape.heads * shape.seq_q));
+          lse(dev, std::size_t(shape.batch * shape.num_heads * shape.seq_q));
       bq.copy_from_host(st, hq);
       bk.copy_from_host(st, hk_);
       bv.copy_from_host(st, hv);

@@ -85,7 +85,7 @@ TEST_P(Attention, OutputsMayNotShareMemoryWithInputs) {
   }
   // Fused attention: out over q or k, log-sum-exp over out; in both precisions.
   for (auto precision : {AttentionPrecision::kExact, AttentionPrecision::kTensorCore}) {
-    const AttentionShape sh{.batch = 1, .heads = 2, .kv_heads = 1, .seq_q = 3, .seq_kv = 5, .head_dim = 32};
+    const AttentionShape sh{.batch = 1, .num_heads = 2, .num_kv_heads = 1, .seq_q = 3, .seq_kv = 5, .head_dim = 32};
     auto q = filled(2 * 3 * 32, 0.5f), k = filled(5 * 32, 0.25f), v = filled(5 * 32, 1.0f);
     auto out = filled(2 * 3 * 32 + 6, 42.0f);
     auto out0 = view(out, 0, 2 * 3 * 32), lse_in_out = view(out, 2 * 3 * 32 - 1, 6);
@@ -93,7 +93,7 @@ TEST_P(Attention, OutputsMayNotShareMemoryWithInputs) {
     o.precision = precision;
     expect_invalid([&] { attention(s(), q, k, v, q, sh, o); }, "out", "memory that overlaps q");
     auto q5 = view(q, 0, 5 * 32);
-    const AttentionShape sh5{.batch = 1, .heads = 1, .kv_heads = 1, .seq_q = 5, .seq_kv = 5, .head_dim = 32};
+    const AttentionShape sh5{.batch = 1, .num_heads = 1, .num_kv_heads = 1, .seq_q = 5, .seq_kv = 5, .head_dim = 32};
     expect_invalid([&] { attention(s(), q5, k, v, k, sh5, o); }, "out", "memory that overlaps k");
     o.lse = &lse_in_out;
     expect_invalid([&] { attention(s(), q, k, v, out0, sh, o); }, "lse", "memory that overlaps out");

@@ -50,13 +50,13 @@ TEST_P(Attention, FusedEdgeCasesAndBadInput) {
   }
   // Bad input: typed, nothing written.
   auto out2 = filled(4 * 8 * 32, 42.0f);
-  expect_invalid([&] { attention(s(), q, k, v, out2, AttentionShape{1, 4, 3, 8, 6, 32}); }, "kv_heads");
+  expect_invalid([&] { attention(s(), q, k, v, out2, AttentionShape{1, 4, 3, 8, 6, 32}); }, "num_kv_heads");
   expect_invalid([&] { attention(s(), q, k, v, out2, AttentionShape{1, 4, 2, 9, 6, 32}); }, "q.size()");
   expect_invalid([&] { attention(s(), q, k, v, out2, AttentionShape{1, 4, 2, 8, 7, 32}); }, "k.size()");
   EXPECT_THROW(attention(s(), q, k, v, out2, AttentionShape{1, 4, 2, 8, 6, 48}), Unsupported);
   AttentionOptions tc;
   tc.precision = AttentionPrecision::kTensorCore;
-  expect_invalid([&] { attention(s(), q, k, v, out2, AttentionShape{1, 4, 3, 8, 6, 32}, tc); }, "kv_heads");
+  expect_invalid([&] { attention(s(), q, k, v, out2, AttentionShape{1, 4, 3, 8, 6, 32}, tc); }, "num_kv_heads");
   expect_invalid([&] { attention(s(), q, k, v, out2, AttentionShape{1, 4, 2, 8, 7, 32}, tc); }, "k.size()");
   // TensorCore reads K and V as 16-byte vectors: a wrapped buffer 4 bytes off is refused, by
   // name; Exact takes it (and gives the same 2.0).
@@ -93,9 +93,9 @@ TEST_P(Attention, FusedRejectsBadInputByNameAndWritesNothing) {
     };
     bad(edit([](AttentionShape& b) { b.batch = 0; }), "batch", "0");
     bad(edit([](AttentionShape& b) { b.batch = 70000; }), "batch", "70000");
-    bad(edit([](AttentionShape& b) { b.heads = 0; }), "heads", "0");
-    bad(edit([](AttentionShape& b) { b.heads = 70000; b.kv_heads = 70000; }), "heads", "70000");
-    bad(edit([](AttentionShape& b) { b.kv_heads = 0; }), "kv_heads", "0");
+    bad(edit([](AttentionShape& b) { b.num_heads = 0; }), "num_heads", "0");
+    bad(edit([](AttentionShape& b) { b.num_heads = 70000; b.num_kv_heads = 70000; }), "num_heads", "70000");
+    bad(edit([](AttentionShape& b) { b.num_kv_heads = 0; }), "num_kv_heads", "0");
     bad(edit([](AttentionShape& b) { b.seq_q = -1; }), "seq_q", "-1");
     bad(edit([](AttentionShape& b) { b.seq_kv = -3; }), "seq_kv", "-3");
     bad(edit([](AttentionShape& b) { b.seq_q = std::int64_t{1} << 31; }), "seq_q", "2147483648");
@@ -477,12 +477,12 @@ TEST_P(Attention, FusedWgmmaPackingBlocksGiveTheSameBytes) {
                                        AttentionShape{1, 40, 10, 64, 140, 64}})
         for (bool causal : {false, true}) {
           SCOPED_TRACE(std::string("ahead ") + (*ahead != '\0' ? ahead : "default") + " warpgroups " + wg +
-                       " B=" + std::to_string(sh.batch) + " Hkv=" + std::to_string(sh.kv_heads) + " D=" +
+                       " B=" + std::to_string(sh.batch) + " Hkv=" + std::to_string(sh.num_kv_heads) + " D=" +
                        std::to_string(sh.head_dim) + (causal ? " causal" : ""));
           const ScopedSetting warpgroups("fused.wgmma_warpgroups", wg);
           const ScopedSetting pack_ahead("fused.pack_ahead", ahead);
-          const std::size_t nq = std::size_t(sh.batch * sh.heads * sh.seq_q * sh.head_dim);
-          const std::size_t nkv = std::size_t(sh.batch * sh.kv_heads * sh.seq_kv * sh.head_dim);
+          const std::size_t nq = std::size_t(sh.batch * sh.num_heads * sh.seq_q * sh.head_dim);
+          const std::size_t nkv = std::size_t(sh.batch * sh.num_kv_heads * sh.seq_kv * sh.head_dim);
           auto buf = [&](std::size_t n) {
             Buffer<float> x(dev, n);
             x.copy_from_host(s(), rng.floats(n, 1.0f));
@@ -671,15 +671,15 @@ TEST_P(Attention, FusedExactRowMajorGivesTheLaneBytes) {
           SCOPED_TRACE(variant + ": D " + std::to_string(D) + " Sq " + std::to_string(sh.seq_q) + " Skv " +
                        std::to_string(sh.seq_kv) + (causal ? " causal" : "") +
                        (c.layout == AttentionLayout::kInterleaved ? " interleaved" : ""));
-          const std::size_t nq = std::size_t(sh.batch * sh.heads * sh.seq_q * D);
-          const std::size_t nkv = std::size_t(sh.batch * sh.kv_heads * sh.seq_kv * D);
-          const std::size_t nl = std::size_t(sh.batch * sh.heads * sh.seq_q);
+          const std::size_t nq = std::size_t(sh.batch * sh.num_heads * sh.seq_q * D);
+          const std::size_t nkv = std::size_t(sh.batch * sh.num_kv_heads * sh.seq_kv * D);
+          const std::size_t nl = std::size_t(sh.batch * sh.num_heads * sh.seq_q);
           auto hq = rng.floats(nq, 2.0f), hv = rng.floats(nkv, 2.0f);
           hq[1] = std::numeric_limits<float>::quiet_NaN();  // a row of head 0 (or row 0's heads): NaN
           hq[std::size_t(D) * 3 + 2] = 3e38f;                // another: scores overflow to +-inf
           // The last two keys' first values (the first kv head's, or every head's when
           // interleaved): inf and NaN.
-          const std::int64_t vrow = c.layout == AttentionLayout::kInterleaved ? sh.kv_heads * D : D;
+          const std::int64_t vrow = c.layout == AttentionLayout::kInterleaved ? sh.num_kv_heads * D : D;
           hv[std::size_t((sh.seq_kv - 1) * vrow)] = std::numeric_limits<float>::infinity();
           hv[std::size_t((sh.seq_kv - 2) * vrow + 1)] = std::numeric_limits<float>::quiet_NaN();
           const auto hk = rng.floats(nkv, 2.0f);

@@ -18,7 +18,7 @@ TEST_P(Attention, IncrementalBadInputIsTypedAndWritesNothing) {
   auto out = filled(8 * 64, 42.0f);
   expect_invalid([&] { incremental_attention(s(), q, kc, vc, 101, out, sh); }, "seq_len");
   expect_invalid([&] { incremental_attention(s(), q, kc, vc, -1, out, sh); }, "seq_len");
-  expect_invalid([&] { incremental_attention(s(), q, kc, vc, 5, out, DecodeShape{8, 3, 64, 100}); }, "n_kv_heads");
+  expect_invalid([&] { incremental_attention(s(), q, kc, vc, 5, out, DecodeShape{8, 3, 64, 100}); }, "num_kv_heads");
   expect_invalid([&] { incremental_attention(s(), q, kc, q, 5, out, sh); }, "v_cache.size()");
   expect_invalid([&] { incremental_attention(s(), q, kc, vc, 5, out, DecodeShape{8, 2, 64, 99}); }, "k_cache.size()");
   EXPECT_THROW(incremental_attention(s(), q, kc, vc, 5, out, DecodeShape{8, 2, 48, 100}), Unsupported);
@@ -30,9 +30,9 @@ TEST_P(Attention, IncrementalBadInputIsTypedAndWritesNothing) {
   }
   // Products that overflow 32 bits (and 64) are refused without allocating anything.
   expect_invalid([&] { incremental_attention(s(), q, kc, vc, 5, out, DecodeShape{8, 2, 128, std::int64_t(1) << 31}); },
-                 "max_seq_len * head_dim");
+                 "max_len * head_dim");
   expect_invalid([&] { incremental_attention(s(), q, kc, vc, 5, out, DecodeShape{8, 2, 256, std::int64_t(1) << 56}); },
-                 "max_seq_len * head_dim");
+                 "max_len * head_dim");
   auto other = dev->id().kind == DeviceKind::kCpu ? open("cpu:3") : open("cpu");
   Buffer<float> foreign(other, 8 * 64);
   expect_invalid([&] { incremental_attention(s(), foreign, kc, vc, 5, out, sh); }, "q.device");

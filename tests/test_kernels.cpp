@@ -261,7 +261,7 @@ TEST_P(Kernels, WarpPassesGiveTheBlockPassBytes) {
       Buffer<float> out(dev, S * H * D);
       MhaOptions o;
       o.causal = true;
-      o.gemm = GemmKind::kFp32;
+      o.gemm = GemmKind::kExact;
       multihead_attention(s(), q, k, v, out, MhaShape{S, H, D}, o);
       return download(out);
     });

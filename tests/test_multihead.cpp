@@ -15,7 +15,7 @@ TEST_P(Attention, MultiheadReportsLaunchesAndRejectsBadShapes) {
   auto q = filled(S * H * D, 0.1f), k = filled(S * H * D, 0.2f), v = filled(S * H * D, 0.3f);
   auto out = filled(S * H * D, 42.0f);
   MhaOptions o;
-  o.gemm = GemmKind::kFp32;
+  o.gemm = GemmKind::kExact;
   o.impl = MhaImpl::kPerHead;
   EXPECT_EQ(multihead_attention(s(), q, k, v, out, MhaShape{S, H, D}, o).launches, 9 * H);
   o.impl = MhaImpl::kBatched;
@@ -24,18 +24,18 @@ TEST_P(Attention, MultiheadReportsLaunchesAndRejectsBadShapes) {
   for (float x : out.to_vector(s())) ASSERT_NEAR(x, 0.3f, 1e-6f);
   auto out2 = filled(S * H * D, 42.0f);
   expect_invalid([&] { multihead_attention(s(), q, k, v, out2, MhaShape{S + 1, H, D}, o); }, "q.size()");
-  expect_invalid([&] { multihead_attention(s(), q, k, v, out2, MhaShape{S, 0, D}, o); }, "n_heads");
+  expect_invalid([&] { multihead_attention(s(), q, k, v, out2, MhaShape{S, 0, D}, o); }, "num_heads");
   expect_invalid([&] { multihead_attention(s(), q, k, v, out2, MhaShape{std::int64_t(1) << 40, 1 << 20, 1 << 20}, o); },
-                 "seq_len * n_heads * head_dim");
-  // With seq_len 0 the size product is 0: n_heads * head_dim is checked on its own.
+                 "seq_len * num_heads * head_dim");
+  // With seq_len 0 the size product is 0: num_heads * head_dim is checked on its own.
   Buffer<float> none(dev, 0), none_out(dev, 0);
   const std::int64_t big = std::int64_t(1) << 40;
   expect_invalid([&] { multihead_attention(s(), none, none, none, none_out, MhaShape{0, big, big}, o); },
-                 "n_heads * head_dim");
+                 "num_heads * head_dim");
   // The batched kernels take the heads as a grid dimension: more than 65535 is refused by name
   // before anything is enqueued (kPerHead takes them one by one).
   auto wide = filled(65536, 0.1f), wide_out = filled(65536, 42.0f);
-  expect_invalid([&] { multihead_attention(s(), wide, wide, wide, wide_out, MhaShape{1, 65536, 1}, o); }, "n_heads",
+  expect_invalid([&] { multihead_attention(s(), wide, wide, wide, wide_out, MhaShape{1, 65536, 1}, o); }, "num_heads",
                  "65536");
   expect_all(wide_out, 42.0f);
   // A head_dim past the GEMMs' 32-bit offsets (64 * lda + the k-tile): refused by name before
@@ -46,7 +46,7 @@ TEST_P(Attention, MultiheadReportsLaunchesAndRejectsBadShapes) {
     const std::int64_t big_d = std::int64_t(1) << 25;
     auto bq = filled(big_d, 0.1f), bout = filled(big_d, 42.0f);
     for (const auto impl : {MhaImpl::kBatched, MhaImpl::kPerHead})
-      for (const auto gemm : {GemmKind::kFp32, GemmKind::kTensorCore}) {
+      for (const auto gemm : {GemmKind::kExact, GemmKind::kTensorCore}) {
         MhaOptions bo;
         bo.impl = impl;
         bo.gemm = gemm;
@@ -76,11 +76,11 @@ TEST_P(Attention, MultiheadAutoFollowsTheSeedRule) {
   EXPECT_EQ(r.score_gemm, GemmKind::kTensorCore);  // m = n = 64 >= 16, k = 64
   EXPECT_EQ(r.value_gemm, GemmKind::kTensorCore);
   r = run(64, 32);
-  EXPECT_EQ(r.score_gemm, GemmKind::kFp32);        // k = head_dim = 32 < 64
+  EXPECT_EQ(r.score_gemm, GemmKind::kExact);        // k = head_dim = 32 < 64
   EXPECT_EQ(r.value_gemm, GemmKind::kTensorCore);  // k = seq_len = 64
-  r = run(64, 64, MhaOptions{.gemm = GemmKind::kFp32});
-  EXPECT_EQ(r.score_gemm, GemmKind::kFp32);
-  EXPECT_EQ(r.value_gemm, GemmKind::kFp32);
+  r = run(64, 64, MhaOptions{.gemm = GemmKind::kExact});
+  EXPECT_EQ(r.score_gemm, GemmKind::kExact);
+  EXPECT_EQ(r.value_gemm, GemmKind::kExact);
 }
 
 }  // namespace

@@ -33,14 +33,14 @@ TEST_P(Attention, RopeValidatesAndWritesNothingOnError) {
   expect_invalid([&] { rope(s(), &q, &k, pos, with([](RopeConfig& c) { c.theta = NAN; })); }, "theta");
   expect_invalid([&] { rope(s(), &q, &k, pos, with([](RopeConfig& c) { c.style = static_cast<RopeStyle>(7); })); },
                  "config.style", "7");
-  expect_invalid([&] { rope(s(), &q, &k, pos, with([](RopeConfig& c) { c.n_heads = 0; })); }, "n_heads", "0");
-  expect_invalid([&] { rope(s(), &q, &k, pos, with([](RopeConfig& c) { c.n_heads = 70000; })); }, "q.size()");
-  expect_invalid([&] { rope(s(), nullptr, &k, pos, with([](RopeConfig& c) { c.n_kv_heads = 70000; })); },
+  expect_invalid([&] { rope(s(), &q, &k, pos, with([](RopeConfig& c) { c.num_heads = 0; })); }, "num_heads", "0");
+  expect_invalid([&] { rope(s(), &q, &k, pos, with([](RopeConfig& c) { c.num_heads = 70000; })); }, "q.size()");
+  expect_invalid([&] { rope(s(), nullptr, &k, pos, with([](RopeConfig& c) { c.num_kv_heads = 70000; })); },
                  "k.size()");
   {
     Buffer<float> big(dev, std::size_t(rows) * 70000 * 2);
     expect_invalid([&] { rope(s(), nullptr, &big, pos, RopeConfig{0, 70000, 2, 10000.0f, RopeStyle::kNorm}); },
-                   "n_kv_heads", "70000");
+                   "num_kv_heads", "70000");
   }
   expect_invalid([&] { rope(s(), &q, &k, std::vector<std::int64_t>{0, -1, 2}, ok); }, "positions[1]", "-1");
   expect_invalid([&] { rope(s(), &q, &k, std::vector<std::int64_t>{0, 1, std::int64_t{1} << 20}, ok); },

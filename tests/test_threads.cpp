@@ -90,7 +90,7 @@ std::vector<std::uint32_t> workload(const std::shared_ptr<Device>& dev, Stream& 
   ops::gemm(s, g, shared_w, gc, 2, 16, 24, 32, 0.5f);
   take(gc);
   // Fused attention, B1 H4 Hkv2 L48 D64.
-  const AttentionShape sh{.batch = 1, .heads = 4, .kv_heads = 2, .seq_q = 48, .seq_kv = 48, .head_dim = 64};
+  const AttentionShape sh{.batch = 1, .num_heads = 4, .num_kv_heads = 2, .seq_q = 48, .seq_kv = 48, .head_dim = 64};
   auto q = up(4 * 48 * 64), k = up(2 * 48 * 64), v = up(2 * 48 * 64);
   Buffer<float> o(dev, q.size());
   for (auto prec : {AttentionPrecision::kExact, AttentionPrecision::kTensorCore}) {
@@ -105,7 +105,7 @@ std::vector<std::uint32_t> workload(const std::shared_ptr<Device>& dev, Stream& 
   Buffer<float> mo(dev, mq.size());
   MhaOptions mopt;
   mopt.causal = true;
-  mopt.gemm = GemmKind::kFp32;
+  mopt.gemm = GemmKind::kExact;
   multihead_attention(s, mq, mk, mv, mo, MhaShape{32, 2, 64}, mopt);
   take(mo);
   // Flash-Decoding: two slots of different lengths, three steps.
@@ -210,7 +210,7 @@ TEST(Threads, SharedStreamWithCallerLockIsExact) {
   auto dev = make_cpu_device({.index = 7});
   constexpr std::int64_t S = 16, H = 2, D = 32, kCalls = 8;
   MhaOptions mopt;
-  mopt.gemm = GemmKind::kFp32;
+  mopt.gemm = GemmKind::kExact;
   struct Work {
     Buffer<float> q, k, v, out, acc;
   };

@@ -19,18 +19,18 @@ std::size_t decode_workspace_floats(std::int64_t rows, std::int64_t H, std::int6
                          "decode", "rows * heads * chunks * (head_dim + 2)");
 }
 
-void check_decode_shape(std::string_view where, std::int64_t n_heads, std::int64_t n_kv_heads,
+void check_decode_shape(std::string_view where, std::int64_t num_heads, std::int64_t num_kv_heads,
                         std::int64_t head_dim, std::int64_t max_len, const DecodeShapeNames& nm) {
   // Texts are built only for a failing check: this runs on every decode call.
   const std::string_view heads(nm.heads), kv_heads(nm.kv_heads), len(nm.max_len);
-  check_positive(where, heads, n_heads);
-  check_positive(where, kv_heads, n_kv_heads);
-  LOCKSTEP_CHECK_ARG(n_heads % n_kv_heads == 0, where, kv_heads, n_kv_heads,
-            "a divisor of " + std::string(heads) + " = " + std::to_string(n_heads));
+  check_positive(where, heads, num_heads);
+  check_positive(where, kv_heads, num_kv_heads);
+  LOCKSTEP_CHECK_ARG(num_heads % num_kv_heads == 0, where, kv_heads, num_kv_heads,
+            "a divisor of " + std::string(heads) + " = " + std::to_string(num_heads));
   check_head_dim(where, head_dim);
   check_nonneg(where, len, max_len);
-  LOCKSTEP_CHECK_ARG(n_heads <= 65535, where, heads, n_heads, "<= 65535");
-  LOCKSTEP_CHECK_ARG(n_kv_heads <= 65535, where, kv_heads, n_kv_heads, "<= 65535");
+  LOCKSTEP_CHECK_ARG(num_heads <= 65535, where, heads, num_heads, "<= 65535");
+  LOCKSTEP_CHECK_ARG(num_kv_heads <= 65535, where, kv_heads, num_kv_heads, "<= 65535");
   check_fits(checked_mul(std::uint64_t(max_len), std::uint64_t(head_dim), where, nm.span), kMaxLaneOffset, where,
              nm.span);
 }

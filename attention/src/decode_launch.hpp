@@ -30,10 +30,10 @@ void launch_kv_scatter(Stream& s, const kernels::KvScatterParams& p);
 // The names the checks report: incremental_attention's DecodeShape fields by default,
 // KvCacheConfig's for the cache.
 struct DecodeShapeNames {
-  std::string_view heads = "n_heads", kv_heads = "n_kv_heads", max_len = "max_seq_len";
-  std::string_view span = "max_seq_len * head_dim";  // max_len's name times head_dim
+  std::string_view heads = "num_heads", kv_heads = "num_kv_heads", max_len = "max_len";
+  std::string_view span = "max_len * head_dim";  // max_len's name times head_dim
 };
-void check_decode_shape(std::string_view where, std::int64_t n_heads, std::int64_t n_kv_heads,
+void check_decode_shape(std::string_view where, std::int64_t num_heads, std::int64_t num_kv_heads,
                         std::int64_t head_dim, std::int64_t max_len, const DecodeShapeNames& names = {});
 
 }  // namespace lockstep::detail

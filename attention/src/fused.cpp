@@ -104,10 +104,10 @@ void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
                const AttentionOptions& o) {
   constexpr std::string_view w = "attention";
   detail::check_positive(w, "batch", sh.batch);
-  detail::check_positive(w, "heads", sh.heads);
-  detail::check_positive(w, "kv_heads", sh.kv_heads);
-  LOCKSTEP_CHECK_ARG(sh.heads % sh.kv_heads == 0, w, "kv_heads", sh.kv_heads,
-                     "a divisor of heads = " + std::to_string(sh.heads));
+  detail::check_positive(w, "num_heads", sh.num_heads);
+  detail::check_positive(w, "num_kv_heads", sh.num_kv_heads);
+  LOCKSTEP_CHECK_ARG(sh.num_heads % sh.num_kv_heads == 0, w, "num_kv_heads", sh.num_kv_heads,
+                     "a divisor of num_heads = " + std::to_string(sh.num_heads));
   detail::check_nonneg(w, "seq_q", sh.seq_q);
   detail::check_nonneg(w, "seq_kv", sh.seq_kv);
   const std::int64_t D = sh.head_dim;
@@ -122,28 +122,28 @@ void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
       stream.device().id().kind == DeviceKind::kCuda)
     throw Unsupported(w, "precision", "TensorCore", "a CUDA device with tensor cores (this build targets sm_90)");
   LOCKSTEP_CHECK_ARG(sh.batch <= 65535, w, "batch", sh.batch, "<= 65535");
-  LOCKSTEP_CHECK_ARG(sh.heads <= 65535, w, "heads", sh.heads, "<= 65535");
+  LOCKSTEP_CHECK_ARG(sh.num_heads <= 65535, w, "num_heads", sh.num_heads, "<= 65535");
   LOCKSTEP_CHECK_ARG(sh.seq_q <= 0x7fffffff, w, "seq_q", sh.seq_q, "<= 2147483647");
   LOCKSTEP_CHECK_ARG(sh.seq_kv <= 0x7fffffff, w, "seq_kv", sh.seq_kv, "<= 2147483647");
   detail::check_on(w, "q", q, stream);
   detail::check_on(w, "k", k, stream);
   detail::check_on(w, "v", v, stream);
   detail::check_on(w, "out", out, stream);
-  const auto B = std::uint64_t(sh.batch), H = std::uint64_t(sh.heads), Hk = std::uint64_t(sh.kv_heads),
+  const auto B = std::uint64_t(sh.batch), H = std::uint64_t(sh.num_heads), Hk = std::uint64_t(sh.num_kv_heads),
              Sq = std::uint64_t(sh.seq_q), Sk = std::uint64_t(sh.seq_kv), UD = std::uint64_t(D);
-  const auto nq = checked_product({B, H, Sq, UD}, w, "batch * heads * seq_q * head_dim");
-  const auto nk = checked_product({B, Hk, Sk, UD}, w, "batch * kv_heads * seq_kv * head_dim");
-  detail::check_size(w, "q", q, nq, "batch * heads * seq_q * head_dim");
-  detail::check_size(w, "out", out, nq, "batch * heads * seq_q * head_dim");
-  detail::check_size(w, "k", k, nk, "batch * kv_heads * seq_kv * head_dim");
-  detail::check_size(w, "v", v, nk, "batch * kv_heads * seq_kv * head_dim");
+  const auto nq = checked_product({B, H, Sq, UD}, w, "batch * num_heads * seq_q * head_dim");
+  const auto nk = checked_product({B, Hk, Sk, UD}, w, "batch * num_kv_heads * seq_kv * head_dim");
+  detail::check_size(w, "q", q, nq, "batch * num_heads * seq_q * head_dim");
+  detail::check_size(w, "out", out, nq, "batch * num_heads * seq_q * head_dim");
+  detail::check_size(w, "k", k, nk, "batch * num_kv_heads * seq_kv * head_dim");
+  detail::check_size(w, "v", v, nk, "batch * num_kv_heads * seq_kv * head_dim");
   if (tensor_core) {  // K and V are read as 16-byte vectors (FusedHalfPack)
     detail::check_aligned16(w, "k", k);
     detail::check_aligned16(w, "v", v);
   }
   if (o.lse != nullptr) {
     detail::check_on(w, "lse", *o.lse, stream);
-    detail::check_size(w, "lse", *o.lse, B * H * Sq, "batch * heads * seq_q");
+    detail::check_size(w, "lse", *o.lse, B * H * Sq, "batch * num_heads * seq_q");
   }
   detail::check_no_overlap(w, "out", out, "q", q);
   detail::check_no_overlap(w, "out", out, "k", k);
@@ -165,10 +165,10 @@ void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
     ss = heads_first ? D : heads * D;
     shd = heads_first ? seq * D : D;
   };
-  strides(sh.heads, sh.seq_q, p.q_sb, p.q_ss, p.q_sh);
-  strides(sh.kv_heads, sh.seq_kv, p.k_sb, p.k_ss, p.k_sh);
-  strides(sh.kv_heads, sh.seq_kv, p.v_sb, p.v_ss, p.v_sh);
-  strides(sh.heads, sh.seq_q, p.o_sb, p.o_ss, p.o_sh);
+  strides(sh.num_heads, sh.seq_q, p.q_sb, p.q_ss, p.q_sh);
+  strides(sh.num_kv_heads, sh.seq_kv, p.k_sb, p.k_ss, p.k_sh);
+  strides(sh.num_kv_heads, sh.seq_kv, p.v_sb, p.v_ss, p.v_sh);
+  strides(sh.num_heads, sh.seq_q, p.o_sb, p.o_ss, p.o_sh);
   // Lane offsets inside a block: the rows of a query or key tile (at most 64).
   check_fits(std::uint64_t(std::max({p.q_ss, p.k_ss, p.v_ss, p.o_ss})) * 64 + UD, kMaxLaneOffset, w,
              "64 * row stride");
@@ -179,8 +179,8 @@ void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
   p.out = out.data().get();
   p.lse = o.lse ? o.lse->data().get() : nullptr;
   p.B = static_cast<std::int32_t>(sh.batch);
-  p.H = static_cast<std::int32_t>(sh.heads);
-  p.Hkv = static_cast<std::int32_t>(sh.kv_heads);
+  p.H = static_cast<std::int32_t>(sh.num_heads);
+  p.Hkv = static_cast<std::int32_t>(sh.num_kv_heads);
   p.Sq = static_cast<std::int32_t>(sh.seq_q);
   p.Skv = static_cast<std::int32_t>(sh.seq_kv);
   p.causal = o.causal ? 1 : 0;
@@ -188,7 +188,7 @@ void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
   p.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
   const plan::FusedPlan pl = plan::plan_fused(
       stream.device().caps(),
-      plan::FusedProblem{sh.batch, sh.heads, sh.kv_heads, sh.seq_q, sh.seq_kv, D, tensor_core, o.batch_invariant},
+      plan::FusedProblem{sh.batch, sh.num_heads, sh.num_kv_heads, sh.seq_q, sh.seq_kv, D, tensor_core, o.batch_invariant},
       tuning);
   const std::uint64_t launches_before = stream.launches();
   switch (D) {

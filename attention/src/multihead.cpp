@@ -12,9 +12,9 @@ namespace {
 
 // The seed's rule: tensor cores when m, n >= 16 and k >= 64.
 GemmKind pick(GemmKind want, std::int64_t m, std::int64_t n, std::int64_t k) {
-  if (want == GemmKind::kFp32) return GemmKind::kFp32;
+  if (want == GemmKind::kExact) return GemmKind::kExact;
   if (want == GemmKind::kTensorCore) return GemmKind::kTensorCore;
-  return (m >= 16 && n >= 16 && k >= 64) ? GemmKind::kTensorCore : GemmKind::kFp32;
+  return (m >= 16 && n >= 16 && k >= 64) ? GemmKind::kTensorCore : GemmKind::kExact;
 }
 
 void gemm(Stream& s, GemmKind kind, const float* a, const float* b, float* c, std::int64_t batch,
@@ -32,37 +32,37 @@ MhaReport multihead_attention(Stream& stream, const Buffer<float>& q, const Buff
                               const MhaOptions& options) {
   constexpr std::string_view w = "multihead_attention";
   detail::check_nonneg(w, "seq_len", shape.seq_len);
-  detail::check_positive(w, "n_heads", shape.n_heads);
+  detail::check_positive(w, "num_heads", shape.num_heads);
   detail::check_positive(w, "head_dim", shape.head_dim);
   detail::check_enum(w, "options.impl", options.impl, {MhaImpl::kAuto, MhaImpl::kPerHead, MhaImpl::kBatched},
                      "MhaImpl::kAuto, kPerHead or kBatched");
-  detail::check_enum(w, "options.gemm", options.gemm, {GemmKind::kAuto, GemmKind::kFp32, GemmKind::kTensorCore},
-                     "GemmKind::kAuto, kFp32 or kTensorCore");
+  detail::check_enum(w, "options.gemm", options.gemm, {GemmKind::kAuto, GemmKind::kExact, GemmKind::kTensorCore},
+                     "GemmKind::kAuto, kExact or kTensorCore");
   detail::check_on(w, "q", q, stream);
   detail::check_on(w, "k", k, stream);
   detail::check_on(w, "v", v, stream);
   detail::check_on(w, "out", out, stream);
-  const std::int64_t S = shape.seq_len, H = shape.n_heads, D = shape.head_dim;
+  const std::int64_t S = shape.seq_len, H = shape.num_heads, D = shape.head_dim;
   const auto n = checked_product({std::uint64_t(S), std::uint64_t(H), std::uint64_t(D)}, w,
-                                 "seq_len * n_heads * head_dim");
+                                 "seq_len * num_heads * head_dim");
   for (auto* b : {&q, &k, &v})
-    detail::check_size(w, b == &q ? "q" : b == &k ? "k" : "v", *b, n, "seq_len * n_heads * head_dim");
-  detail::check_size(w, "out", out, n, "seq_len * n_heads * head_dim");
+    detail::check_size(w, b == &q ? "q" : b == &k ? "k" : "v", *b, n, "seq_len * num_heads * head_dim");
+  detail::check_size(w, "out", out, n, "seq_len * num_heads * head_dim");
   detail::check_no_overlap(w, "out", out, "q", q);
   detail::check_no_overlap(w, "out", out, "k", k);
   detail::check_no_overlap(w, "out", out, "v", v);
   const auto scores = checked_product({std::uint64_t(H), std::uint64_t(S), std::uint64_t(S)}, w,
-                                      "n_heads * seq_len * seq_len");
+                                      "num_heads * seq_len * seq_len");
   check_fits(std::uint64_t(S) * 64 + 64, kMaxLaneOffset, w, "64 * seq_len + 64");  // the GEMMs' lda and ldc
-  // n_heads * head_dim on its own: with seq_len 0 the products above do not bound it.
-  const std::uint64_t hd = checked_mul(std::uint64_t(H), std::uint64_t(D), w, "n_heads * head_dim");
-  check_fits(checked_add(checked_mul(hd, 8, w, "8 * n_heads * head_dim"), std::uint64_t(D), w, "8 * n_heads * head_dim"),
-             kMaxLaneOffset, w, "8 * n_heads * head_dim");
+  // num_heads * head_dim on its own: with seq_len 0 the products above do not bound it.
+  const std::uint64_t hd = checked_mul(std::uint64_t(H), std::uint64_t(D), w, "num_heads * head_dim");
+  check_fits(checked_add(checked_mul(hd, 8, w, "8 * num_heads * head_dim"), std::uint64_t(D), w, "8 * num_heads * head_dim"),
+             kMaxLaneOffset, w, "8 * num_heads * head_dim");
 
   MhaReport rep;
   rep.impl = options.impl == MhaImpl::kPerHead ? MhaImpl::kPerHead : MhaImpl::kBatched;
   // The batched kernels take the heads as a grid dimension (the transpose's and the GEMMs').
-  LOCKSTEP_CHECK_ARG(rep.impl != MhaImpl::kBatched || H <= 65535, w, "n_heads", H,
+  LOCKSTEP_CHECK_ARG(rep.impl != MhaImpl::kBatched || H <= 65535, w, "num_heads", H,
                      "<= 65535 with MhaImpl::kBatched (a launch grid dimension; kPerHead has no such limit)");
   rep.score_gemm = pick(options.gemm, S, S, D);
   rep.value_gemm = pick(options.gemm, S, D, S);
@@ -81,8 +81,8 @@ MhaReport multihead_attention(Stream& stream, const Buffer<float>& q, const Buff
                kMaxLaneOffset, w, "8 * seq_len * head_dim + head_dim");
   const std::uint64_t softmax_rows = std::uint64_t(rep.impl == MhaImpl::kBatched ? H : 1) * std::uint64_t(S);
   check_fits(checked_mul(softmax_rows, std::uint64_t((S + 1023) / 1024), w,
-                         "n_heads * seq_len * ceil(seq_len / 1024)"),
-             0x7fffffff, w, "n_heads * seq_len * ceil(seq_len / 1024)");
+                         "num_heads * seq_len * ceil(seq_len / 1024)"),
+             0x7fffffff, w, "num_heads * seq_len * ceil(seq_len / 1024)");
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
 
   if (rep.impl == MhaImpl::kBatched) {

@@ -32,19 +32,19 @@ void rope(Stream& stream, Buffer<float>* q, Buffer<float>* k, std::span<const st
     pos[i] = static_cast<std::int32_t>(positions[i]);
   }
   if (q != nullptr) {
-    detail::check_positive(w, "n_heads", c.n_heads);
+    detail::check_positive(w, "num_heads", c.num_heads);
     detail::check_on(w, "q", *q, stream);
-    detail::check_size(w, "q", *q, checked_product({std::uint64_t(rows), std::uint64_t(c.n_heads), std::uint64_t(c.head_dim)}, w, "rows * n_heads * head_dim"), "positions.size() * n_heads * head_dim");
+    detail::check_size(w, "q", *q, checked_product({std::uint64_t(rows), std::uint64_t(c.num_heads), std::uint64_t(c.head_dim)}, w, "rows * num_heads * head_dim"), "positions.size() * num_heads * head_dim");
   }
   if (k != nullptr) {
-    detail::check_positive(w, "n_kv_heads", c.n_kv_heads);
+    detail::check_positive(w, "num_kv_heads", c.num_kv_heads);
     detail::check_on(w, "k", *k, stream);
-    detail::check_size(w, "k", *k, checked_product({std::uint64_t(rows), std::uint64_t(c.n_kv_heads), std::uint64_t(c.head_dim)}, w, "rows * n_kv_heads * head_dim"), "positions.size() * n_kv_heads * head_dim");
+    detail::check_size(w, "k", *k, checked_product({std::uint64_t(rows), std::uint64_t(c.num_kv_heads), std::uint64_t(c.head_dim)}, w, "rows * num_kv_heads * head_dim"), "positions.size() * num_kv_heads * head_dim");
   }
   if (q != nullptr && k != nullptr) detail::check_no_overlap(w, "k", *k, "q", *q);  // both rotated in place
-  LOCKSTEP_CHECK_ARG(c.n_heads <= 65535, w, "n_heads", c.n_heads, "<= 65535");
-  LOCKSTEP_CHECK_ARG(c.n_kv_heads <= 65535, w, "n_kv_heads", c.n_kv_heads, "<= 65535");
-  check_fits(std::uint64_t(std::max(c.n_heads, c.n_kv_heads)) * std::uint64_t(c.head_dim), kMaxLaneOffset, w, "heads * head_dim");
+  LOCKSTEP_CHECK_ARG(c.num_heads <= 65535, w, "num_heads", c.num_heads, "<= 65535");
+  LOCKSTEP_CHECK_ARG(c.num_kv_heads <= 65535, w, "num_kv_heads", c.num_kv_heads, "<= 65535");
+  check_fits(std::uint64_t(std::max(c.num_heads, c.num_kv_heads)) * std::uint64_t(c.head_dim), kMaxLaneOffset, w, "heads * head_dim");
   if (rows == 0 || (q == nullptr && k == nullptr)) return;
   const detail::Staged st = detail::stage(stream, pos, 0);
   kernels::RopeParams p{};
@@ -52,8 +52,8 @@ void rope(Stream& stream, Buffer<float>* q, Buffer<float>* k, std::span<const st
   p.k = k ? k->data().get() : nullptr;
   p.positions = st.ints;
   p.rows = static_cast<std::int32_t>(rows);
-  p.Hq = static_cast<std::int32_t>(q ? c.n_heads : 0);
-  p.Hk = static_cast<std::int32_t>(k ? c.n_kv_heads : 0);
+  p.Hq = static_cast<std::int32_t>(q ? c.num_heads : 0);
+  p.Hk = static_cast<std::int32_t>(k ? c.num_kv_heads : 0);
   p.D = static_cast<std::int32_t>(c.head_dim);
   p.neox = c.style == RopeStyle::kNeox ? 1 : 0;
   p.log2_theta = math::log2(c.theta);

@@ -113,7 +113,7 @@ class MhaCase final : public Case {
     poison(st, o);
     MhaOptions opt;
     opt.causal = s_.causal;
-    opt.gemm = s_.gemm ? GemmKind::kTensorCore : GemmKind::kFp32;
+    opt.gemm = s_.gemm ? GemmKind::kTensorCore : GemmKind::kExact;
     opt.impl = s_.impl ? MhaImpl::kPerHead : MhaImpl::kBatched;
     multihead_attention(st, q, k, v, o, MhaShape{s_.seq, s_.heads, s_.dim}, opt);
     return collect(st, o);

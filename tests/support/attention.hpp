@@ -26,9 +26,9 @@ class Attention : public CallTest {
   void expect_knob_gives_same_bytes(const char* knob, const char* a, const char* b,
                                     AttentionPrecision precision, const AttentionShape& sh,
                                     bool causal, Lcg& rng, float range) {
-    const std::size_t nq = std::size_t(sh.batch * sh.heads * sh.seq_q * sh.head_dim);
-    const std::size_t nkv = std::size_t(sh.batch * sh.kv_heads * sh.seq_kv * sh.head_dim);
-    const std::size_t nl = std::size_t(sh.batch * sh.heads * sh.seq_q);
+    const std::size_t nq = std::size_t(sh.batch * sh.num_heads * sh.seq_q * sh.head_dim);
+    const std::size_t nkv = std::size_t(sh.batch * sh.num_kv_heads * sh.seq_kv * sh.head_dim);
+    const std::size_t nl = std::size_t(sh.batch * sh.num_heads * sh.seq_q);
     auto buf = [&](std::size_t n) {
       Buffer<float> x(dev, n);
       x.copy_from_host(s(), rng.floats(n, range));
@@ -57,9 +57,9 @@ class Attention : public CallTest {
   // (under the Tuning in force on this thread).
   void expect_cpu_path_gives_same_bytes(bool CpuDeviceOptions::*path, AttentionPrecision precision,
                                         const AttentionShape& sh, bool causal, Lcg& rng, float range) {
-    const std::size_t nq = std::size_t(sh.batch * sh.heads * sh.seq_q * sh.head_dim);
-    const std::size_t nkv = std::size_t(sh.batch * sh.kv_heads * sh.seq_kv * sh.head_dim);
-    const std::size_t nl = std::size_t(sh.batch * sh.heads * sh.seq_q);
+    const std::size_t nq = std::size_t(sh.batch * sh.num_heads * sh.seq_q * sh.head_dim);
+    const std::size_t nkv = std::size_t(sh.batch * sh.num_kv_heads * sh.seq_kv * sh.head_dim);
+    const std::size_t nl = std::size_t(sh.batch * sh.num_heads * sh.seq_q);
     const auto hq = rng.floats(nq, range), hk = rng.floats(nkv, range), hv = rng.floats(nkv, range);
     std::vector<float> outs[2], lses[2];
     for (int i = 0; i < 2; ++i) {
@@ -91,9 +91,9 @@ class Attention : public CallTest {
   // what a launch record around it shows is what runs by default.
   void tensor_core_attention(const AttentionShape& sh, bool causal, const char* pack) {
     const ScopedSetting packing("fused.pack_in_kernel", pack);
-    auto q = filled(std::size_t(sh.batch * sh.heads * sh.seq_q * sh.head_dim), 0.5f);
-    auto kv = filled(std::size_t(sh.batch * sh.kv_heads * sh.seq_kv * sh.head_dim), 0.25f);
-    auto out = filled(std::size_t(sh.batch * sh.heads * sh.seq_q * sh.head_dim), 42.0f);
+    auto q = filled(std::size_t(sh.batch * sh.num_heads * sh.seq_q * sh.head_dim), 0.5f);
+    auto kv = filled(std::size_t(sh.batch * sh.num_kv_heads * sh.seq_kv * sh.head_dim), 0.25f);
+    auto out = filled(std::size_t(sh.batch * sh.num_heads * sh.seq_q * sh.head_dim), 42.0f);
     AttentionOptions o;
     o.precision = AttentionPrecision::kTensorCore;
     o.causal = causal;
@@ -132,10 +132,10 @@ class Attention : public CallTest {
           SCOPED_TRACE("B=" + std::to_string(sh.batch) + " Sq=" + std::to_string(sh.seq_q) + " Skv=" +
                        std::to_string(sh.seq_kv) + " D=" + std::to_string(sh.head_dim) + (causal ? " causal" : "") +
                        " range " + std::to_string(range));
-          const std::int64_t D = sh.head_dim, Sq = sh.seq_q, Skv = sh.seq_kv, g = sh.heads / sh.kv_heads;
-          const std::size_t nq = std::size_t(sh.batch * sh.heads * Sq * D);
-          const std::size_t nkv = std::size_t(sh.batch * sh.kv_heads * Skv * D);
-          const std::size_t nl = std::size_t(sh.batch * sh.heads * Sq);
+          const std::int64_t D = sh.head_dim, Sq = sh.seq_q, Skv = sh.seq_kv, g = sh.num_heads / sh.num_kv_heads;
+          const std::size_t nq = std::size_t(sh.batch * sh.num_heads * Sq * D);
+          const std::size_t nkv = std::size_t(sh.batch * sh.num_kv_heads * Skv * D);
+          const std::size_t nl = std::size_t(sh.batch * sh.num_heads * Sq);
           const auto hq = rng.floats(nq, range), hk = rng.floats(nkv, range), hv = rng.floats(nkv, 1.0f);
           auto up = [&](const std::vector<float>& h) {
             Buffer<float> x(dev, h.size());
@@ -166,16 +166,16 @@ class Attention : public CallTest {
           EXPECT_EQ(same(o1, of), !by_default(sh));  // batch_invariant = false: the heuristic's
           // The float64 reference (the properties' oracle), once per (batch, head) for both runs.
           for (std::int64_t b = 0; b < sh.batch; ++b)
-            for (std::int64_t h = 0; h < sh.heads; ++h) {
-              const std::size_t q0 = std::size_t((b * sh.heads + h) * Sq) * D;
-              const std::size_t kv0 = std::size_t((b * sh.kv_heads + h / g) * Skv) * D;
+            for (std::int64_t h = 0; h < sh.num_heads; ++h) {
+              const std::size_t q0 = std::size_t((b * sh.num_heads + h) * Sq) * D;
+              const std::size_t kv0 = std::size_t((b * sh.num_kv_heads + h / g) * Skv) * D;
               const auto ref = harness::attention_reference(hq.data() + q0, D, hk.data() + kv0, hv.data() + kv0, D,
                                                             Sq, Skv, D, causal);
               for (const auto* run : {&o3, &of}) {
                 const auto& lr = run == &o3 ? l3 : lf;
                 for (std::int64_t i = 0; i < Sq; ++i) {
                   const std::int64_t vis = causal ? std::clamp<std::int64_t>(i + 1 + Skv - Sq, 0, Skv) : Skv;
-                  const std::size_t row = std::size_t((b * sh.heads + h) * Sq + i);
+                  const std::size_t row = std::size_t((b * sh.num_heads + h) * Sq + i);
                   if (vis == 0) {
                     for (std::int64_t d = 0; d < D; ++d) ASSERT_EQ(bits((*run)[row * D + d]), bits(0.0f)) << row;
                     ASSERT_TRUE(std::isinf(lr[row]) && lr[row] < 0) << row;

@@ -18,7 +18,7 @@ enum class AttentionPrecision { kAuto, kExact, kTensorCore };
 enum class AttentionLayout { kHeadsFirst, kInterleaved };
 
 struct AttentionShape {
-  std::int64_t batch = 1, heads = 1, kv_heads = 1;  // kv_heads divides heads (GQA)
+  std::int64_t batch = 1, num_heads = 1, num_kv_heads = 1;  // num_kv_heads divides num_heads (GQA)
   std::int64_t seq_q = 0, seq_kv = 0;
   std::int64_t head_dim = 64;  // 32, 64, 96, 128 or 256
 };
@@ -40,7 +40,7 @@ struct AttentionOptions {
   const Tuning* tuning = nullptr;
 };
 
-// q [.., seq_q, ..], k and v [.., seq_kv, ..] with kv_heads heads, out like q. A fully masked row
+// q [.., seq_q, ..], k and v [.., seq_kv, ..] with num_kv_heads heads, out like q. A fully masked row
 // gives zeros (and log-sum-exp -inf); seq_q == 0 writes nothing.
 void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
                const Buffer<float>& v, Buffer<float>& out, const AttentionShape& shape,

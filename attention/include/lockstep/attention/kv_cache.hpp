@@ -1,7 +1,7 @@
 #pragma once
 // A device-resident KV cache for batched decoding (docs/api.md, "The KV cache").
 //
-// Per layer, K and V are [slots, n_kv_heads, max_len, head_dim] fp32. Every slot holds one
+// Per layer, K and V are [slots, num_kv_heads, max_len, head_dim] fp32. Every slot holds one
 // sequence with its own length (shared by all layers). Lengths, done flags and the slot count are
 // host state, updated when an operation is enqueued (the device work itself is ordered on the
 // stream). Every operation validates first: on any error nothing is enqueued and no state
@@ -189,11 +189,11 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
                     const Buffer<std::int32_t>& positions, Buffer<float>& out,
                     Buffer<std::int32_t>* status = nullptr);
 
-// Rotary position embedding in place on q [rows, n_heads, head_dim] and k [rows, n_kv_heads,
+// Rotary position embedding in place on q [rows, num_heads, head_dim] and k [rows, num_kv_heads,
 // head_dim] (either may be nullptr), row r at positions[r], in one launch.
 enum class RopeStyle { kNorm, kNeox };
 struct RopeConfig {
-  std::int64_t n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  std::int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
   float theta = 10000.0f;
   RopeStyle style = RopeStyle::kNorm;
 };

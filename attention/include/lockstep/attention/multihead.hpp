@@ -1,7 +1,7 @@
 #pragma once
 // Multi-head attention from the building blocks (docs/api.md, "Multi-head attention"):
 // out = softmax(Q K^T / sqrt(d) [+ causal mask]) V per head, inputs and output interleaved
-// [seq_len, n_heads * head_dim].
+// [seq_len, num_heads * head_dim].
 
 #include <cstdint>
 
@@ -12,14 +12,14 @@ namespace lockstep {
 // PerHead: extract -> transpose -> GEMM -> scale -> softmax -> GEMM -> copy back, head by head
 // (the reference path, 9 launches per head). Batched: every head in each launch (9 launches).
 enum class MhaImpl { kAuto, kPerHead, kBatched };
-// Fp32: the strict SIMT GEMM (bit-identical on both backends). TensorCore: fp16 inputs, fp32
+// Exact: the strict fp32 SIMT GEMM (bit-identical on both backends). TensorCore: fp16 inputs, fp32
 // accumulation (WMMA; emulated on the CPU, within the bound of docs/numerics.md). Auto: tensor
 // cores when m, n >= 16 and k >= 64.
-enum class GemmKind { kAuto, kFp32, kTensorCore };
+enum class GemmKind { kAuto, kExact, kTensorCore };
 
 struct MhaShape {
   std::int64_t seq_len = 0;
-  std::int64_t n_heads = 0;
+  std::int64_t num_heads = 0;
   std::int64_t head_dim = 0;
 };
 
@@ -32,8 +32,8 @@ struct MhaOptions {
 struct MhaReport {
   int launches = 0;             // kernel launches this call enqueued
   MhaImpl impl = MhaImpl::kBatched;
-  GemmKind score_gemm = GemmKind::kFp32;  // what each GEMM ran on
-  GemmKind value_gemm = GemmKind::kFp32;
+  GemmKind score_gemm = GemmKind::kExact;  // what each GEMM ran on
+  GemmKind value_gemm = GemmKind::kExact;
 };
 
 MhaReport multihead_attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
