@@ -11,6 +11,7 @@
 #include "lockstep/attention/kv_cache.hpp"
 #include "lockstep/kernels/launch.hpp"
 #include "lockstep/lockstep.hpp"
+#include "support/backends.hpp"
 
 namespace lockstep {
 namespace {
@@ -56,7 +57,7 @@ DeviceCaps cpu2() {
 
 plan::DecodeProblem decode(std::int64_t rows, std::int64_t heads, std::int64_t kv_heads, std::int64_t D,
                            std::int64_t len) {
-  return plan::DecodeProblem{rows, heads, kv_heads, D, len, std::uint64_t(rows) * std::uint64_t(len), true};
+  return plan::DecodeProblem{rows, heads, kv_heads, D, len, std::uint64_t(rows) * std::uint64_t(len)};
 }
 
 struct DecodeRow {
@@ -300,7 +301,7 @@ TEST(Tuning, TextFormRoundTrips) {
   Tuning u;
   u.apply(t.str());
   EXPECT_EQ(u.str(), t.str());
-  u.apply("decode.one_grid=auto,fused.tc_rows=auto");
+  u.apply(" decode.one_grid = auto , fused.tc_rows=auto,");
   EXPECT_FALSE(u.decode.one_grid.has_value());
   EXPECT_FALSE(u.fused.tc_rows.has_value());
 }
@@ -311,7 +312,7 @@ TEST(Tuning, BadSettingsAreRefusedAndChangeNothing) {
   const std::string before = t.str();
   const char* bad[] = {"decode.one_grid=2", "fused.pack_ahead=17", "fused.pack_ahead=0", "fused.tc_rows=96",
                        "nonsense=1", "decode.one_grid", "fused.wgmma_warpgroups=3", "decode.max_heads_x_dim=16",
-                       "fused.wgmma=0,decode.l2_policy=sometimes"};
+                       "fused.wgmma=0,decode.l2_policy=sometimes", "fused.exact_splits=17", "fused.tc_rows=100"};
   for (const char* s : bad) {
     SCOPED_TRACE(s);
     try {
@@ -370,20 +371,33 @@ TEST(Tuning, TheCallsTheScopesTheDevices) {
   Tuning bad;
   bad.fused.pack_ahead = 99;
   own.tuning = &bad;
-  const auto before = out.to_vector(s);
-  EXPECT_THROW(attention(s, q, k, v, out, sh, own), InvalidArgument);
-  EXPECT_EQ(out.to_vector(s), before);
+  out.fill(s, 42.0f);
+  const std::uint64_t launches = s.launches();
+  {
+    detail::LaunchRecorder rec;
+    EXPECT_THROW(attention(s, q, k, v, out, sh, own), InvalidArgument);
+    EXPECT_TRUE(rec.kernels().empty());
+  }
+  EXPECT_EQ(s.launches(), launches);
+  EXPECT_EQ(out.to_vector(s), std::vector<float>(n, 42.0f));
 }
 
 // LOCKSTEP_TUNING is read once, when a device is opened: a device opened before it was set keeps
 // its defaults, one opened after takes it, and a bad value refuses the open.
 TEST(Tuning, TheEnvironmentIsReadWhenADeviceIsOpened) {
-  auto before = make_cpu_device();
-  ::setenv("LOCKSTEP_TUNING", "decode.one_grid=1", 1);
-  auto after = make_cpu_device();
-  ::setenv("LOCKSTEP_TUNING", "decode.one_grid=yes", 1);
-  EXPECT_THROW(make_cpu_device(), InvalidArgument);
-  ::unsetenv("LOCKSTEP_TUNING");
+  std::shared_ptr<Device> before, after;
+  {
+    const testing::ScopedEnv unset("LOCKSTEP_TUNING", nullptr);
+    before = make_cpu_device();
+  }
+  {
+    const testing::ScopedEnv one_grid("LOCKSTEP_TUNING", "decode.one_grid=1");
+    after = make_cpu_device();
+  }
+  {
+    const testing::ScopedEnv bad("LOCKSTEP_TUNING", "decode.one_grid=yes");
+    EXPECT_THROW(make_cpu_device(), InvalidArgument);
+  }
   EXPECT_FALSE(before->tuning().decode.one_grid.has_value());
   EXPECT_EQ(after->tuning().decode.one_grid, std::optional<bool>(true));
   EXPECT_EQ(after->tuning().str(), "decode.one_grid=1");

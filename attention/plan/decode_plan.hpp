@@ -21,7 +21,6 @@ struct DecodeProblem {
   // K/V tokens the call may read, summed over rows (an upper bound where lengths live on the
   // device): with the L2's size, the chunk kernel's L2 policy.
   std::uint64_t kv_tokens = 0;
-  bool appends = false;  // the call writes each row's new K/V (Note [fused append])
 };
 
 // The chunk kernel: DecodeChunk<head_dim, heads_per_block, row_batch, stages>.

@@ -132,7 +132,7 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
     tokens = std::uint64_t(p.rows) * std::uint64_t(std::max<std::int64_t>(0, max_len));
   }
   const plan::DecodePlan pl = plan::plan_decode(
-      s.device().caps(), plan::DecodeProblem{p.rows, p.H, p.Hkv, head_dim, max_len, tokens, p.k_new != nullptr},
+      s.device().caps(), plan::DecodeProblem{p.rows, p.H, p.Hkv, head_dim, max_len, tokens},
       tuning_for(s, nullptr));
   p.max_chunks = pl.max_chunks;
   p.kv_l2_policy = static_cast<int>(pl.l2_policy);

@@ -506,20 +506,28 @@ void CpuStream::launch(const lockstep::detail::KernelLaunch& l) {
   });
 }
 
+// The simulation checks of the environment (LOCKSTEP_CPU_SHUFFLE_BLOCKS, _DECODE_LANES,
+// _EXACT_LANES, _SOFTMAX_LANES, _BLOCK_PASSES) switched on in `o`, for every CPU device, open's and
+// make_cpu_device's alike, so that a test suite rerun under one reaches every device. Each takes
+// 0 or 1 (the registry refuses other values before a device opens); unset or empty: off.
+void with_environment_checks(CpuDeviceOptions& o) {
+  const auto on = [](const char* name) {
+    const char* v = env(name);  // null when unset or empty
+    return v != nullptr && std::string(v) != "0";
+  };
+  o.shuffle_blocks = o.shuffle_blocks || on("LOCKSTEP_CPU_SHUFFLE_BLOCKS");
+  o.decode_lanes = o.decode_lanes || on("LOCKSTEP_CPU_DECODE_LANES");
+  o.exact_lanes = o.exact_lanes || on("LOCKSTEP_CPU_EXACT_LANES");
+  o.softmax_lanes = o.softmax_lanes || on("LOCKSTEP_CPU_SOFTMAX_LANES");
+  o.block_passes = o.block_passes || on("LOCKSTEP_CPU_BLOCK_PASSES");
+}
+
 CpuDeviceOptions options_from_env(int index) {
   CpuDeviceOptions o;
   o.index = index;
   if (const char* v = env("LOCKSTEP_CPU_POISON")) o.poison = std::string(v) != "0";
   // The numeric values were checked by the registry before the device opened (kKnobs).
-  const auto on = [](const char* name) {
-    const char* v = env(name);
-    return v != nullptr && std::string(v) != "0";
-  };
-  o.shuffle_blocks = on("LOCKSTEP_CPU_SHUFFLE_BLOCKS");
-  o.decode_lanes = on("LOCKSTEP_CPU_DECODE_LANES");
-  o.exact_lanes = on("LOCKSTEP_CPU_EXACT_LANES");
-  o.softmax_lanes = on("LOCKSTEP_CPU_SOFTMAX_LANES");
-  o.block_passes = on("LOCKSTEP_CPU_BLOCK_PASSES");
+  with_environment_checks(o);
   if (const char* v = env("LOCKSTEP_CPU_MEMORY")) {
     // Decimal digits only (strtoull took "abc" and "-5" as 0 and 2^64-5: no cap, silently).
     const std::string s(v);
@@ -580,7 +588,9 @@ Backend& cpu_backend() {
   return b;
 }
 std::shared_ptr<Device> make_cpu_device(const CpuDeviceOptions& options) {
-  return std::make_shared<cpu::CpuDevice>(options);
+  CpuDeviceOptions o = options;
+  cpu::with_environment_checks(o);
+  return std::make_shared<cpu::CpuDevice>(o);
 }
 std::optional<CpuDeviceOptions> set_cpu_device_paths(Device& device, const CpuDeviceOptions& paths) {
   auto* cpu = dynamic_cast<cpu::CpuDevice*>(&device);

@@ -61,7 +61,8 @@ Field number(const char* name, const char* values, int lo, int hi, int& (*ref)(T
           [=](Tuning& t, std::string_view v) { return parse_int(v, lo, hi, ref(t)); },
           [ref](const Tuning& t) { return std::to_string(ref(const_cast<Tuning&>(t))); }};
 }
-Field maybe_number(const char* name, const char* values, std::vector<int> allowed,
+// allowed: {lo, hi} with `range` (any value in [lo, hi]), or the values it takes.
+Field maybe_number(const char* name, const char* values, std::vector<int> allowed, bool range,
                    std::optional<int>& (*ref)(Tuning&)) {
   return {name, values,
           [=](Tuning& t, std::string_view v) {
@@ -71,7 +72,7 @@ Field maybe_number(const char* name, const char* values, std::vector<int> allowe
             }
             int n = 0;
             if (!parse_int(v, allowed.front(), allowed.back(), n)) return false;
-            bool ok = allowed.size() > 2 ? true : false;  // two entries: only those values
+            bool ok = range;
             for (int a : allowed) ok = ok || a == n;
             if (!ok) return false;
             ref(t) = n;
@@ -108,12 +109,13 @@ const std::vector<Field>& fields() {
       number("decode.max_heads_x_dim", "32 .. 512", 32, 512,
              [](Tuning& t) -> auto& { return t.decode.max_heads_x_dim; }),
       maybe_flag("fused.exact_separate_p", [](Tuning& t) -> auto& { return t.fused.exact_separate_p; }),
-      maybe_number("fused.exact_splits", "auto, 1 .. 16", {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16},
+      maybe_number("fused.exact_splits", "auto, 1 .. 16", {1, 16}, true,
                    [](Tuning& t) -> auto& { return t.fused.exact_splits; }),
-      maybe_number("fused.tc_rows", "auto, 64, 128", {64, 128}, [](Tuning& t) -> auto& { return t.fused.tc_rows; }),
+      maybe_number("fused.tc_rows", "auto, 64, 128", {64, 128}, false,
+                   [](Tuning& t) -> auto& { return t.fused.tc_rows; }),
       number("fused.tc_splits", "1 .. 16", 1, 16, [](Tuning& t) -> auto& { return t.fused.tc_splits; }),
       maybe_flag("fused.wgmma", [](Tuning& t) -> auto& { return t.fused.wgmma; }),
-      maybe_number("fused.wgmma_warpgroups", "auto, 1, 2", {1, 2},
+      maybe_number("fused.wgmma_warpgroups", "auto, 1, 2", {1, 2}, false,
                    [](Tuning& t) -> auto& { return t.fused.wgmma_warpgroups; }),
       maybe_flag("fused.pack_in_kernel", [](Tuning& t) -> auto& { return t.fused.pack_in_kernel; }),
       number("fused.pack_ahead", "1 .. 16", 1, 16, [](Tuning& t) -> auto& { return t.fused.pack_ahead; }),
@@ -121,6 +123,12 @@ const std::vector<Field>& fields() {
       flag("fused.wgmma_deferred", [](Tuning& t) -> auto& { return t.fused.wgmma_deferred; }),
   };
   return f;
+}
+
+std::string_view trimmed(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
 }
 
 std::string field_names() {
@@ -137,11 +145,12 @@ void Tuning::apply(std::string_view settings, std::string_view what) {
   while (b < settings.size()) {
     std::size_t e = settings.find(',', b);
     if (e == std::string_view::npos) e = settings.size();
-    const std::string_view item = settings.substr(b, e - b);
+    const std::string_view item = trimmed(settings.substr(b, e - b));
     b = e + 1;
     if (item.empty()) continue;
     const std::size_t eq = item.find('=');
-    const std::string_view name = item.substr(0, eq), value = eq == std::string_view::npos ? "" : item.substr(eq + 1);
+    const std::string_view name = trimmed(item.substr(0, eq)),
+                           value = eq == std::string_view::npos ? "" : trimmed(item.substr(eq + 1));
     const Field* f = nullptr;
     for (const Field& c : fields())
       if (name == c.name) f = &c;

@@ -229,7 +229,8 @@ struct CpuDeviceOptions {
   std::uint64_t memory_capacity = 0;  // bytes; 0 = unlimited
   bool poison = true;              // fill new allocations with the poison NaN pattern
   std::string simd = "auto";       // SIMD variant running kernels: auto, avx3, avx2, generic
-  // Checks of the simulation itself (docs/api.md, "Environment"; the same bits either way):
+  // Checks of the simulation itself (the same bits either way); the LOCKSTEP_CPU_* check
+  // variables switch them on for every CPU device (docs/api.md, "Environment"):
   bool shuffle_blocks = false;  // each launch's blocks in a random order (inter-block races)
   bool decode_lanes = false;    // the decode chunk kernel on the lane code, not the row form
   bool exact_lanes = false;     // fused Exact on the lane code (Note [row-major exact])

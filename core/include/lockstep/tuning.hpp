@@ -68,7 +68,8 @@ struct Tuning {
   DecodeTuning decode;
   FusedTuning fused;
 
-  // "decode.one_grid=1,fused.wgmma=0,...": every field by its name above, booleans as 0|1,
+  // "decode.one_grid=1, fused.wgmma=0, ...": every field by its name above (blanks around items,
+  // names and values are ignored), booleans as 0|1,
   // unset optionals as "auto", the L2 policy as unchanged|evict_first|evict_normal|auto. Applies
   // the settings to *this in order; a name or value it does not take is InvalidArgument naming
   // `what`, the setting and the values it takes, and leaves *this unchanged.

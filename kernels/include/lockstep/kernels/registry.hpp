@@ -34,8 +34,8 @@ using AllKernels = KernelList<
     DecodeChunk<96, 1, 1, 4>, DecodeChunk<96, 2, 1, 4>, DecodeChunk<96, 4, 1, 4>,
     DecodeChunk<128, 1, 2, 3>, DecodeChunk<128, 2, 1, 4>, DecodeChunk<128, 4, 1, 4>,
     DecodeChunk<256, 1, 1, 4>, DecodeChunk<256, 2, 1, 4>,
-    // schedule variants (same bits; tests and LOCKSTEP_DECODE_STAGES / _ROW_BATCH): loads
-    // straight into registers, 32-row tiles in a ring of 3
+    // schedule variants that only the tests launch, as references (same bits): loads straight
+    // into registers, 32-row tiles in a ring of 3
     DecodeChunk<128, 4, 2>, DecodeChunk<128, 4, 4>, DecodeChunk<128, 1, 2>, DecodeChunk<128, 1, 4>,
     DecodeChunk<96, 4, 2>, DecodeChunk<128, 4, 2, 3>,
     DecodeChunk<128, 4, 1, 4, true>,  // Note [decode timeline]
@@ -68,7 +68,7 @@ using AllKernels = KernelList<
     // with packing blocks (Note [packing blocks])
     FusedAttentionWgmma<64, 1, true>, FusedAttentionWgmma<64, 2, true>, FusedAttentionWgmma<128, 1, true>,
     FusedAttentionWgmma<128, 2, true>,
-    // Note [four wgmma blocks per SM] (LOCKSTEP_FUSED_TC_WGMMA_DEFER=0), without and with packing blocks
+    // Note [four wgmma blocks per SM] (fused.wgmma_deferred = 0), without and with packing blocks
     FusedAttentionWgmma<64, 1, false, false>, FusedAttentionWgmma<64, 1, true, false>,
     // Note [deferred P.V wait] (the default at head_dim 64, one warpgroup), without and with packing blocks
     FusedAttentionWgmma<64, 1, false, false, true>, FusedAttentionWgmma<64, 1, true, false, true>,

@@ -45,7 +45,7 @@ LOCKSTEP_HD bool row_major_decode(const X& x) {
 // stores the new rows into the cache. No block reads cache row p in that launch, so the store
 // races with nothing; the arithmetic reads the values the scatter would have written, so the
 // bits are those of a scatter followed by the attention (tested), and the loops that read the
-// tiles are unchanged. A variant without async tiles (a measurement knob) gets a separate
+// tiles are unchanged. A variant without async tiles (a test reference) gets a separate
 // KvScatter launch first.
 
 // Note [softmax per warp]
@@ -136,8 +136,8 @@ struct DecodeChunkBound<true, N> {
 // fewer blocks are left, each with at most NS tiles requested, and the DRAM idles while they
 // finish (the same-size read itself ends at 93.5% of the ceiling: docs/performance.md). The
 // variant DecodeChunk<..., PF = true> (registered at head_dim 128 with 4 heads per block, the
-// B = 1 L = 32768 benchmark's kernel; launch_decode picks it when LOCKSTEP_DECODE_TAIL_PREFETCH
-// = N > 0, a measurement knob) has the last N blocks of the chunk grid in launch order request
+// B = 1 L = 32768 benchmark's kernel; no plan picks it: tests launch it directly) with
+// p.prefetch_tail = N has the last N blocks of the chunk grid in launch order request
 // the rest of their chunk (K past the first NS tiles and all of V: cp.async.bulk.prefetch.L2 on
 // sm_90; nothing on the CPU) into the L2 when they start, so that their reads are queued while
 // the other blocks still stream and the last ones read from the L2. A hint: which bytes are
@@ -147,10 +147,10 @@ struct DecodeChunkBound<true, N> {
 // illegal instruction on the H200). A variant of its own, so that the default kernel's code
 // stays the one verified on the GPU: its SASS is unchanged by this note (checked with cuobjdump).
 // Measured on an H100 (two rounds): slower, not faster: B = 1 L = 32768 0.0948 ms with
-// N = 1 and 0.117 with every block prefetching, against 0.0941 with none. So the knob stays off.
+// N = 1 and 0.117 with every block prefetching, against 0.0941 with none. So no plan picks it.
 // Note [decode timeline]
 // A diagnostic: DecodeChunk<..., TL = true> (registered at head_dim 128 with 4 heads per block,
-// chosen by LOCKSTEP_DECODE_TIMELINE=<file>, which launch_decode then appends to) has thread 0
+// launched directly by the tests; no plan picks it) has thread 0
 // of each block write p.timeline[block * 8 + k]: the global timer at the block's start (k = 0),
 // when its first K tile has landed (1), at the end of the scores (2), of the softmax (3), of
 // P x V (4) and once its partials are stored (5), and its multiprocessor (6). The arithmetic is

@@ -23,8 +23,8 @@ namespace lockstep::kernels {
 // layer at B=1 L=4096 (16 chunks x 4 heads per merging block), 1.6% at B=32 L=4096, 14% at B=1
 // L=32768 (42% with the smaller batch below), equal at B=128 L=2048 and MHA B=32 L=2048, and
 // 3-4.5% shorter at whisper-tiny (2 chunks, 1 head). So launch_decode folds only small merges
-// (G * chunks <= 8) by default; LOCKSTEP_DECODE_FOLD=1 folds every row (for host-bound eager
-// loops), LOCKSTEP_DECODE_FOLD=0 none.
+// (G * chunks <= 8) by default; the Tuning decode.fold_merge = 1 folds every row (for host-bound
+// eager loops), = 0 none.
 
 // out[r, h, :] = the chunks of row r merged. Grid: x = H * S, y = row (loops past 65535). A row of
 // length 0 gives zeros.
@@ -266,7 +266,7 @@ struct DecodeMerge {
 
   // Note [merge timeline]
   // A diagnostic beside Note [decode timeline]: DecodeMerge<..., TL = true> (registered for the
-  // sliced merge at head_dim 128, which launch_decode picks under LOCKSTEP_DECODE_TIMELINE) has
+  // sliced merge at head_dim 128, launched directly by the tests) has
   // thread 0 of merge block (bx, by) write p.merge_timeline[(by * H * kSlices + bx) * 8 + k] when
   // it is set: the global timer at the block's start (k = 0), when its counter has reached
   // max_chunks (1), when its row is merged (2), after its final wait for the chunk kernel (3),

@@ -40,9 +40,8 @@ namespace lockstep::kernels {
 //     still in flight: the first call after it (Stream::counters says fresh) sets
 //     p.ticket_after_wait, and its blocks take the ticket after the wait, as before.
 // A ticket counter per (row, block y), 8x less contention, cost more: the cost is the
-// round trip. With LOCKSTEP_DECODE_ONE_GRID=1 launch_decode uses the one grid (kOneGridOnCuda
-// there makes it the default on CUDA devices once a GPU run has measured this version: the
-// ticket before the wait and the L2 policy in the chunk blocks are not yet measured).
+// round trip. With the Tuning decode.one_grid = 1 the decode plan uses the one grid; it is off by
+// default on every device (less host time per eager call, more device time per captured step).
 template <class C, class M>
 struct DecodeOneGrid {
   static constexpr const char* kName = "decode_one_grid";

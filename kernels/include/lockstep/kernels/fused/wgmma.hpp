@@ -108,7 +108,7 @@ namespace lockstep::kernels {
 // head_dim 64 kernel would run (attention/src/fused.cpp): at 16x16x1024x64 causal
 // on an H100 its four blocks per SM (ncu: 128 registers, no stack; three blocks with the overlap,
 // at 168) took 0.2026-0.2075 ms against 0.2089-0.2172 (five rounds each, same call), and the
-// kernel alone 194 us against 205. LOCKSTEP_FUSED_TC_WGMMA_SERIAL=0 picks the overlapping kernel.
+// kernel alone 194 us against 205. The Tuning fused.wgmma_serial = 0 picks the overlapping kernel.
 //
 // Note [deferred P.V wait]
 // FusedAttentionWgmma<64, 1, PK, false, true>: Note [four wgmma blocks per SM]'s kernel (128
@@ -128,7 +128,7 @@ namespace lockstep::kernels {
 // products asynchronous (SASS: one WARPGROUP.DEPBAR.LE gsb0 0x1 and one 0x0 per tile) at 123-124
 // registers, no stack. The default where the serial kernel runs (H200,
 // 16x16x1024x64 causal, four rounds each: 0.1935-0.1958 ms against the serial order's
-// 0.1947-0.2025); LOCKSTEP_FUSED_TC_WGMMA_DEFER=0 keeps the serial order.
+// 0.1947-0.2025); the Tuning fused.wgmma_deferred = 0 keeps the serial order.
 template <int D, int WG = 2, bool PK = false, bool OV = true, bool DP = false>
 struct FusedAttentionWgmma {
   static_assert(D == 64 || D == 128, "wgmma attention: head_dim 64 or 128");
