@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "lockstep/attention/kv_cache.hpp"
+#include "lockstep/attention/rope.hpp"
+#include "lockstep/attention/decode.hpp"
 #include "lockstep/attention/ops.hpp"
 #include "lockstep/lockstep.hpp"
 

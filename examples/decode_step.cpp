@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "lockstep/attention/kv_cache.hpp"
+#include "lockstep/attention/decode.hpp"
 #include "lockstep/lockstep.hpp"
 
 int main(int argc, char** argv) try {

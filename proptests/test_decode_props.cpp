@@ -16,6 +16,7 @@
 #include "harness/harness_decode.hpp"
 #include "lockstep/attention/decode.hpp"
 #include "lockstep/attention/kv_cache.hpp"
+#include "lockstep/attention/rope.hpp"
 #include "lockstep/kernels/decode.hpp"
 #include "lockstep/kernels/rope.hpp"
 

@@ -9,6 +9,7 @@
 #include "lockstep/attention/decode.hpp"
 #include "lockstep/attention/fused.hpp"
 #include "lockstep/attention/kv_cache.hpp"
+#include "lockstep/attention/rope.hpp"
 #include "lockstep/attention/multihead.hpp"
 #include "support/attention.hpp"
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "lockstep/attention/kv_cache.hpp"
+#include "lockstep/attention/decode.hpp"
 #include "lockstep/attention/ops.hpp"
 #include "support/backends.hpp"
 #include "support/random.hpp"

@@ -12,6 +12,7 @@
 
 #include "../backends/cpu/kernel_table.hpp"
 #include "lockstep/attention/kv_cache.hpp"
+#include "lockstep/attention/rope.hpp"
 #include "lockstep/attention/multihead.hpp"
 #include "lockstep/attention/ops.hpp"
 #include "support/backends.hpp"

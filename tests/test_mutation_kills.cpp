@@ -13,6 +13,8 @@
 
 #include "harness/harness.hpp"
 #include "lockstep/attention/kv_cache.hpp"
+#include "lockstep/attention/rope.hpp"
+#include "lockstep/attention/decode.hpp"
 #include "lockstep/attention/ops.hpp"
 #include "lockstep/kernels/elementwise.hpp"
 #include "lockstep/kernels/launch.hpp"

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "lockstep/attention/kv_cache.hpp"
+#include "lockstep/attention/rope.hpp"
 #include "support/attention.hpp"
 
 namespace lockstep::testing {

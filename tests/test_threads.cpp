@@ -20,6 +20,7 @@
 
 #include "lockstep/attention/fused.hpp"
 #include "lockstep/attention/kv_cache.hpp"
+#include "lockstep/attention/decode.hpp"
 #include "lockstep/attention/multihead.hpp"
 #include "lockstep/attention/ops.hpp"
 #include "support/backends.hpp"

@@ -1,6 +1,7 @@
 // flash_decoding: a decode step over every slot of a KvCache layer, appending each slot's new
 // token and attending its cache in one chunk launch (Note [fused append]).
 #include "lockstep/attention/kv_cache.hpp"
+#include "lockstep/attention/decode.hpp"
 
 #include <algorithm>
 #include <cmath>

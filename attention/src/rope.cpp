@@ -1,5 +1,6 @@
 // rope: rotary position embedding of q and k in place, one launch.
 #include "lockstep/attention/kv_cache.hpp"
+#include "lockstep/attention/rope.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -12,6 +12,7 @@
 #include "harness_cache.hpp"
 #include "harness_decode.hpp"
 #include "lockstep/attention/decode.hpp"
+#include "lockstep/attention/rope.hpp"
 #include "lockstep/kernels/math.hpp"
 
 namespace lockstep::harness {

@@ -1,5 +1,6 @@
 #pragma once
-// A device-resident KV cache for batched decoding (docs/api.md, "The KV cache").
+// A device-resident KV cache for batched decoding (docs/api.md, "The KV cache"). Attention over
+// it, flash_decoding, is declared in lockstep/attention/decode.hpp.
 //
 // Per layer, K and V are [slots, num_kv_heads, max_len, head_dim] fp32. Every slot holds one
 // sequence with its own length (shared by all layers). Lengths, done flags and the slot count are
@@ -27,10 +28,6 @@ struct KvCacheConfig {
   std::int64_t slots = 1;         // sequences (any number in [1, 2^31 - 1] that fits in memory)
 };
 
-class KvCache;
-void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,
-                    const Buffer<float>& k_new, const Buffer<float>& v_new,
-                    std::span<const std::int64_t> positions, Buffer<float>& out);
 
 class KvCache {
  public:
@@ -157,47 +154,5 @@ class KvCache {
   std::vector<std::int32_t> behind_;     // [slots]: layers holding fewer than the slot's length
   std::vector<std::uint8_t> importing_;  // [slots]: the last operation was an import (write_from_*)
 };
-
-// Flash-Decoding over every slot of `cache` (docs/api.md): writes k_new / v_new into `layer` at
-// `positions` (as KvCache::append), then out = split-K attention of q over each slot's tokens.
-// q [slots, num_heads, head_dim], k_new / v_new [slots, num_kv_heads, head_dim], out [slots,
-// num_heads, head_dim]. Done slots give zeros (a slot of length 0 appends its token and attends it). The split size is fixed
-// (Note [fixed split size]), so each slot's output is bitwise independent of the others. Two
-// launches, the chunk kernel, which also appends (Note [fused append]), and the merge; one where
-// the merge is small and the chunk kernel does it (Note [folded merge]); up to 128
-// slots' positions travel in the kernel parameters (Note [inline positions]), more are copied
-// to the device first.
-void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,
-                    const Buffer<float>& k_new, const Buffer<float>& v_new,
-                    std::span<const std::int64_t> positions, Buffer<float>& out);
-
-// Flash-Decoding with the positions in device memory (Note [device positions] in
-// kernels/decode.hpp): the same kernels and bits as the call above, enqueued as the same one or two
-// launches with no host-to-device copy, so that a whole decode step can be captured in a CUDA graph and
-// replayed after writing new positions into `positions`. positions: [slots] int32 on the
-// stream's device; slot s's new K/V go to token positions[s] and its query attends
-// positions[s] + 1 tokens; -1 skips the slot (zeros out, nothing written). The host never reads
-// the values, so (1) the cache's host-side lengths are not updated (KvCache::set_length), and
-// (2) a position outside [-1, max_len) is not an exception: the kernels skip that slot (nothing
-// written, zeros out) and, if `status` is given (one int32 on the device), raise it to
-// max(status, 1 + slot): with several such slots it holds the highest, on every run and
-// backend; lockstep never clears it. Shapes, devices and sizes are checked on the host as above
-// (InvalidArgument, nothing enqueued). The first call on a stream sizes the stream's scratch for
-// max_len; later calls allocate nothing (run one call before capturing on that stream).
-void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,
-                    const Buffer<float>& k_new, const Buffer<float>& v_new,
-                    const Buffer<std::int32_t>& positions, Buffer<float>& out,
-                    Buffer<std::int32_t>* status = nullptr);
-
-// Rotary position embedding in place on q [rows, num_heads, head_dim] and k [rows, num_kv_heads,
-// head_dim] (either may be nullptr), row r at positions[r], in one launch.
-enum class RopeStyle { kNorm, kNeox };
-struct RopeConfig {
-  std::int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
-  float theta = 10000.0f;
-  RopeStyle style = RopeStyle::kNorm;
-};
-void rope(Stream& stream, Buffer<float>* q, Buffer<float>* k, std::span<const std::int64_t> positions,
-          const RopeConfig& config);
 
 }  // namespace lockstep
