@@ -115,7 +115,7 @@ FusedPlan plan_fused(const DeviceCaps& caps, const FusedProblem& pr, const Tunin
     p.rows_per_block = 64 * p.warpgroups;
   } else {
     if (Skv > 0) p.pack = FusedPack::kLaunch;
-    // TensorCore at head_dim 64-128 can run 128 query rows per block (two m-tiles per warp
+    // TensorCore at head_dim 64-128 can take 128 query rows per block (two m-tiles per warp
     // sharing each K and V fragment) instead of 64: faster at head_dim 128 when the grid fills
     // two waves of two blocks per multiprocessor (B4 H32 L4096: 4.42 vs 5.12-5.18 ms), slower at
     // head_dim 64.
