@@ -111,4 +111,12 @@ inline std::string dims(std::initializer_list<std::int64_t> d) {
   return s + "]";
 }
 
+// The Tuning a call uses: its own (`call`), else the innermost TuningScope's on this thread,
+// else the stream's device's (lockstep/tuning.hpp).
+inline const Tuning& tuning_for(const Stream& s, const Tuning* call) {
+  if (call != nullptr) return *call;
+  if (const Tuning* scoped = scoped_tuning()) return *scoped;
+  return s.device().tuning();
+}
+
 }  // namespace lockstep::detail

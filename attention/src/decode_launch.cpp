@@ -107,12 +107,6 @@ void launch_chunk_and_merge(Stream& s, kernels::DecodeParams p, const plan::Deco
 }
 }  // namespace
 
-const Tuning& tuning_for(const Stream& s, const Tuning* call) {
-  if (call != nullptr) return *call;
-  if (const Tuning* scoped = scoped_tuning()) return *scoped;
-  return s.device().tuning();
-}
-
 int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int64_t head_dim,
                   std::int64_t max_len) {
   if (p.rows == 0) return 0;

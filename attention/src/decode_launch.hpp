@@ -19,10 +19,6 @@ std::size_t decode_workspace_floats(std::int64_t rows, std::int64_t H, std::int6
 int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int64_t head_dim,
                   std::int64_t max_len);
 
-// The Tuning a call uses: its own (`call`), else the innermost TuningScope's on this thread,
-// else the stream's device's (lockstep/tuning.hpp).
-const Tuning& tuning_for(const Stream& s, const Tuning* call);
-
 void launch_kv_scatter(Stream& s, const kernels::KvScatterParams& p);
 
 // Checks the decode geometry: head_dim supported, kv heads divide heads, sizes within the

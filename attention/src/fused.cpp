@@ -5,7 +5,6 @@
 #include <string>
 
 #include "checks.hpp"
-#include "decode_launch.hpp"
 #include "fused_plan.hpp"
 #include "lockstep/kernels/launch.hpp"
 
