@@ -293,6 +293,14 @@ int run(const Options& o) {
                 "the cases within the documented bound). check: the oracle's exact bytes, a bound in float ulps "
                 "(worst error: the largest distance), or the documented error bound of docs/numerics.md (worst "
                 "error: the largest |error| as a %% of the bound).\n");
+  if (!child) {
+    // The CPU's bytes per kernel, for comparing two builds or versions: equal digests at the
+    // same --cases and --seed mean every case gave the same bytes.
+    std::printf("\nCPU bytes per kernel (FNV-1a over every case's outputs; compare across builds at the same "
+                "--cases and --seed):\n");
+    for (const auto& [name, d] : digests)
+      std::printf("  %-36s %016llx\n", name.c_str(), static_cast<unsigned long long>(d));
+  }
   if (!child && !decode_names.empty()) {
     for (const auto& set : schedule_sets(o.knob_reruns)) {
       const int rc = rerun_with(o, set, decode_names, digests);

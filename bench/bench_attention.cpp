@@ -242,10 +242,14 @@ std::vector<Result> mha(Context& ctx, std::int64_t B, std::int64_t S, std::int64
       o.impl = impl;
       o.gemm = gemm;
       int launches = 0;
+      MhaReport rep;
+      o.report = &rep;
       auto call = [&] {
         launches = 0;
-        for (std::int64_t b = 0; b < B; ++b)
-          launches += multihead_attention(ctx.stream(), q, k, v, out, MhaShape{S, H, D}, o).launches;
+        for (std::int64_t b = 0; b < B; ++b) {
+          multihead_attention(ctx.stream(), q, k, v, out, MhaShape{S, H, D}, o);
+          launches += rep.launches;
+        }
       };
       Result r;
       r.name = std::string("multihead_") + (impl == MhaImpl::kPerHead ? "per_head" : "batched") +

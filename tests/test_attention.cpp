@@ -71,7 +71,7 @@ TEST_P(Attention, OutputsMayNotShareMemoryWithInputs) {
     expect_all(vc, 2.0f);
     // kv_cache_scatter: src inside the cache.
     auto src = view(kc, 2 * 8 * 32 - 64, 64);
-    expect_invalid([&] { kv_cache_scatter(s(), src, kc, 0, sh); }, "cache", "memory that overlaps src");
+    expect_invalid([&] { kv_cache_scatter(s(), src, 0, kc, sh); }, "cache", "memory that overlaps src");
     expect_all(kc, 1.0f);
   }
   // multihead_attention: out over v (partly).
@@ -117,17 +117,17 @@ TEST_P(Attention, OutputsMayNotShareMemoryWithInputs) {
     Buffer<std::int32_t> dpos(dev, 2);
     dpos.copy_from_host(s(), std::vector<std::int32_t>{0, 0});
     auto status = Buffer<std::int32_t>::wrap(dev, dpos.data().get() + 1, 1);
-    expect_invalid([&] { flash_decoding(s(), cache, 0, q, kn, vn, dpos, out, &status); }, "status",
+    expect_invalid([&] { flash_decoding(s(), cache, 0, q, kn, vn, dpos, out, DecodeOptions{.status = &status}); }, "options.status",
                    "memory that overlaps positions");
     auto status_in_q = Buffer<std::int32_t>::wrap(dev, reinterpret_cast<std::int32_t*>(q.data().get()), 1);
-    expect_invalid([&] { flash_decoding(s(), cache, 0, q, kn, vn, dpos, out, &status_in_q); }, "status",
+    expect_invalid([&] { flash_decoding(s(), cache, 0, q, kn, vn, dpos, out, DecodeOptions{.status = &status_in_q}); }, "options.status",
                    "memory that overlaps q");
     // A wrapped view of the cache itself, as out or status.
     auto out_in_k = Buffer<float>::wrap(dev, cache.k(0).data().get() + 64, 2 * 4 * 32);
     expect_invalid([&] { flash_decoding(s(), cache, 0, q, kn, vn, pos, out_in_k); }, "out",
                    "memory that overlaps the cache's K");
     auto status_in_v = Buffer<std::int32_t>::wrap(dev, reinterpret_cast<std::int32_t*>(cache.v(0).data().get()), 1);
-    expect_invalid([&] { flash_decoding(s(), cache, 0, q, kn, vn, dpos, out, &status_in_v); }, "status",
+    expect_invalid([&] { flash_decoding(s(), cache, 0, q, kn, vn, dpos, out, DecodeOptions{.status = &status_in_v}); }, "options.status",
                    "memory that overlaps the cache's V");
     // Inputs inside the cache the call writes: the new tokens (also for append), q, positions.
     auto kn_in_v = Buffer<float>::wrap(dev, cache.v(0).data().get() + 32, 2 * 2 * 32);

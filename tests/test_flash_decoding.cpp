@@ -65,7 +65,7 @@ TEST_P(Attention, FlashDecodingWithDevicePositionsGivesTheSameBytes) {
       const auto q = buf(3 * 8 * 64), kn = buf(3 * 2 * 64), vn = buf(3 * 2 * 64);
       auto oa = filled(3 * 8 * 64, 42.0f), ob = filled(3 * 8 * 64, 42.0f);
       flash_decoding(s(), a, l, q, kn, vn, hp, oa);
-      flash_decoding(s(), b, l, q, kn, vn, dpos, ob, &status);
+      flash_decoding(s(), b, l, q, kn, vn, dpos, ob, DecodeOptions{.status = &status});
       SCOPED_TRACE("step " + std::to_string(step) + ", layer " + std::to_string(l));
       EXPECT_TRUE(same(oa.to_vector(s()), ob.to_vector(s())));
       for (std::size_t slot = 0; slot < 3; ++slot) len[slot] = a.length(std::int64_t(slot));
@@ -84,7 +84,7 @@ TEST_P(Attention, FlashDecodingWithDevicePositionsGivesTheSameBytes) {
   const auto k0 = b.k(0).to_vector(s()), v0 = b.v(0).to_vector(s());
   const auto q = buf(3 * 8 * 64), kn = buf(3 * 2 * 64), vn = buf(3 * 2 * 64);
   auto ob = filled(3 * 8 * 64, 42.0f);
-  flash_decoding(s(), b, 0, q, kn, vn, ints({300, 5000, -7}), ob, &status);
+  flash_decoding(s(), b, 0, q, kn, vn, ints({300, 5000, -7}), ob, DecodeOptions{.status = &status});
   EXPECT_TRUE(same(k0, b.k(0).to_vector(s())));
   EXPECT_TRUE(same(v0, b.v(0).to_vector(s())));
   for (float x : ob.to_vector(s())) ASSERT_EQ(bits(x), 0u);
@@ -94,15 +94,15 @@ TEST_P(Attention, FlashDecodingWithDevicePositionsGivesTheSameBytes) {
   // INT32_MAX: its length (position + 1) must not overflow into a valid one; -1 is a done slot,
   // not an error.
   status.fill(s(), 0);
-  flash_decoding(s(), b, 0, q, kn, vn, ints({-1, 2147483647, -1}), ob, &status);
+  flash_decoding(s(), b, 0, q, kn, vn, ints({-1, 2147483647, -1}), ob, DecodeOptions{.status = &status});
   EXPECT_TRUE(same(k0, b.k(0).to_vector(s())));
   for (float x : ob.to_vector(s())) ASSERT_EQ(bits(x), 0u);
   EXPECT_EQ(status.to_vector(s())[0], 2);
   // A later call never lowers it (the maximum over calls, until the caller clears it).
-  flash_decoding(s(), b, 0, q, kn, vn, ints({-7, -1, -1}), ob, &status);
+  flash_decoding(s(), b, 0, q, kn, vn, ints({-7, -1, -1}), ob, DecodeOptions{.status = &status});
   EXPECT_EQ(status.to_vector(s())[0], 2);
   status.fill(s(), 0);
-  flash_decoding(s(), b, 0, q, kn, vn, ints({-7, -1, -1}), ob, &status);
+  flash_decoding(s(), b, 0, q, kn, vn, ints({-7, -1, -1}), ob, DecodeOptions{.status = &status});
   EXPECT_EQ(status.to_vector(s())[0], 1);
 
   // Host-side checks: typed errors, nothing enqueued (the position buffers are uploaded first:
@@ -114,7 +114,7 @@ TEST_P(Attention, FlashDecodingWithDevicePositionsGivesTheSameBytes) {
   const auto k_before = b.k(0).to_vector(s()), v_before = b.v(0).to_vector(s());
   const auto launches = s().launches();
   expect_invalid([&] { flash_decoding(s(), b, 0, q, kn, vn, pos2, oc); }, "positions.size()");
-  expect_invalid([&] { flash_decoding(s(), b, 0, q, kn, vn, pos3, oc, &two); }, "status.size()");
+  expect_invalid([&] { flash_decoding(s(), b, 0, q, kn, vn, pos3, oc, DecodeOptions{.status = &two}); }, "options.status.size()");
   expect_invalid([&] { flash_decoding(s(), b, 2, q, kn, vn, pos3, oc); }, "layer");
   EXPECT_EQ(s().launches(), launches);
   expect_all(oc, 42.0f);

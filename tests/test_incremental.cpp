@@ -55,10 +55,10 @@ TEST_P(Attention, IncrementalOfLengthZeroGivesZeros) {
 TEST_P(Attention, KvScatterBadPositionWritesNothing) {
   const DecodeShape sh{2, 2, 32, 16};
   auto src = filled(2 * 32, 3.0f), cache = filled(2 * 16 * 32, 7.0f);
-  expect_invalid([&] { kv_cache_scatter(s(), src, cache, 16, sh); }, "pos");
-  expect_invalid([&] { kv_cache_scatter(s(), src, cache, -1, sh); }, "pos");
+  expect_invalid([&] { kv_cache_scatter(s(), src, 16, cache, sh); }, "pos");
+  expect_invalid([&] { kv_cache_scatter(s(), src, -1, cache, sh); }, "pos");
   expect_all(cache, 7.0f);
-  kv_cache_scatter(s(), src, cache, 15, sh);
+  kv_cache_scatter(s(), src, 15, cache, sh);
   const auto c = cache.to_vector(s());
   EXPECT_EQ(c[15 * 32], 3.0f);
   EXPECT_EQ(c[16 * 32 + 15 * 32 + 31], 3.0f);

@@ -361,7 +361,7 @@ TEST_P(Kernels, BadInputIsTypedAndLeavesOutputsUntouched) {
   expect([&] { ops::gemm(s(), a, a, a, 1, 10, 10, 10); }, "c");
   EXPECT_EQ(download(a), std::vector<float>(100, 1.0f)) << "the refused gemm's c (a itself) is untouched";
   expect([&] { ops::transpose(s(), a, out, 1, 10, 11); }, "in.size()");
-  expect([&] { ops::interleaved_to_batched(s(), a, out, 5, 0, 20); }, "heads");
+  expect([&] { ops::interleaved_to_batched(s(), a, out, 5, 0, 20); }, "num_heads");
   // Not in place: the same buffer, or wrapped pointers that overlap, are refused (they gave
   // wrong numbers), and out keeps its bytes.
   expect([&] { ops::transpose(s(), out, out, 1, 10, 10); }, "out");
@@ -397,10 +397,10 @@ TEST_P(Kernels, BadInputIsTypedAndLeavesOutputsUntouched) {
     auto in_view = Buffer<float>::wrap(dev, a.data().get(), std::size_t(heads * dim));
     auto out_view = Buffer<float>::wrap(dev, out.data().get(), std::size_t(heads * dim));
     auto head_view = Buffer<float>::wrap(dev, out.data().get(), std::size_t(dim));
-    expect([&] { ops::interleaved_to_batched(s(), in_view, out_view, 1, heads, dim); }, "8 * heads * dim + dim");
-    expect([&] { ops::batched_to_interleaved(s(), in_view, out_view, 1, heads, dim); }, "8 * heads * dim + dim");
-    expect([&] { ops::extract_head(s(), in_view, head_view, 1, heads, dim, 0); }, "8 * heads * dim + dim");
-    expect([&] { ops::copy_head_back(s(), head_view, out_view, 1, heads, dim, 0); }, "8 * heads * dim + dim");
+    expect([&] { ops::interleaved_to_batched(s(), in_view, out_view, 1, heads, dim); }, "8 * num_heads * head_dim + head_dim");
+    expect([&] { ops::batched_to_interleaved(s(), in_view, out_view, 1, heads, dim); }, "8 * num_heads * head_dim + head_dim");
+    expect([&] { ops::extract_head(s(), in_view, head_view, 1, heads, dim, 0); }, "8 * num_heads * head_dim + head_dim");
+    expect([&] { ops::copy_head_back(s(), head_view, out_view, 1, heads, dim, 0); }, "8 * num_heads * head_dim + head_dim");
     EXPECT_EQ(s().launches(), launches);
   }
   auto other = dev->id().kind == DeviceKind::kCpu ? open("cpu:3") : open("cpu");

@@ -17,9 +17,16 @@ TEST_P(Attention, MultiheadReportsLaunchesAndRejectsBadShapes) {
   MhaOptions o;
   o.gemm = GemmKind::kExact;
   o.impl = MhaImpl::kPerHead;
-  EXPECT_EQ(multihead_attention(s(), q, k, v, out, MhaShape{S, H, D}, o).launches, 9 * H);
+  MhaReport rep;
+  o.report = &rep;
+  multihead_attention(s(), q, k, v, out, MhaShape{S, H, D}, o);
+  EXPECT_EQ(rep.launches, 9 * H);
+  EXPECT_EQ(rep.impl, MhaImpl::kPerHead);
   o.impl = MhaImpl::kBatched;
-  EXPECT_EQ(multihead_attention(s(), q, k, v, out, MhaShape{S, H, D}, o).launches, 9);
+  multihead_attention(s(), q, k, v, out, MhaShape{S, H, D}, o);
+  EXPECT_EQ(rep.launches, 9);
+  EXPECT_EQ(rep.impl, MhaImpl::kBatched);
+  o.report = nullptr;
   // Every value row is 0.3: attention returns 0.3 exactly (convex combination of equal values).
   for (float x : out.to_vector(s())) ASSERT_NEAR(x, 0.3f, 1e-6f);
   auto out2 = filled(S * H * D, 42.0f);
@@ -70,7 +77,10 @@ TEST_P(Attention, MultiheadReportsLaunchesAndRejectsBadShapes) {
 TEST_P(Attention, MultiheadAutoFollowsTheSeedRule) {
   auto run = [&](std::int64_t S, std::int64_t D, MhaOptions opts = {}) {
     auto q = filled(S * D, 0.1f), k = filled(S * D, 0.1f), v = filled(S * D, 0.1f), o = filled(S * D, 0.0f);
-    return multihead_attention(s(), q, k, v, o, MhaShape{S, 1, D}, opts);
+    MhaReport rep;
+    opts.report = &rep;
+    multihead_attention(s(), q, k, v, o, MhaShape{S, 1, D}, opts);
+    return rep;
   };
   auto r = run(64, 64);
   EXPECT_EQ(r.score_gemm, GemmKind::kTensorCore);  // m = n = 64 >= 16, k = 64

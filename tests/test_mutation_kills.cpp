@@ -303,7 +303,7 @@ TEST_P(MutationKills, FlashDecodingReportsAPositionAtMaxLen) {
     pos.copy_from_host(s(), std::vector<std::int32_t>{-1, 8, -1});
     status.copy_from_host(s(), std::vector<std::int32_t>{0});
     const auto k0 = cache.k(0).to_vector(s()), v0 = cache.v(0).to_vector(s());
-    flash_decoding(s(), cache, 0, q, kn, vn, pos, out, &status);
+    flash_decoding(s(), cache, 0, q, kn, vn, pos, out, DecodeOptions{.status = &status});
     EXPECT_EQ(status.to_vector(s())[0], 2);
     EXPECT_TRUE(same(cache.k(0).to_vector(s()), k0));
     EXPECT_TRUE(same(cache.v(0).to_vector(s()), v0));

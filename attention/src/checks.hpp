@@ -2,8 +2,11 @@
 // Argument checks shared by the attention calls: every failure is an InvalidArgument naming the
 // parameter, its value and the limit, raised before anything is enqueued.
 
+#include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <initializer_list>
 #include <string>
 #include <string_view>
@@ -113,10 +116,39 @@ inline std::string dims(std::initializer_list<std::int64_t> d) {
 
 // The Tuning a call uses: its own (`call`), else the innermost TuningScope's on this thread,
 // else the stream's device's (lockstep/tuning.hpp).
-inline const Tuning& tuning_for(const Stream& s, const Tuning* call) {
+inline const Tuning& tuning_for(const Device& d, const Tuning* call) {
   if (call != nullptr) return *call;
   if (const Tuning* scoped = scoped_tuning()) return *scoped;
-  return s.device().tuning();
+  return d.tuning();
+}
+inline const Tuning& tuning_for(const Stream& s, const Tuning* call) { return tuning_for(s.device(), call); }
+
+// A call's softmax scale: options.scale (checked finite) or 1 / sqrt(head_dim).
+inline float softmax_scale(std::string_view where, const std::optional<float>& scale, std::int64_t head_dim) {
+  if (scale) LOCKSTEP_CHECK_ARG(std::isfinite(*scale), where, "options.scale", *scale, "a finite float");
+  return scale.value_or(1.0f / std::sqrt(static_cast<float>(head_dim)));
+}
+
+// Note [caller workspace]: a call's temporaries live in options.workspace when the caller gives
+// one, else in the stream's scratch (Note [stream scratch]). The caller's buffer is checked with
+// the call's other arguments (on the stream's device, at least the bytes the call needs, 16-byte
+// aligned, overlapping none of the call's buffers: check_workspace_apart), so that a refused
+// call enqueues nothing; workspace_memory then hands out its start.
+inline void check_workspace(std::string_view where, const Buffer<std::byte>* ws, Stream& s, std::uint64_t bytes) {
+  if (ws == nullptr) return;
+  check_on(where, "options.workspace", *ws, s);
+  LOCKSTEP_CHECK_ARG(ws->size() >= bytes, where, "options.workspace.size()", ws->size(),
+                     "at least " + std::to_string(bytes) + " bytes (the call's workspace bytes)");
+  check_aligned16(where, "options.workspace", *ws);
+}
+template <class T>
+void check_workspace_apart(std::string_view where, const Buffer<std::byte>* ws, std::string_view name,
+                           const Buffer<T>& b) {
+  if (ws != nullptr) check_no_overlap(where, "options.workspace", *ws, name, b);
+}
+inline void* workspace_memory(Stream& s, Buffer<std::byte>* ws, std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+  return ws != nullptr ? static_cast<void*>(ws->data().get()) : StreamAccess::scratch(s, bytes);
 }
 
 }  // namespace lockstep::detail

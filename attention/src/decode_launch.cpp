@@ -108,7 +108,7 @@ void launch_chunk_and_merge(Stream& s, kernels::DecodeParams p, const plan::Deco
 }  // namespace
 
 int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int64_t head_dim,
-                  std::int64_t max_len) {
+                  std::int64_t max_len, const Tuning& tuning) {
   if (p.rows == 0) return 0;
   LOCKSTEP_ASSERT(p.max_len > 0 || (p.lengths == nullptr && p.inline_lengths.count == 0),
                   "DecodeParams::max_len unset");
@@ -127,7 +127,7 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
   }
   const plan::DecodePlan pl = plan::plan_decode(
       s.device().caps(), plan::DecodeProblem{p.rows, p.H, p.Hkv, head_dim, max_len, tokens},
-      tuning_for(s, nullptr));
+      tuning);
   p.max_chunks = pl.max_chunks;
   p.kv_l2_policy = static_cast<int>(pl.l2_policy);
   p.part_o = workspace;

@@ -4,6 +4,7 @@
 
 #include "lockstep/device.hpp"
 #include "lockstep/kernels/decode.hpp"
+#include "lockstep/tuning.hpp"
 
 namespace lockstep::detail {
 
@@ -14,10 +15,10 @@ std::size_t decode_workspace_floats(std::int64_t rows, std::int64_t H, std::int6
 // Launches DecodeChunk + DecodeMerge for p (q, k, v, lengths/length, slots, out, strides, rows,
 // H, Hkv, scale set); the partials are carved from `workspace`. With p.k_new set, each row's new
 // token is appended as well by the chunk kernel (Note [fused append]; lengths are then
-// positions, length_bias 1). The schedule is plan::plan_decode's for the stream's device and the
-// Tuning in force (tuning_for). Returns the launches enqueued.
+// positions, length_bias 1). The schedule is plan::plan_decode's for the stream's device and
+// `tuning` (the call's, tuning_for). Returns the launches enqueued.
 int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int64_t head_dim,
-                  std::int64_t max_len);
+                  std::int64_t max_len, const Tuning& tuning);
 
 void launch_kv_scatter(Stream& s, const kernels::KvScatterParams& p);
 

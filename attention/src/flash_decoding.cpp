@@ -19,7 +19,8 @@ namespace {
 // K and V for the overloads' own checks.
 detail::LayerKv check_flash_args(std::string_view w, Stream& stream, const KvCache& cache,
                                  std::int64_t layer, const Buffer<float>& q, const Buffer<float>& k_new,
-                                 const Buffer<float>& v_new, const Buffer<float>& out) {
+                                 const Buffer<float>& v_new, const Buffer<float>& out,
+                                 const DecodeOptions& o) {
   LOCKSTEP_CHECK_ARG(cache.valid(), w, "cache", "a moved-from KvCache", "a cache that was not moved from");
   const auto& c = cache.config();
   LOCKSTEP_CHECK_ARG(layer >= 0 && layer < c.num_layers, w, "layer", layer,
@@ -42,6 +43,14 @@ detail::LayerKv check_flash_args(std::string_view w, Stream& stream, const KvCac
     cache_kv.check_not_in(w, name, *b);
   }
   cache_kv.check_not_in(w, "out", out);
+  if (o.scale) LOCKSTEP_CHECK_ARG(std::isfinite(*o.scale), w, "options.scale", *o.scale, "a finite float");
+  if (o.tuning != nullptr) o.tuning->check(w);
+  if (const auto* ws = o.workspace; ws != nullptr) {
+    for (const auto& [name, b] : {std::pair{"q"sv, &q}, std::pair{"k_new"sv, &k_new}, std::pair{"v_new"sv, &v_new},
+                                  std::pair{"out"sv, &out}})
+      detail::check_workspace_apart(w, ws, name, *b);
+    cache_kv.check_not_in(w, "options.workspace", *ws);
+  }
   return cache_kv;
 }
 // Split-K attention of q over every slot of the layer whose K and V are `kv`, `lengths`
@@ -49,7 +58,7 @@ detail::LayerKv check_flash_args(std::string_view w, Stream& stream, const KvCac
 kernels::DecodeParams flash_params(const KvCacheConfig& c, const detail::LayerKv& kv, const Buffer<float>& q,
                                    const Buffer<float>& k_new, const Buffer<float>& v_new,
                                    Buffer<float>& out, const std::int32_t* lengths,
-                                   std::int32_t length_bias, std::int32_t* status) {
+                                   std::int32_t length_bias, std::int32_t* status, float scale) {
   kernels::DecodeParams p{};
   p.q = q.data().get();
   p.k = kv.k.data().get();
@@ -64,7 +73,7 @@ kernels::DecodeParams flash_params(const KvCacheConfig& c, const detail::LayerKv
   p.rows = static_cast<std::int32_t>(c.slots);
   p.H = static_cast<std::int32_t>(c.num_heads);
   p.Hkv = static_cast<std::int32_t>(c.num_kv_heads);
-  p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  p.scale = scale;
   p.k_new = k_new.data().get();
   p.v_new = v_new.data().get();
   p.k_append = const_cast<float*>(p.k);  // the cache's own storage, as scatter_params
@@ -74,56 +83,78 @@ kernels::DecodeParams flash_params(const KvCacheConfig& c, const detail::LayerKv
 }
 }  // namespace
 
+std::uint64_t flash_decoding_workspace_bytes(const KvCacheConfig& c) {
+  constexpr std::string_view w = "flash_decoding_workspace_bytes";
+  detail::check_decode_shape(w, c.num_heads, c.num_kv_heads, c.head_dim, c.max_len);
+  detail::check_positive(w, "slots", c.slots);
+  // The larger of the two calls': the positions staged when they do not travel inline, and the
+  // partials for max_len tokens.
+  const std::size_t floats = detail::decode_workspace_floats(c.slots, c.num_heads, c.head_dim, c.max_len);
+  return detail::positions_staged_bytes(std::size_t(c.slots), floats);
+}
+
 void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,
                     const Buffer<float>& k_new, const Buffer<float>& v_new,
-                    std::span<const std::int64_t> positions, Buffer<float>& out) {
+                    std::span<const std::int64_t> positions, Buffer<float>& out,
+                    const DecodeOptions& options) {
   constexpr std::string_view w = "flash_decoding";
   const auto& c = cache.config();
-  const detail::LayerKv cache_kv = check_flash_args(w, stream, cache, layer, q, k_new, v_new, out);
+  const detail::LayerKv cache_kv = check_flash_args(w, stream, cache, layer, q, k_new, v_new, out, options);
+  LOCKSTEP_CHECK_ARG(options.status == nullptr, w, "options.status", "set",
+                     "nullptr with host positions (they are checked on the host: a bad one throws)");
+  const Tuning& tuning = detail::tuning_for(stream, options.tuning);
   const auto pos = cache.checked_positions(w, layer, positions);
   // The positions (-1 for done slots) in the launch's parameters (Note [inline positions]), or
   // one staging copy when there are more slots; a slot attends position + 1 tokens.
   std::int64_t longest = 1;
   for (std::size_t s = 0; s < pos.size(); ++s) longest = std::max<std::int64_t>(longest, pos[s] + 1);
   const std::size_t ws_floats = detail::decode_workspace_floats(c.slots, c.num_heads, c.head_dim, longest);
-  const detail::StagedPositions st = detail::stage_positions(stream, pos, ws_floats);
+  detail::check_workspace(w, options.workspace, stream, detail::positions_staged_bytes(pos.size(), ws_floats));
+  const float scale = options.scale.value_or(1.0f / std::sqrt(static_cast<float>(c.head_dim)));
+  const detail::StagedPositions st = detail::stage_positions(stream, pos, ws_floats, options.workspace);
   // The append and the attention in one chunk launch (Note [fused append]).
-  kernels::DecodeParams p = flash_params(c, cache_kv, q, k_new, v_new, out, st.ints, 1, nullptr);
+  kernels::DecodeParams p = flash_params(c, cache_kv, q, k_new, v_new, out, st.ints, 1, nullptr, scale);
   p.inline_lengths = st.inline_ints;
-  detail::launch_decode(stream, p, st.floats, c.head_dim, longest);
+  detail::launch_decode(stream, p, st.floats, c.head_dim, longest, tuning);
   cache.appended(layer, pos);
 }
 
 void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,
                     const Buffer<float>& k_new, const Buffer<float>& v_new,
                     const Buffer<std::int32_t>& positions, Buffer<float>& out,
-                    Buffer<std::int32_t>* status) {
+                    const DecodeOptions& options) {
   constexpr std::string_view w = "flash_decoding";
   const auto& c = cache.config();
-  const detail::LayerKv cache_kv = check_flash_args(w, stream, cache, layer, q, k_new, v_new, out);
+  const detail::LayerKv cache_kv = check_flash_args(w, stream, cache, layer, q, k_new, v_new, out, options);
+  Buffer<std::int32_t>* const status = options.status;
   detail::check_on(w, "positions", positions, stream);
   detail::check_size(w, "positions", positions, std::uint64_t(c.slots), "slots");
   if (status != nullptr) {
-    detail::check_on(w, "status", *status, stream);
-    detail::check_size(w, "status", *status, 1, "one int32");
+    detail::check_on(w, "options.status", *status, stream);
+    detail::check_size(w, "options.status", *status, 1, "one int32");
   }
   detail::check_no_overlap(w, "out", out, "positions", positions);
   cache_kv.check_not_in(w, "positions", positions);
   if (status != nullptr) {
     for (const auto& [name, b] : {std::pair<const char*, const Buffer<float>*>{"q", &q}, {"k_new", &k_new},
                                   {"v_new", &v_new}, {"out", &out}})
-      detail::check_no_overlap(w, "status", *status, name, *b);
-    detail::check_no_overlap(w, "status", *status, "positions", positions);
-    cache_kv.check_not_in(w, "status", *status);
+      detail::check_no_overlap(w, "options.status", *status, name, *b);
+    detail::check_no_overlap(w, "options.status", *status, "positions", positions);
+    cache_kv.check_not_in(w, "options.status", *status);
+    detail::check_workspace_apart(w, options.workspace, "options.status", *status);
   }
+  detail::check_workspace_apart(w, options.workspace, "positions", positions);
+  const Tuning& tuning = detail::tuning_for(stream, options.tuning);
   // The workspace for max_len (the lengths are on the device): the same size every call.
   const std::size_t ws_floats = detail::decode_workspace_floats(c.slots, c.num_heads, c.head_dim, c.max_len);
-  const detail::Staged st = detail::stage(stream, {}, ws_floats);
+  detail::check_workspace(w, options.workspace, stream, detail::staged_bytes(0, ws_floats));
+  const float scale = options.scale.value_or(1.0f / std::sqrt(static_cast<float>(c.head_dim)));
+  const detail::Staged st = detail::stage(stream, {}, ws_floats, options.workspace);
   // A slot's position p: p + 1 tokens; -1 (done): 0 (Note [device positions]); the append and
   // the attention in one chunk launch (Note [fused append]).
   kernels::DecodeParams p = flash_params(c, cache_kv, q, k_new, v_new, out, positions.data().get(), 1,
-                                         status != nullptr ? status->data().get() : nullptr);
-  detail::launch_decode(stream, p, st.floats, c.head_dim, c.max_len);
+                                         status != nullptr ? status->data().get() : nullptr, scale);
+  detail::launch_decode(stream, p, st.floats, c.head_dim, c.max_len, tuning);
   cache.appended_on_device(layer);
 }
 

@@ -13,15 +13,17 @@ namespace lockstep {
 namespace {
 
 // Enqueues the plan's launches (plan::plan_fused): the packing launch, if any, then the attention
-// kernel, with the workspace carved from the stream's scratch and counters.
+// kernel, with the workspace carved from the caller's or the stream's scratch (Note [caller
+// workspace]) and the stream's counters.
 template <int D>
-void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, const plan::FusedPlan& pl) {
+void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, const plan::FusedPlan& pl,
+                  Buffer<std::byte>* workspace) {
   kernels::FusedAttentionParams kp = p;
-  char* ws = pl.workspace_bytes > 0 ? static_cast<char*>(detail::StreamAccess::scratch(s, pl.workspace_bytes)) : nullptr;
+  char* ws = static_cast<char*>(detail::workspace_memory(s, workspace, pl.workspace_bytes));
   const std::size_t part_rows =
       pl.kv_splits > 1 ? std::size_t(p.B) * std::size_t(p.H) * std::size_t(pl.kv_splits) * std::size_t(p.Sq) : 0;
   if (pl.pack != plan::FusedPack::kNone) {
-    // K and V rounded to fp16 once, packed in the stream's scratch (Note [fused tensor-core
+    // K and V rounded to fp16 once, packed in the workspace (Note [fused tensor-core
     // rounding points]); the wgmma kernel's packing is tiled (Note [wgmma products]).
     const std::int64_t skv_packed = pl.kernel == plan::FusedKernel::kWgmma ? kernels::ceil_div(p.Skv, 64) * 64 : p.Skv;
     const std::size_t half_bytes =
@@ -98,6 +100,28 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, const plan:
 }
 }  // namespace
 
+std::uint64_t attention_workspace_bytes(const Device& device, const AttentionShape& sh, const AttentionOptions& o) {
+  constexpr std::string_view w = "attention_workspace_bytes";
+  detail::check_positive(w, "batch", sh.batch);
+  detail::check_positive(w, "num_heads", sh.num_heads);
+  detail::check_positive(w, "num_kv_heads", sh.num_kv_heads);
+  LOCKSTEP_CHECK_ARG(sh.num_heads % sh.num_kv_heads == 0, w, "num_kv_heads", sh.num_kv_heads,
+                     "a divisor of num_heads = " + std::to_string(sh.num_heads));
+  detail::check_nonneg(w, "seq_q", sh.seq_q);
+  detail::check_nonneg(w, "seq_kv", sh.seq_kv);
+  detail::check_head_dim(w, sh.head_dim);
+  LOCKSTEP_CHECK_ARG(sh.seq_q <= 0x7fffffff, w, "seq_q", sh.seq_q, "<= 2147483647");
+  LOCKSTEP_CHECK_ARG(sh.seq_kv <= 0x7fffffff, w, "seq_kv", sh.seq_kv, "<= 2147483647");
+  if (o.tuning != nullptr) o.tuning->check(w);
+  if (sh.seq_q == 0) return 0;
+  const bool tensor_core = o.precision == AttentionPrecision::kTensorCore;
+  return plan::plan_fused(device.caps(),
+                          plan::FusedProblem{sh.batch, sh.num_heads, sh.num_kv_heads, sh.seq_q, sh.seq_kv,
+                                             sh.head_dim, tensor_core, o.batch_invariant},
+                          detail::tuning_for(device, o.tuning))
+      .workspace_bytes;
+}
+
 void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
                const Buffer<float>& v, Buffer<float>& out, const AttentionShape& sh,
                const AttentionOptions& o) {
@@ -153,9 +177,13 @@ void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
     detail::check_no_overlap(w, "lse", *o.lse, "v", v);
     detail::check_no_overlap(w, "lse", *o.lse, "out", out);
   }
-  if (o.scale) LOCKSTEP_CHECK_ARG(std::isfinite(*o.scale), w, "options.scale", *o.scale, "a finite float");
+  const float scale = detail::softmax_scale(w, o.scale, D);
   if (o.tuning != nullptr) o.tuning->check(w);
   const Tuning& tuning = detail::tuning_for(stream, o.tuning);
+  detail::check_workspace(w, o.workspace, stream, 0);
+  for (const auto& [name, b] : {std::pair<const char*, const Buffer<float>*>{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}})
+    detail::check_workspace_apart(w, o.workspace, name, *b);
+  if (o.lse != nullptr) detail::check_workspace_apart(w, o.workspace, "lse", *o.lse);
   kernels::FusedAttentionParams p{};
   const bool heads_first = o.layout == AttentionLayout::kHeadsFirst;
   auto strides = [&](std::int64_t heads, std::int64_t seq, std::int64_t& sb, std::int64_t& ss,
@@ -183,19 +211,20 @@ void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
   p.Sq = static_cast<std::int32_t>(sh.seq_q);
   p.Skv = static_cast<std::int32_t>(sh.seq_kv);
   p.causal = o.causal ? 1 : 0;
-  p.scale = o.scale.value_or(1.0f / std::sqrt(static_cast<float>(D)));
+  p.scale = scale;
   p.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
   const plan::FusedPlan pl = plan::plan_fused(
       stream.device().caps(),
       plan::FusedProblem{sh.batch, sh.num_heads, sh.num_kv_heads, sh.seq_q, sh.seq_kv, D, tensor_core, o.batch_invariant},
       tuning);
+  detail::check_workspace(w, o.workspace, stream, pl.workspace_bytes);
   const std::uint64_t launches_before = stream.launches();
   switch (D) {
-    case 32: launch_fused<32>(stream, p, pl); break;
-    case 64: launch_fused<64>(stream, p, pl); break;
-    case 96: launch_fused<96>(stream, p, pl); break;
-    case 128: launch_fused<128>(stream, p, pl); break;
-    default: launch_fused<256>(stream, p, pl); break;
+    case 32: launch_fused<32>(stream, p, pl, o.workspace); break;
+    case 64: launch_fused<64>(stream, p, pl, o.workspace); break;
+    case 96: launch_fused<96>(stream, p, pl, o.workspace); break;
+    case 128: launch_fused<128>(stream, p, pl, o.workspace); break;
+    default: launch_fused<256>(stream, p, pl, o.workspace); break;
   }
   LOCKSTEP_ASSERT(stream.launches() - launches_before == std::uint64_t(pl.launches), "fused plan: launches");
 }

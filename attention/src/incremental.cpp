@@ -6,9 +6,16 @@
 
 namespace lockstep {
 
+std::uint64_t incremental_attention_workspace_bytes(const DecodeShape& shape) {
+  constexpr std::string_view w = "incremental_attention_workspace_bytes";
+  detail::check_decode_shape(w, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.max_len);
+  return checked_mul(detail::decode_workspace_floats(1, shape.num_heads, shape.head_dim, shape.max_len),
+                     sizeof(float), w, "workspace bytes");
+}
+
 void incremental_attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k_cache,
                            const Buffer<float>& v_cache, std::int64_t seq_len,
-                           Buffer<float>& out, const DecodeShape& shape) {
+                           Buffer<float>& out, const DecodeShape& shape, const DecodeOptions& options) {
   constexpr std::string_view w = "incremental_attention";
   detail::check_decode_shape(w, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.max_len);
   LOCKSTEP_CHECK_ARG(seq_len >= 0 && seq_len <= shape.max_len, w, "seq_len", seq_len,
@@ -30,10 +37,20 @@ void incremental_attention(Stream& stream, const Buffer<float>& q, const Buffer<
   detail::check_no_overlap(w, "out", out, "q", q);
   detail::check_no_overlap(w, "out", out, "k_cache", k_cache);
   detail::check_no_overlap(w, "out", out, "v_cache", v_cache);
-
+  LOCKSTEP_CHECK_ARG(options.status == nullptr, w, "options.status", "set",
+                     "nullptr (a status is flash_decoding's with device positions)");
+  const float scale = detail::softmax_scale(w, options.scale, shape.head_dim);
+  if (options.tuning != nullptr) options.tuning->check(w);
+  const Tuning& tuning = detail::tuning_for(stream, options.tuning);
+  // The partials for this call's length (the workspace query sizes them for max_len).
   const std::size_t ws_floats = detail::decode_workspace_floats(1, shape.num_heads, shape.head_dim,
                                                                 std::max<std::int64_t>(seq_len, 1));
-  auto* ws = static_cast<float*>(detail::StreamAccess::scratch(stream, ws_floats * sizeof(float)));
+  detail::check_workspace(w, options.workspace, stream, ws_floats * sizeof(float));
+  detail::check_workspace_apart(w, options.workspace, "q", q);
+  detail::check_workspace_apart(w, options.workspace, "k_cache", k_cache);
+  detail::check_workspace_apart(w, options.workspace, "v_cache", v_cache);
+  detail::check_workspace_apart(w, options.workspace, "out", out);
+  auto* ws = static_cast<float*>(detail::workspace_memory(stream, options.workspace, ws_floats * sizeof(float)));
   kernels::DecodeParams p{};
   p.q = q.data().get();
   p.k = k_cache.data().get();
@@ -48,12 +65,12 @@ void incremental_attention(Stream& stream, const Buffer<float>& q, const Buffer<
   p.Hkv = static_cast<std::int32_t>(shape.num_kv_heads);
   p.length = static_cast<std::int32_t>(seq_len);
   p.max_len = static_cast<std::int32_t>(shape.max_len);
-  p.scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
-  detail::launch_decode(stream, p, ws, shape.head_dim, std::max<std::int64_t>(seq_len, 1));
+  p.scale = scale;
+  detail::launch_decode(stream, p, ws, shape.head_dim, std::max<std::int64_t>(seq_len, 1), tuning);
 }
 
-void kv_cache_scatter(Stream& stream, const Buffer<float>& src, Buffer<float>& cache,
-                      std::int64_t pos, const DecodeShape& shape) {
+void kv_cache_scatter(Stream& stream, const Buffer<float>& src, std::int64_t pos, Buffer<float>& cache,
+                      const DecodeShape& shape) {
   constexpr std::string_view w = "kv_cache_scatter";
   detail::check_positive(w, "num_kv_heads", shape.num_kv_heads);
   detail::check_positive(w, "head_dim", shape.head_dim);

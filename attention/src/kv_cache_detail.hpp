@@ -14,16 +14,21 @@
 
 namespace lockstep::detail {
 
-// Copies host ints into the stream's scratch (ordered before the kernels that read them) and
-// returns the device address; the scratch also holds `extra_floats` floats after the ints.
+// Copies host ints into the stream's scratch, or the caller's workspace `ws` (Note [caller
+// workspace]; ordered before the kernels that read them) and returns the device address; the
+// memory also holds `extra_floats` floats after the ints (staged_bytes in all).
 struct Staged {
   std::int32_t* ints;
   float* floats;
 };
-inline Staged stage(Stream& s, const std::vector<std::int32_t>& ints, std::size_t extra_floats) {
+inline std::size_t staged_bytes(std::size_t ints, std::size_t extra_floats) {
+  return ((ints * 4 + 255) & ~std::size_t{255}) + extra_floats * sizeof(float);
+}
+inline Staged stage(Stream& s, const std::vector<std::int32_t>& ints, std::size_t extra_floats,
+                    Buffer<std::byte>* ws = nullptr) {
   const std::size_t int_bytes = (ints.size() * 4 + 255) & ~std::size_t{255};
-  auto* base = static_cast<char*>(
-      detail::StreamAccess::scratch(s, int_bytes + extra_floats * sizeof(float)));
+  auto* base = ws != nullptr ? reinterpret_cast<char*>(ws->data().get())
+                             : static_cast<char*>(detail::StreamAccess::scratch(s, int_bytes + extra_floats * sizeof(float)));
   if (!ints.empty()) detail::StreamAccess::copy_h2d(s, base, ints.data(), ints.size() * 4);
   return Staged{reinterpret_cast<std::int32_t*>(base), reinterpret_cast<float*>(base + int_bytes)};
 }
@@ -57,22 +62,26 @@ inline void check_token_buffer(std::string_view where, std::string_view name, co
 }
 
 // Per-slot positions for a launch: in its parameters for up to kInlineRows slots (Note [inline
-// positions]; `ints` null), else staged in the stream's scratch (`inline_ints.count` 0); and
-// `extra_floats` floats of workspace.
+// positions]; `ints` null), else staged in the stream's scratch or `ws` (`inline_ints.count` 0);
+// and `extra_floats` floats of workspace (positions_staged_bytes in all).
 struct StagedPositions {
   const std::int32_t* ints;
   kernels::InlineInts inline_ints;
   float* floats;
 };
+inline bool positions_inline(std::size_t count) { return count > 0 && count <= std::size_t(kernels::kInlineRows); }
+inline std::size_t positions_staged_bytes(std::size_t count, std::size_t extra_floats) {
+  return staged_bytes(positions_inline(count) ? 0 : count, extra_floats);
+}
 inline StagedPositions stage_positions(Stream& s, const std::vector<std::int32_t>& pos,
-                                       std::size_t extra_floats) {
+                                       std::size_t extra_floats, Buffer<std::byte>* ws = nullptr) {
   StagedPositions r{};
-  if (!pos.empty() && pos.size() <= std::size_t(kernels::kInlineRows)) {
+  if (positions_inline(pos.size())) {
     r.inline_ints.count = static_cast<std::int32_t>(pos.size());
     std::copy(pos.begin(), pos.end(), r.inline_ints.v);
-    if (extra_floats > 0) r.floats = stage(s, {}, extra_floats).floats;
+    if (extra_floats > 0) r.floats = stage(s, {}, extra_floats, ws).floats;
   } else {
-    const Staged st = stage(s, pos, extra_floats);
+    const Staged st = stage(s, pos, extra_floats, ws);
     r.ints = st.ints;
     r.floats = st.floats;
   }

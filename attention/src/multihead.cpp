@@ -27,9 +27,23 @@ void gemm(Stream& s, GemmKind kind, const float* a, const float* b, float* c, st
 
 }  // namespace
 
-MhaReport multihead_attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
-                              const Buffer<float>& v, Buffer<float>& out, const MhaShape& shape,
-                              const MhaOptions& options) {
+std::uint64_t multihead_attention_workspace_bytes(const MhaShape& shape, const MhaOptions& options) {
+  constexpr std::string_view w = "multihead_attention_workspace_bytes";
+  detail::check_nonneg(w, "seq_len", shape.seq_len);
+  detail::check_positive(w, "num_heads", shape.num_heads);
+  detail::check_positive(w, "head_dim", shape.head_dim);
+  // Batched: Q, K, V, K^T, O batched [H, S, D] and the scores [H, S, S]; PerHead: one head's.
+  const auto S = std::uint64_t(shape.seq_len), D = std::uint64_t(shape.head_dim);
+  const std::uint64_t heads = options.impl == MhaImpl::kPerHead ? 1 : std::uint64_t(shape.num_heads);
+  const auto n = checked_product({S, heads, D}, w, "seq_len * num_heads * head_dim");
+  const auto scores = checked_product({heads, S, S}, w, "num_heads * seq_len * seq_len");
+  return checked_mul(checked_add(checked_mul(n, 5, w, "workspace"), scores, w, "workspace"), 4, w,
+                     "workspace bytes");
+}
+
+void multihead_attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
+                         const Buffer<float>& v, Buffer<float>& out, const MhaShape& shape,
+                         const MhaOptions& options) {
   constexpr std::string_view w = "multihead_attention";
   detail::check_nonneg(w, "seq_len", shape.seq_len);
   detail::check_positive(w, "num_heads", shape.num_heads);
@@ -51,7 +65,11 @@ MhaReport multihead_attention(Stream& stream, const Buffer<float>& q, const Buff
   detail::check_no_overlap(w, "out", out, "q", q);
   detail::check_no_overlap(w, "out", out, "k", k);
   detail::check_no_overlap(w, "out", out, "v", v);
-  const auto scores = checked_product({std::uint64_t(H), std::uint64_t(S), std::uint64_t(S)}, w,
+  const float scale = detail::softmax_scale(w, options.scale, shape.head_dim);
+  detail::check_workspace(w, options.workspace, stream, 0);
+  for (const auto& [name, b] : {std::pair<const char*, const Buffer<float>*>{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}})
+    detail::check_workspace_apart(w, options.workspace, name, *b);
+  [[maybe_unused]] const auto scores = checked_product({std::uint64_t(H), std::uint64_t(S), std::uint64_t(S)}, w,
                                       "num_heads * seq_len * seq_len");
   check_fits(std::uint64_t(S) * 64 + 64, kMaxLaneOffset, w, "64 * seq_len + 64");  // the GEMMs' lda and ldc
   // num_heads * head_dim on its own: with seq_len 0 the products above do not bound it.
@@ -66,7 +84,10 @@ MhaReport multihead_attention(Stream& stream, const Buffer<float>& q, const Buff
                      "<= 65535 with MhaImpl::kBatched (a launch grid dimension; kPerHead has no such limit)");
   rep.score_gemm = pick(options.gemm, S, S, D);
   rep.value_gemm = pick(options.gemm, S, D, S);
-  if (S == 0) return rep;
+  if (S == 0) {
+    if (options.report != nullptr) *options.report = rep;
+    return;
+  }
   // The limits of every launch below (the launchers in ops.cpp check them again), here, so that a
   // call that one of them would refuse enqueues nothing: the GEMMs' 64 * lda + k-tile and
   // 64 * ldc + 64 (lda and ldc are head_dim, or seq_len: checked above), the transpose's 32 * head_dim and its
@@ -83,12 +104,14 @@ MhaReport multihead_attention(Stream& stream, const Buffer<float>& q, const Buff
   check_fits(checked_mul(softmax_rows, std::uint64_t((S + 1023) / 1024), w,
                          "num_heads * seq_len * ceil(seq_len / 1024)"),
              0x7fffffff, w, "num_heads * seq_len * ceil(seq_len / 1024)");
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  MhaOptions sized = options;
+  sized.impl = rep.impl;
+  const std::uint64_t ws_bytes = multihead_attention_workspace_bytes(shape, sized);
+  detail::check_workspace(w, options.workspace, stream, ws_bytes);
+  auto* ws = static_cast<float*>(detail::workspace_memory(stream, options.workspace, ws_bytes));
 
   if (rep.impl == MhaImpl::kBatched) {
     // Workspace: Q, K, V, K^T, O batched [H, S, D] and the scores [H, S, S].
-    const std::size_t total = checked_add(checked_mul(n, 5, w, "workspace"), scores, w, "workspace");
-    auto* ws = static_cast<float*>(detail::StreamAccess::scratch(stream, checked_mul(total, 4, w, "workspace bytes")));
     float *qb = ws, *kb = qb + n, *vb = kb + n, *kt = vb + n, *ob = kt + n, *sc = ob + n;
     detail::launch_copy3d(stream, q.data().get(), qb, H, S, D, D, H * D, S * D, D);
     detail::launch_copy3d(stream, k.data().get(), kb, H, S, D, D, H * D, S * D, D);
@@ -100,11 +123,11 @@ MhaReport multihead_attention(Stream& stream, const Buffer<float>& q, const Buff
     gemm(stream, rep.value_gemm, sc, vb, ob, H, S, D, S);
     detail::launch_copy3d(stream, ob, out.data().get(), S, H, D, D, S * D, H * D, D);
     rep.launches = 9;
-    return rep;
+    if (options.report != nullptr) *options.report = rep;
+    return;
   }
   // PerHead: one head at a time through the same kernels (batch = 1).
-  const std::uint64_t sd = std::uint64_t(S * D), ss = std::uint64_t(S) * std::uint64_t(S);
-  auto* ws = static_cast<float*>(detail::StreamAccess::scratch(stream, (5 * sd + ss) * 4));
+  const std::uint64_t sd = std::uint64_t(S * D);
   float *qh = ws, *kh = qh + sd, *vh = kh + sd, *kt = vh + sd, *oh = kt + sd, *sc = oh + sd;
   for (std::int64_t h = 0; h < H; ++h) {
     detail::launch_copy3d(stream, q.data().get() + h * D, qh, 1, S, D, 0, H * D, 0, D);
@@ -118,7 +141,7 @@ MhaReport multihead_attention(Stream& stream, const Buffer<float>& q, const Buff
     detail::launch_copy3d(stream, oh, out.data().get() + h * D, 1, S, D, 0, D, 0, H * D);
     rep.launches += 9;
   }
-  return rep;
+  if (options.report != nullptr) *options.report = rep;
 }
 
 }  // namespace lockstep

@@ -151,78 +151,78 @@ void add(Stream& stream, const Buffer<float>& x, Buffer<float>& y) {
 
 namespace {
 void check_layout(std::string_view w, Stream& stream, const Buffer<float>& in,
-                  const Buffer<float>& out, std::int64_t seq, std::int64_t heads,
-                  std::int64_t dim, std::uint64_t in_elems, std::uint64_t out_elems) {
-  detail::check_nonneg(w, "seq", seq);
-  detail::check_positive(w, "heads", heads);
-  detail::check_positive(w, "dim", dim);
-  // The copy's limit (launch_copy3d: 8 rows of heads * dim per block), by this call's name. With
-  // seq 0 nothing is copied and heads * dim need not fit.
-  if (seq > 0)
-    check_fits(checked_add(checked_mul(checked_mul(std::uint64_t(heads), std::uint64_t(dim), w, "heads * dim"), 8, w,
-                                       "8 * heads * dim + dim"),
-                           std::uint64_t(dim), w, "8 * heads * dim + dim"),
-               kMaxLaneOffset, w, "8 * heads * dim + dim");
+                  const Buffer<float>& out, std::int64_t seq_len, std::int64_t num_heads,
+                  std::int64_t head_dim, std::uint64_t in_elems, std::uint64_t out_elems) {
+  detail::check_nonneg(w, "seq_len", seq_len);
+  detail::check_positive(w, "num_heads", num_heads);
+  detail::check_positive(w, "head_dim", head_dim);
+  // The copy's limit (launch_copy3d: 8 rows of num_heads * head_dim per block), by this call's name. With
+  // seq_len 0 nothing is copied and num_heads * head_dim need not fit.
+  if (seq_len > 0)
+    check_fits(checked_add(checked_mul(checked_mul(std::uint64_t(num_heads), std::uint64_t(head_dim), w, "num_heads * head_dim"), 8, w,
+                                       "8 * num_heads * head_dim + head_dim"),
+                           std::uint64_t(head_dim), w, "8 * num_heads * head_dim + head_dim"),
+               kMaxLaneOffset, w, "8 * num_heads * head_dim + head_dim");
   detail::check_on(w, "in", in, stream);
   detail::check_on(w, "out", out, stream);
-  detail::check_size(w, "in", in, in_elems, "seq * heads * dim" + std::string(in_elems < out_elems ? " / heads" : ""));
-  detail::check_size(w, "out", out, out_elems, "seq * heads * dim" + std::string(out_elems < in_elems ? " / heads" : ""));
+  detail::check_size(w, "in", in, in_elems, "seq_len * num_heads * head_dim" + std::string(in_elems < out_elems ? " / num_heads" : ""));
+  detail::check_size(w, "out", out, out_elems, "seq_len * num_heads * head_dim" + std::string(out_elems < in_elems ? " / num_heads" : ""));
   detail::check_no_overlap(w, "out", out, "in", in);
 }
 }  // namespace
 
 void interleaved_to_batched(Stream& stream, const Buffer<float>& in, Buffer<float>& out,
-                            std::int64_t seq, std::int64_t heads, std::int64_t dim) {
+                            std::int64_t seq_len, std::int64_t num_heads, std::int64_t head_dim) {
   constexpr std::string_view w = "interleaved_to_batched";
-  const auto n = checked_product({std::uint64_t(std::max<std::int64_t>(seq, 0)),
-                                  std::uint64_t(std::max<std::int64_t>(heads, 0)),
-                                  std::uint64_t(std::max<std::int64_t>(dim, 0))},
-                                 w, "seq * heads * dim");
-  check_layout(w, stream, in, out, seq, heads, dim, n, n);
-  if (n == 0) return;  // (and heads * dim below may not fit when seq is 0)
-  detail::launch_copy3d(stream, in.data().get(), out.data().get(), heads, seq, dim, dim,
-                        heads * dim, seq * dim, dim);
+  const auto n = checked_product({std::uint64_t(std::max<std::int64_t>(seq_len, 0)),
+                                  std::uint64_t(std::max<std::int64_t>(num_heads, 0)),
+                                  std::uint64_t(std::max<std::int64_t>(head_dim, 0))},
+                                 w, "seq_len * num_heads * head_dim");
+  check_layout(w, stream, in, out, seq_len, num_heads, head_dim, n, n);
+  if (n == 0) return;  // (and num_heads * head_dim below may not fit when seq_len is 0)
+  detail::launch_copy3d(stream, in.data().get(), out.data().get(), num_heads, seq_len, head_dim, head_dim,
+                        num_heads * head_dim, seq_len * head_dim, head_dim);
 }
 
 void batched_to_interleaved(Stream& stream, const Buffer<float>& in, Buffer<float>& out,
-                            std::int64_t seq, std::int64_t heads, std::int64_t dim) {
+                            std::int64_t seq_len, std::int64_t num_heads, std::int64_t head_dim) {
   constexpr std::string_view w = "batched_to_interleaved";
-  const auto n = checked_product({std::uint64_t(std::max<std::int64_t>(seq, 0)),
-                                  std::uint64_t(std::max<std::int64_t>(heads, 0)),
-                                  std::uint64_t(std::max<std::int64_t>(dim, 0))},
-                                 w, "seq * heads * dim");
-  check_layout(w, stream, in, out, seq, heads, dim, n, n);
-  if (n == 0) return;  // (and heads * dim below may not fit when seq is 0)
-  detail::launch_copy3d(stream, in.data().get(), out.data().get(), heads, seq, dim, seq * dim,
-                        dim, dim, heads * dim);
+  const auto n = checked_product({std::uint64_t(std::max<std::int64_t>(seq_len, 0)),
+                                  std::uint64_t(std::max<std::int64_t>(num_heads, 0)),
+                                  std::uint64_t(std::max<std::int64_t>(head_dim, 0))},
+                                 w, "seq_len * num_heads * head_dim");
+  check_layout(w, stream, in, out, seq_len, num_heads, head_dim, n, n);
+  if (n == 0) return;  // (and num_heads * head_dim below may not fit when seq_len is 0)
+  detail::launch_copy3d(stream, in.data().get(), out.data().get(), num_heads, seq_len, head_dim, seq_len * head_dim,
+                        head_dim, head_dim, num_heads * head_dim);
 }
 
-void extract_head(Stream& stream, const Buffer<float>& in, Buffer<float>& out, std::int64_t seq,
-                  std::int64_t heads, std::int64_t dim, std::int64_t head) {
+void extract_head(Stream& stream, const Buffer<float>& in, Buffer<float>& out, std::int64_t seq_len,
+                  std::int64_t num_heads, std::int64_t head_dim, std::int64_t head) {
   constexpr std::string_view w = "extract_head";
-  const auto n = checked_product({std::uint64_t(std::max<std::int64_t>(seq, 0)),
-                                  std::uint64_t(std::max<std::int64_t>(heads, 0)),
-                                  std::uint64_t(std::max<std::int64_t>(dim, 0))},
-                                 w, "seq * heads * dim");
-  check_layout(w, stream, in, out, seq, heads, dim, n, n / std::uint64_t(std::max<std::int64_t>(heads, 1)));
-  LOCKSTEP_CHECK_ARG(head >= 0 && head < heads, w, "head", head, "in [0, heads) = [0, " + std::to_string(heads) + ")");
-  if (n == 0) return;  // (and heads * dim below may not fit when seq is 0)
-  detail::launch_copy3d(stream, in.data().get() + head * dim, out.data().get(), 1, seq, dim, 0,
-                        heads * dim, 0, dim);
+  const auto n = checked_product({std::uint64_t(std::max<std::int64_t>(seq_len, 0)),
+                                  std::uint64_t(std::max<std::int64_t>(num_heads, 0)),
+                                  std::uint64_t(std::max<std::int64_t>(head_dim, 0))},
+                                 w, "seq_len * num_heads * head_dim");
+  check_layout(w, stream, in, out, seq_len, num_heads, head_dim, n, n / std::uint64_t(std::max<std::int64_t>(num_heads, 1)));
+  LOCKSTEP_CHECK_ARG(head >= 0 && head < num_heads, w, "head", head, "in [0, num_heads) = [0, " + std::to_string(num_heads) + ")");
+  if (n == 0) return;  // (and num_heads * head_dim below may not fit when seq_len is 0)
+  detail::launch_copy3d(stream, in.data().get() + head * head_dim, out.data().get(), 1, seq_len, head_dim, 0,
+                        num_heads * head_dim, 0, head_dim);
 }
 
 void copy_head_back(Stream& stream, const Buffer<float>& in, Buffer<float>& out,
-                    std::int64_t seq, std::int64_t heads, std::int64_t dim, std::int64_t head) {
+                    std::int64_t seq_len, std::int64_t num_heads, std::int64_t head_dim, std::int64_t head) {
   constexpr std::string_view w = "copy_head_back";
-  const auto n = checked_product({std::uint64_t(std::max<std::int64_t>(seq, 0)),
-                                  std::uint64_t(std::max<std::int64_t>(heads, 0)),
-                                  std::uint64_t(std::max<std::int64_t>(dim, 0))},
-                                 w, "seq * heads * dim");
-  check_layout(w, stream, in, out, seq, heads, dim, n / std::uint64_t(std::max<std::int64_t>(heads, 1)), n);
-  LOCKSTEP_CHECK_ARG(head >= 0 && head < heads, w, "head", head, "in [0, heads) = [0, " + std::to_string(heads) + ")");
-  if (n == 0) return;  // (and heads * dim below may not fit when seq is 0)
-  detail::launch_copy3d(stream, in.data().get(), out.data().get() + head * dim, 1, seq, dim, 0,
-                        dim, 0, heads * dim);
+  const auto n = checked_product({std::uint64_t(std::max<std::int64_t>(seq_len, 0)),
+                                  std::uint64_t(std::max<std::int64_t>(num_heads, 0)),
+                                  std::uint64_t(std::max<std::int64_t>(head_dim, 0))},
+                                 w, "seq_len * num_heads * head_dim");
+  check_layout(w, stream, in, out, seq_len, num_heads, head_dim, n / std::uint64_t(std::max<std::int64_t>(num_heads, 1)), n);
+  LOCKSTEP_CHECK_ARG(head >= 0 && head < num_heads, w, "head", head, "in [0, num_heads) = [0, " + std::to_string(num_heads) + ")");
+  if (n == 0) return;  // (and num_heads * head_dim below may not fit when seq_len is 0)
+  detail::launch_copy3d(stream, in.data().get(), out.data().get() + head * head_dim, 1, seq_len, head_dim, 0,
+                        head_dim, 0, num_heads * head_dim);
 }
 
 void transpose(Stream& stream, const Buffer<float>& in, Buffer<float>& out, std::int64_t batch,

@@ -8,13 +8,38 @@ namespace lockstep {
 
 Device::Device() : tuning_(detail::tuning_from_environment("open device")) {}
 
+// Note [stream scratch]: device memory for temporaries of calls enqueued on a stream (split-K
+// partials, attention workspaces) when the caller passes no workspace of its own. Work on one
+// stream is ordered, so consecutive calls may share it; a larger request allocates a new block and
+// keeps the old one (queued work may still use it) until the stream is destroyed. Never freed
+// mid-stream, so no call synchronizes.
+//
+// Note [stream counters]: int32 zeros for kernels that count among their blocks (Note [block
+// signals] in kernels/decode/params.hpp). The kernels that use them leave them zero when they
+// finish, so consecutive calls share them; a larger request allocates a new block, zero-filled on
+// the stream (an ordered fill, enqueued once), and keeps the old one until the stream is
+// destroyed. *fresh (when given) says whether this call allocated the block, i.e. whether that
+// fill is the work just before the next launch (Note [one grid] in kernels/decode/one_grid.hpp).
+namespace detail {
+struct StreamMemory {
+  struct Block {
+    Device* device;
+    void* ptr;
+    std::size_t bytes;
+  };
+  std::vector<Block> scratch, counters;
+};
+}  // namespace detail
+
+Stream::Stream() : memory_(std::make_unique<detail::StreamMemory>()) {}
+
 Stream::~Stream() { release_scratch(); }
 
 void Stream::release_scratch() noexcept {
-  for (auto& b : scratch_) detail::DeviceAccess::release(*b.device, b.ptr, b.bytes);
-  scratch_.clear();
-  for (auto& b : counters_) detail::DeviceAccess::release(*b.device, b.ptr, b.bytes);
-  counters_.clear();
+  for (auto* blocks : {&memory_->scratch, &memory_->counters}) {
+    for (auto& b : *blocks) detail::DeviceAccess::release(*b.device, b.ptr, b.bytes);
+    blocks->clear();
+  }
 }
 
 namespace {
@@ -44,12 +69,12 @@ Block& block_for(std::vector<Block>& blocks, Device& dev, std::size_t bytes, std
 
 void* Stream::scratch(std::size_t bytes) {
   bool fresh = false;
-  return block_for(scratch_, device(), std::max<std::size_t>(bytes, 1), std::size_t(1) << 20, fresh).ptr;
+  return block_for(memory_->scratch, device(), std::max<std::size_t>(bytes, 1), std::size_t(1) << 20, fresh).ptr;
 }
 
 std::int32_t* Stream::counters(std::size_t count, bool* fresh_out) {
   bool fresh = false;
-  const auto& b = block_for(counters_, device(), std::max<std::size_t>(count, 1) * sizeof(std::int32_t), 4096, fresh);
+  const auto& b = block_for(memory_->counters, device(), std::max<std::size_t>(count, 1) * sizeof(std::int32_t), 4096, fresh);
   if (fresh) fill32(b.ptr, 0, b.bytes / sizeof(std::int32_t));
   if (fresh_out != nullptr) *fresh_out = fresh;
   return static_cast<std::int32_t*>(b.ptr);

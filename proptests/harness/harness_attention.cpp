@@ -214,7 +214,7 @@ class ScatterCase final : public Case {
     Buffer<float> cache(dev, cache_.size()), src(dev, src_.size());
     cache.copy_from_host(st, cache_);
     src.copy_from_host(st, src_);
-    kv_cache_scatter(st, src, cache, s_.pos, DecodeShape{s_.kv_heads, s_.kv_heads, s_.dim, s_.max_len});
+    kv_cache_scatter(st, src, s_.pos, cache, DecodeShape{s_.kv_heads, s_.kv_heads, s_.dim, s_.max_len});
     return collect(st, cache);
   }
   OracleReport check(const Run& r) const override {

@@ -307,7 +307,7 @@ class DevicePositionsCase final : public Case {
     pos.copy_from_host(st, p32);
     const std::vector<std::int32_t> zero{0};
     status.copy_from_host(st, zero);
-    flash_decoding(st, cache, 0, in.q, in.k_new, in.v_new, pos, in.out, &status);
+    flash_decoding(st, cache, 0, in.q, in.k_new, in.v_new, pos, in.out, DecodeOptions{.status = &status});
     Run r = collect(st, in.out);
     r.out.push_back(int_as_float(status.to_vector(st)[0]));
     const auto tokens = cache_tokens(st, cache, n_);

@@ -76,6 +76,7 @@ struct KernelLaunch {
 };
 struct StreamAccess;
 struct DeviceAccess;
+struct StreamMemory;
 }  // namespace detail
 
 class Device : public std::enable_shared_from_this<Device> {
@@ -134,7 +135,7 @@ class Stream {
   std::uint64_t launches() const { return launches_; }
 
  protected:
-  Stream() = default;
+  Stream();
   // Host memory passed to copy_h2d may be reused as soon as the call returns; the destination of
   // copy_d2h is written when the stream reaches the copy.
   virtual void copy_h2d(void* dst, const void* src, std::size_t bytes) = 0;
@@ -152,25 +153,12 @@ class Stream {
   // Declared first, so released last, after the derived destructor has drained the stream and
   // the scratch has been returned to the device. Null for a device's default stream.
   std::shared_ptr<Device> owner_;
-  // Note [stream scratch]: device memory for temporaries of calls enqueued on this stream (split-K
-  // partials, attention workspaces). Work on one stream is ordered, so consecutive calls may
-  // share it; a larger request allocates a new block and keeps the old one (queued work may still
-  // use it) until the stream is destroyed. Never freed mid-stream, so no call synchronizes.
-  struct ScratchBlock {
-    Device* device;
-    void* ptr;
-    std::size_t bytes;
-  };
+  // Temporaries of the calls enqueued on this stream (Note [stream scratch]) and zeroed counters
+  // for kernels that count among their blocks (Note [stream counters]), both in core/src/device.cpp;
+  // a call reaches them through detail::StreamAccess.
   void* scratch(std::size_t bytes);
-  std::vector<ScratchBlock> scratch_;
-  // Note [stream counters]: int32 zeros for kernels that count among their blocks (Note [block
-  // signals] in kernels/decode.hpp). The kernels that use them leave them zero when they finish,
-  // so consecutive calls share them; a larger request allocates a new block, zero-filled on the
-  // stream (an ordered fill, enqueued once), and keeps the old one until the stream is destroyed.
-  // *fresh (when given) says whether this call allocated the block, i.e. whether that fill is the
-  // work just before the next launch (Note [one grid] in kernels/decode.hpp).
   std::int32_t* counters(std::size_t count, bool* fresh = nullptr);
-  std::vector<ScratchBlock> counters_;
+  std::unique_ptr<detail::StreamMemory> memory_;
   std::uint64_t launches_ = 0;
 };
 

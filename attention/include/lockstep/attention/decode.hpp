@@ -1,13 +1,17 @@
 #pragma once
 // Decode attention (docs/api.md, "Decode", "The KV cache"): single-token (incremental) attention
 // against a head-first cache, the KV-cache scatter, and Flash-Decoding over a KvCache. Each call
-// enqueues on the caller's stream, creates no stream and does not synchronize. Temporaries live in the stream's scratch memory (Note [stream scratch]).
+// enqueues on the caller's stream, creates no stream and does not synchronize. Temporaries live
+// in options.workspace when given, else in the stream's scratch memory (docs/api.md, "Workspace").
 
+#include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 
 #include "lockstep/attention/kv_cache.hpp"
 #include "lockstep/buffer.hpp"
+#include "lockstep/tuning.hpp"
 
 namespace lockstep {
 
@@ -18,18 +22,38 @@ struct DecodeShape {
   std::int64_t max_len = 0;  // cache capacity in tokens
 };
 
-// out[h, :] = softmax(q[h] . K[h / g, t, :] / sqrt(d), t < seq_len) . V[h / g, t, :], g =
+struct DecodeOptions {
+  // The softmax scale: scores q . k * scale. Unset: 1 / sqrt(head_dim). A finite float.
+  std::optional<float> scale;
+  // The schedule (lockstep/tuning.hpp); nullptr: the innermost TuningScope's, else the device's.
+  const Tuning* tuning = nullptr;
+  // Caller-owned temporaries: at least the call's *_workspace_bytes, 16-byte aligned, on the
+  // stream's device, overlapping none of the call's other buffers; the call's work must finish
+  // before the workspace is reused or freed. nullptr: the stream's scratch.
+  Buffer<std::byte>* workspace = nullptr;
+  // flash_decoding with device positions only: one int32 on the device that a skipped slot
+  // raises (see that call); nullptr: not reported.
+  Buffer<std::int32_t>* status = nullptr;
+};
+
+// The workspace bytes incremental_attention needs for any seq_len of `shape`.
+std::uint64_t incremental_attention_workspace_bytes(const DecodeShape& shape);
+// The workspace bytes either flash_decoding call needs on a cache of this configuration.
+std::uint64_t flash_decoding_workspace_bytes(const KvCacheConfig& config);
+
+// out[h, :] = softmax(q[h] . K[h / g, t, :] * scale, t < seq_len) . V[h / g, t, :], g =
 // num_heads / num_kv_heads. q [num_heads, head_dim]; caches [num_kv_heads, max_len, head_dim]; out
 // [num_heads, head_dim]. seq_len == 0 gives zeros. Tokens at or after seq_len are never read.
 // Bitwise equal to flash_decoding of the same sequence (Note [fixed split size]).
 void incremental_attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k_cache,
                            const Buffer<float>& v_cache, std::int64_t seq_len,
-                           Buffer<float>& out, const DecodeShape& shape);
+                           Buffer<float>& out, const DecodeShape& shape,
+                           const DecodeOptions& options = {});
 
 // cache[h, pos, :] = src[h * head_dim .. +head_dim) for every kv head: one position's K or V,
 // src interleaved [num_kv_heads * head_dim], cache [num_kv_heads, max_len, head_dim].
-void kv_cache_scatter(Stream& stream, const Buffer<float>& src, Buffer<float>& cache,
-                      std::int64_t pos, const DecodeShape& shape);
+void kv_cache_scatter(Stream& stream, const Buffer<float>& src, std::int64_t pos, Buffer<float>& cache,
+                      const DecodeShape& shape);
 
 // Flash-Decoding over every slot of `cache` (docs/api.md): writes k_new / v_new into `layer` at
 // `positions` (as KvCache::append), then out = split-K attention of q over each slot's tokens.
@@ -42,7 +66,8 @@ void kv_cache_scatter(Stream& stream, const Buffer<float>& src, Buffer<float>& c
 // to the device first.
 void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,
                     const Buffer<float>& k_new, const Buffer<float>& v_new,
-                    std::span<const std::int64_t> positions, Buffer<float>& out);
+                    std::span<const std::int64_t> positions, Buffer<float>& out,
+                    const DecodeOptions& options = {});
 
 // Flash-Decoding with the positions in device memory (Note [device positions] in
 // kernels/decode.hpp): the same kernels and bits as the call above, enqueued as the same one or two
@@ -52,14 +77,15 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
 // positions[s] + 1 tokens; -1 skips the slot (zeros out, nothing written). The host never reads
 // the values, so (1) the cache's host-side lengths are not updated (KvCache::set_length), and
 // (2) a position outside [-1, max_len) is not an exception: the kernels skip that slot (nothing
-// written, zeros out) and, if `status` is given (one int32 on the device), raise it to
+// written, zeros out) and, if options.status is given (one int32 on the device), raise it to
 // max(status, 1 + slot): with several such slots it holds the highest, on every run and
 // backend; lockstep never clears it. Shapes, devices and sizes are checked on the host as above
 // (InvalidArgument, nothing enqueued). The first call on a stream sizes the stream's scratch for
-// max_len; later calls allocate nothing (run one call before capturing on that stream).
+// max_len; later calls allocate nothing (run one call before capturing on that stream, or pass
+// options.workspace).
 void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,
                     const Buffer<float>& k_new, const Buffer<float>& v_new,
                     const Buffer<std::int32_t>& positions, Buffer<float>& out,
-                    Buffer<std::int32_t>* status = nullptr);
+                    const DecodeOptions& options = {});
 
 }  // namespace lockstep

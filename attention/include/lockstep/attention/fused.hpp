@@ -2,6 +2,7 @@
 // Fused attention for prefill (docs/api.md, "Fused attention"): one kernel in the
 // FlashAttention-2 schedule, out = softmax(scale * Q K^T [+ causal mask]) V.
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 
@@ -27,7 +28,7 @@ struct AttentionOptions {
   bool causal = false;  // bottom-right aligned when seq_q < seq_kv
   AttentionPrecision precision = AttentionPrecision::kAuto;
   AttentionLayout layout = AttentionLayout::kHeadsFirst;
-  Buffer<float>* lse = nullptr;  // optional [batch, heads, seq_q] log-sum-exp
+  Buffer<float>* lse = nullptr;  // optional output: [batch, num_heads, seq_q] log-sum-exp
   // true: a row's bytes do not depend on the batch, the number of heads or seq_q (the schedule's
   // sums have one order whatever the grid). false: small grids may split each query tile's keys
   // into ranges merged by the last block (Note [split keys]), faster there, with bytes that depend
@@ -38,7 +39,16 @@ struct AttentionOptions {
   std::optional<float> scale;
   // The schedule (lockstep/tuning.hpp); nullptr: the innermost TuningScope's, else the device's.
   const Tuning* tuning = nullptr;
+  // Caller-owned temporaries: at least attention_workspace_bytes(...) for this device, shape and
+  // options, 16-byte aligned, on the stream's device, overlapping none of the call's buffers; the
+  // call's work must finish before it is reused or freed. nullptr: the stream's scratch.
+  Buffer<std::byte>* workspace = nullptr;
 };
+
+// The workspace bytes attention(...) needs on `device` for this shape and options (0 for the
+// Exact schedules that need none). It follows the Tuning in force as the call does.
+std::uint64_t attention_workspace_bytes(const Device& device, const AttentionShape& shape,
+                                        const AttentionOptions& options = {});
 
 // q [.., seq_q, ..], k and v [.., seq_kv, ..] with num_kv_heads heads, out like q. A fully masked row
 // gives zeros (and log-sum-exp -inf); seq_q == 0 writes nothing.

@@ -19,6 +19,8 @@
 
 namespace lockstep {
 
+struct DecodeOptions;  // lockstep/attention/decode.hpp
+
 struct KvCacheConfig {
   std::int64_t num_layers = 1;
   std::int64_t num_heads = 1;     // query heads (for attention; the cache stores kv heads)
@@ -109,10 +111,10 @@ class KvCache {
  private:
   friend void flash_decoding(Stream&, KvCache&, std::int64_t, const Buffer<float>&,
                              const Buffer<float>&, const Buffer<float>&,
-                             std::span<const std::int64_t>, Buffer<float>&);
+                             std::span<const std::int64_t>, Buffer<float>&, const DecodeOptions&);
   friend void flash_decoding(Stream&, KvCache&, std::int64_t, const Buffer<float>&,
                              const Buffer<float>&, const Buffer<float>&, const Buffer<std::int32_t>&,
-                             Buffer<float>&, Buffer<std::int32_t>*);
+                             Buffer<float>&, const DecodeOptions&);
   // The checks every call makes (inline: k() and v() run them several times per decode call);
   // the errors are thrown out of line.
   void check_valid(std::string_view where, std::string_view name = "cache") const {

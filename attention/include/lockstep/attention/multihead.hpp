@@ -1,9 +1,11 @@
 #pragma once
 // Multi-head attention from the building blocks (docs/api.md, "Multi-head attention"):
-// out = softmax(Q K^T / sqrt(d) [+ causal mask]) V per head, inputs and output interleaved
+// out = softmax(scale * Q K^T [+ causal mask]) V per head, inputs and output interleaved
 // [seq_len, num_heads * head_dim].
 
+#include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "lockstep/buffer.hpp"
 
@@ -23,12 +25,7 @@ struct MhaShape {
   std::int64_t head_dim = 0;
 };
 
-struct MhaOptions {
-  bool causal = false;
-  MhaImpl impl = MhaImpl::kAuto;  // Auto: Batched
-  GemmKind gemm = GemmKind::kAuto;
-};
-
+// What a call ran (MhaOptions::report).
 struct MhaReport {
   int launches = 0;             // kernel launches this call enqueued
   MhaImpl impl = MhaImpl::kBatched;
@@ -36,8 +33,25 @@ struct MhaReport {
   GemmKind value_gemm = GemmKind::kExact;
 };
 
-MhaReport multihead_attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
-                              const Buffer<float>& v, Buffer<float>& out, const MhaShape& shape,
-                              const MhaOptions& options = {});
+struct MhaOptions {
+  bool causal = false;
+  MhaImpl impl = MhaImpl::kAuto;  // Auto: Batched
+  GemmKind gemm = GemmKind::kAuto;
+  // The softmax scale. Unset: 1 / sqrt(head_dim). A finite float.
+  std::optional<float> scale;
+  // Caller-owned temporaries: at least multihead_attention_workspace_bytes(shape, options),
+  // 16-byte aligned, on the stream's device, overlapping none of the call's buffers. nullptr:
+  // the stream's scratch.
+  Buffer<std::byte>* workspace = nullptr;
+  // Optional output: what the call ran, written when the call returns (also for seq_len 0).
+  MhaReport* report = nullptr;
+};
+
+// The workspace bytes multihead_attention needs for this shape and options.
+std::uint64_t multihead_attention_workspace_bytes(const MhaShape& shape, const MhaOptions& options = {});
+
+void multihead_attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
+                         const Buffer<float>& v, Buffer<float>& out, const MhaShape& shape,
+                         const MhaOptions& options = {});
 
 }  // namespace lockstep

@@ -19,18 +19,18 @@ void scale(Stream& stream, const Buffer<float>& in, Buffer<float>& out, float sc
 // y[i] += x[i] for every element (same size).
 void add(Stream& stream, const Buffer<float>& x, Buffer<float>& y);
 
-// [seq, heads * dim] (interleaved) -> [heads, seq, dim] (batched).
+// [seq_len, num_heads * head_dim] (interleaved) -> [num_heads, seq_len, head_dim] (batched).
 void interleaved_to_batched(Stream& stream, const Buffer<float>& in, Buffer<float>& out,
-                            std::int64_t seq, std::int64_t heads, std::int64_t dim);
-// [heads, seq, dim] -> [seq, heads * dim].
+                            std::int64_t seq_len, std::int64_t num_heads, std::int64_t head_dim);
+// [num_heads, seq_len, head_dim] -> [seq_len, num_heads * head_dim].
 void batched_to_interleaved(Stream& stream, const Buffer<float>& in, Buffer<float>& out,
-                            std::int64_t seq, std::int64_t heads, std::int64_t dim);
-// out [seq, dim] = head `head` of in [seq, heads * dim].
-void extract_head(Stream& stream, const Buffer<float>& in, Buffer<float>& out, std::int64_t seq,
-                  std::int64_t heads, std::int64_t dim, std::int64_t head);
-// Head `head` of out [seq, heads * dim] = in [seq, dim]; the other heads are untouched.
+                            std::int64_t seq_len, std::int64_t num_heads, std::int64_t head_dim);
+// out [seq_len, head_dim] = head `head` of in [seq_len, num_heads * head_dim].
+void extract_head(Stream& stream, const Buffer<float>& in, Buffer<float>& out, std::int64_t seq_len,
+                  std::int64_t num_heads, std::int64_t head_dim, std::int64_t head);
+// Head `head` of out [seq_len, num_heads * head_dim] = in [seq_len, head_dim]; the other heads are untouched.
 void copy_head_back(Stream& stream, const Buffer<float>& in, Buffer<float>& out,
-                    std::int64_t seq, std::int64_t heads, std::int64_t dim, std::int64_t head);
+                    std::int64_t seq_len, std::int64_t num_heads, std::int64_t head_dim, std::int64_t head);
 
 // out[b] = in[b]^T for in [batch, rows, cols] -> out [batch, cols, rows].
 void transpose(Stream& stream, const Buffer<float>& in, Buffer<float>& out, std::int64_t batch,
