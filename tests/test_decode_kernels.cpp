@@ -1,6 +1,6 @@
-// The decode kernels' schedules on every backend, launched directly: row and merge batches,
-// signals, the folded merge, one grid, row-major CPU forms, L2 policies and timelines, all giving
-// the same bytes.
+// The decode kernels' schedules on every backend, launched directly: heads per block, tile rings,
+// merge batches and slices, signals, the folded merge, one grid, row-major CPU forms and L2
+// policies, all giving the same bytes.
 
 #include <gtest/gtest.h>
 
@@ -37,16 +37,12 @@ bool one_grid_by_default(const Device& d) {
 enum class DecodeSync { kKernel, kSignals, kFold, kOneGrid };
 
 // Chunk then Merge over `rows` query rows (row r's q is row r of q; every row reads slot 0's
-// cache) of length len; with counters, checks that they are zero afterwards. timeline: the
-// timeline variant's marks (Note [decode timeline]), or null; merge_timeline: Note [merge
-// timeline]; l2_policy: the K/V copies' L2 policy (Note [streamed tiles]); prefetch_tail: Note
-// [tail prefetch].
+// cache) of length len; with counters, checks that they are zero afterwards. l2_policy: the K/V
+// copies' L2 policy (Note [streamed tiles]).
 template <class Chunk, class Merge>
 std::vector<float> run_decode(Stream& s, const std::shared_ptr<Device>& dev, const Buffer<float>& q,
                               const Buffer<float>& k, const Buffer<float>& v, int H, int Hkv, int L,
-                              int len, int rows, DecodeSync sync, std::uint64_t* timeline = nullptr,
-                              std::uint64_t* merge_timeline = nullptr, int l2_policy = kernels::kL2Unchanged,
-                              int prefetch_tail = 0) {
+                              int len, int rows, DecodeSync sync, int l2_policy = kernels::kL2Unchanged) {
   constexpr int D = Chunk::kQuads * 32;
   const int chunks = (L + kernels::kDecodeChunk - 1) / kernels::kDecodeChunk;
   const std::size_t blocks_y = std::size_t(H / Chunk::kHeads);
@@ -68,10 +64,7 @@ std::vector<float> run_decode(Stream& s, const std::shared_ptr<Device>& dev, con
   p.max_len = L;
   p.scale = 1.0f / std::sqrt(float(D));
   p.heads_per_block = Chunk::kHeads;
-  p.timeline = timeline;
-  p.merge_timeline = merge_timeline;
   p.kv_l2_policy = l2_policy;
-  p.prefetch_tail = prefetch_tail;
   // The ticket, then the pairs (as launch_decode lays them out: Note [one grid]).
   const std::size_t counter_ints = 1 + rows * blocks_y * 2;
   bool fresh = false;
@@ -102,9 +95,9 @@ std::vector<float> run_decode(Stream& s, const std::shared_ptr<Device>& dev, con
   return out.to_vector(s);
 }
 
-// The decode kernels' schedule choices (row batches in the chunk kernel, merge batches) move
-// loads, never arithmetic: every variant gives the same bytes (Note [row batches], Note [merge
-// order]), for rows that the merge folds in one batch and in several.
+// The decode kernels' schedule choices (heads per block, tile rows, merge batches and slices) move
+// loads, never arithmetic: every registered variant gives the same bytes (Note [row batches], Note
+// [merge order]), for rows that the merge folds in one batch and in several.
 template <class Chunk, class Merge>
 std::vector<float> run_decode_variant(Stream& s, const std::shared_ptr<Device>& dev,
                                       const Buffer<float>& q, const Buffer<float>& k,
@@ -131,120 +124,51 @@ TEST_P(Attention, DecodeScheduleVariantsGiveTheSameBytes) {
     {
       constexpr int D = 128;
       DecodeInputs<D> in(dev, s(), H, Hkv, L, 12345u + Hkv);
-      // One chunk; one merge batch for both merge variants (12 chunks); one batch at MB = 8 but
-      // two at MB = 4 (20 chunks); several batches for both (36 chunks).
+      // One chunk; one merge batch (12 chunks); one batch at 8 chunks per batch but two at 4 (20
+      // chunks); several batches (36 chunks).
       for (int len : {1, 3000, 5000, 9000}) {
         SCOPED_TRACE("D 128, Hkv " + std::to_string(Hkv) + ", length " + std::to_string(len));
-        const auto a = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-        const auto b = run_decode_variant<DecodeChunk<D, 4, 4>, DecodeMerge<D, 4>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-        EXPECT_TRUE(same(a, b)) << "row batch 2 / merge batch 8 vs row batch 4 / merge batch 4";
-        // One query head per block: 4 blocks per kv head, each over the same chunk.
-        const auto c = run_decode_variant<DecodeChunk<D, 1, 4>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-        const auto d = run_decode_variant<DecodeChunk<D, 1, 2>, DecodeMerge<D, 4>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-        EXPECT_TRUE(same(a, c)) << "4 query heads per block vs 1";
-        EXPECT_TRUE(same(c, d)) << "row batch 4 vs 2 at one head per block";
-        // Note [async tiles]: K and V through a ring of tiles in shared memory (the defaults:
-        // 16-row tiles in a ring of 4 with four heads per block, 32-row tiles in a ring of 3
-        // with one).
-        const auto e3 = run_decode_variant<DecodeChunk<D, 4, 2, 3>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-        const auto e4 = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-        const auto f3 = run_decode_variant<DecodeChunk<D, 1, 2, 3>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-        const auto g4 = run_decode_variant<DecodeChunk<D, 2, 1, 4>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-        EXPECT_TRUE(same(a, e3)) << "registers vs a ring of 3 async 32-row tiles";
-        EXPECT_TRUE(same(a, e4)) << "registers vs a ring of 4 async 16-row tiles";
-        EXPECT_TRUE(same(a, f3)) << "registers vs a ring of 3 async tiles, one head per block";
-        EXPECT_TRUE(same(a, g4)) << "registers vs a ring of 4 async tiles, two heads per block";
-        // Note [decode timeline]: the diagnostic variant computes what the default does.
-        const auto tl = run_decode_variant<DecodeChunk<D, 4, 1, 4, true>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-        EXPECT_TRUE(same(a, tl)) << "registers vs the timeline variant";
-        // Note [merge schedule]: 4 blocks per head, all chunks in one round trip.
-        const auto m16 = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D, 16>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-        const auto sl = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D, 32, 4, 1>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-        EXPECT_TRUE(same(a, m16)) << "merge batch 8 vs 16";
+        // Note [async tiles]: 16-row tiles in a ring of 4 with 4 or 2 query heads per block,
+        // 32-row tiles in a ring of 3 with one.
+        const auto a = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        const auto b = run_decode_variant<DecodeChunk<D, 2, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        const auto c = run_decode_variant<DecodeChunk<D, 1, 2, 3>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        EXPECT_TRUE(same(a, b)) << "4 query heads per block vs 2";
+        EXPECT_TRUE(same(a, c)) << "4 query heads per block, 16-row tiles vs 1, 32-row tiles";
+        // Note [merge schedule]: 4 blocks per head; 2- and 4-chunk batches.
+        const auto sl = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D, 32, 4, 1>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
         const auto m2 = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D, 2>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-        EXPECT_TRUE(same(a, m2)) << "merge batch 8 vs 2";
+        const auto m4 = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D, 4>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
         EXPECT_TRUE(same(a, sl)) << "merge without slices vs 4 slices";
+        EXPECT_TRUE(same(a, m2)) << "merge batch 8 vs 2";
+        EXPECT_TRUE(same(a, m4)) << "merge batch 8 vs 4";
         bool finite = true;
         for (float x : a) finite = finite && std::isfinite(x);
         EXPECT_TRUE(finite);
       }
     }
     {
-      constexpr int D = 96;  // the merge's 480-thread shape (5 groups); 4 heads per block vs 1
+      constexpr int D = 96;  // the merge's 480-thread shape (5 groups); 4, 2 and 1 heads per block
       DecodeInputs<D> in(dev, s(), H, Hkv, L, 777u + Hkv);
       for (int len : {300, 9000}) {
         SCOPED_TRACE("D 96, Hkv " + std::to_string(Hkv) + ", length " + std::to_string(len));
-        const auto a = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-        const auto b = run_decode_variant<DecodeChunk<D, 1, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-        const auto c = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-        EXPECT_TRUE(same(a, b)) << "registers, 4 query heads per block vs async tiles, 1";
-        EXPECT_TRUE(same(a, c)) << "registers vs async tiles, 4 query heads per block";
-        // Note [merge schedule]: one element per thread, 3 slices, 10-chunk batches (so several
-        // batches at length 9000) vs the default (4 elements per thread, 120 of 128 threads).
-        const auto m = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D, 2, 3, 1>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-        EXPECT_TRUE(same(a, m)) << "merge: 4 elements per thread, one slice vs 1, 3 slices";
+        const auto a = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        const auto b = run_decode_variant<DecodeChunk<D, 2, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        const auto c = run_decode_variant<DecodeChunk<D, 1, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+        EXPECT_TRUE(same(a, b)) << "4 query heads per block vs 2";
+        EXPECT_TRUE(same(a, c)) << "4 query heads per block vs 1";
       }
     }
   }
 }
 
-// A timeline buffer's marks (Note [decode timeline], Note [merge timeline]): 64-bit words held in
-// a float buffer.
-std::vector<std::uint64_t> timeline_words(Stream& s, const Buffer<float>& tl) {
-  const auto words = tl.to_vector(s);
-  std::vector<std::uint64_t> t(words.size() / 2);
-  std::memcpy(t.data(), words.data(), t.size() * sizeof(std::uint64_t));
-  return t;
-}
-
-// Note [decode timeline]: with its buffer set, the timeline variant computes the default
-// kernel's bytes, and each block's marks are in order: start <= first K tile <= scores <= softmax
-// <= P x V <= partials stored; a block past the length marks its start only. On the CPU device
-// the test takes the lane path (the row-major path marks the start only).
-TEST_P(Attention, DecodeTimelineMarksEachPhaseInOrder) {
-  using kernels::DecodeChunk;
-  using kernels::DecodeMerge;
-  // On the CPU device, a device of its lane path (these names hide the fixture's).
-  const std::shared_ptr<Device> dev =
-      this->dev->id().kind == DeviceKind::kCpu ? cpu_with(&CpuDeviceOptions::decode_lanes) : this->dev;
-  const auto s = [&]() -> Stream& { return dev->default_stream(); };
-  constexpr int D = 128, L = 1500, H = 8, Hkv = 2;
-  DecodeInputs<D> in(dev, s(), H, Hkv, L, 99u);
-  const int chunks = (L + kernels::kDecodeChunk - 1) / kernels::kDecodeChunk;
-  const int blocks = chunks * (H / 4);
-  Buffer<float> tl(dev, std::size_t(blocks) * 16);
-  for (int len : {1500, 700}) {
-    SCOPED_TRACE("length " + std::to_string(len));
-    const auto ref = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
-    tl.fill(s(), 0.0f);
-    const auto got = run_decode<DecodeChunk<D, 4, 1, 4, true>, DecodeMerge<D>>(
-        s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kKernel,
-        reinterpret_cast<std::uint64_t*>(tl.data().get()));
-    EXPECT_TRUE(same(ref, got)) << "the timeline variant vs the default";
-    const auto t = timeline_words(s(), tl);
-    for (int b = 0; b < blocks; ++b) {
-      const std::uint64_t* m = &t[std::size_t(b) * 8];
-      EXPECT_GT(m[0], 0u) << "block " << b << ": its start";
-      if ((b % chunks) * kernels::kDecodeChunk >= len) {
-        for (int k = 1; k < 6; ++k) EXPECT_EQ(m[k], 0u) << "block " << b << " past the length, mark " << k;
-      } else {
-        for (int k = 1; k < 6; ++k) EXPECT_LE(m[k - 1], m[k]) << "block " << b << ", mark " << k;
-      }
-    }
-  }
-}
-
-// Note [streamed tiles]: the K/V copies' L2 policy is a cache hint: every policy gives the bytes
-// of a chunk kernel that copies nothing (K and V loaded straight into registers, the same
-// arithmetic: Note [async tiles]), in the two launches and in DecodeOneGrid (whose first tiles
-// are issued by a loop that is not unrolled), for rows past and within the length, at head_dim
-// 128 with 4 heads per block and with 1 (32-row tiles). At head_dim 64 (whisper-tiny's kernel),
-// where no copy-free variant is registered, every policy gives evict-unchanged's bytes. So does
-// the variant of Note [tail prefetch] (another hint) at head_dim 128 with 4 heads per block,
-// with none of its blocks, the last, the last three and all of them prefetching (on the CPU
-// device by both of its decode paths).
+// Note [streamed tiles]: the K/V copies' L2 policy is a cache hint: every policy gives
+// evict-unchanged's bytes through the two launches without counters, in the two launches with
+// signals and in DecodeOneGrid (whose first tiles are issued by a loop that is not unrolled), for
+// rows past and within the length, at head_dim 128 with 4 heads per block and with 1 (32-row
+// tiles), and at head_dim 64 (whisper-tiny's kernel).
 TEST_P(Attention, DecodeL2PoliciesGiveTheSameBytes) {
-  const auto check = [&]<class Chunk, class Ref>(int H, int Hkv, std::uint32_t seed) {
+  const auto check = [&]<class Chunk>(int H, int Hkv, std::uint32_t seed) {
     constexpr int D = Chunk::kQuads * 32;
     using Merge = kernels::DecodeMerge<D>;
     constexpr int L = 1500;
@@ -252,73 +176,20 @@ TEST_P(Attention, DecodeL2PoliciesGiveTheSameBytes) {
     for (int len : {1500, 700}) {
       SCOPED_TRACE("head_dim " + std::to_string(D) + ", heads per block " + std::to_string(Chunk::kHeads) +
                    ", length " + std::to_string(len));
-      const auto ref = std::is_same_v<Ref, Chunk>
-                           ? run_decode<Chunk, Merge>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kSignals,
-                                                      nullptr, nullptr, kernels::kL2Unchanged)
-                           : run_decode<Ref, Merge>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kKernel);
+      const auto ref = run_decode<Chunk, Merge>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kKernel,
+                                                kernels::kL2Unchanged);
       for (int policy : {kernels::kL2Unchanged, kernels::kL2EvictFirst, kernels::kL2EvictNormal}) {
-        for (auto sync : {DecodeSync::kSignals, DecodeSync::kOneGrid}) {
-          const auto got = run_decode<Chunk, Merge>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, sync, nullptr,
-                                                    nullptr, policy);
-          EXPECT_TRUE(same(ref, got)) << "policy " << policy << (sync == DecodeSync::kOneGrid ? ", one grid" : ", two launches");
-        }
-        if constexpr (std::is_same_v<Chunk, kernels::DecodeChunk<128, 4, 1, 4>>) {
-          // On the CPU device both paths: the lane path runs the GPU's code (the ring, its
-          // rolled first copies and the prefetch's checks), the row-major path its own.
-          using Prefetching = kernels::DecodeChunk<128, 4, 1, 4, false, true>;
-          const bool cpu = dev->id().kind == DeviceKind::kCpu;
-          for (int lanes : {0, 1}) {
-            if (lanes == 1 && !cpu) break;
-            // The lane path: a CPU device of its own, with the inputs copied there.
-            const std::shared_ptr<Device> d = lanes == 1 ? cpu_with(&CpuDeviceOptions::decode_lanes) : dev;
-            Stream& st = d->default_stream();
-            Buffer<float> q(d, in.q.size()), k(d, in.k.size()), v(d, in.v.size());
-            q.copy_from_host(st, in.q.to_vector(s()));
-            k.copy_from_host(st, in.k.to_vector(s()));
-            v.copy_from_host(st, in.v.to_vector(s()));
-            for (int tail : {0, 1, 3, 1 << 30}) {
-              const auto got = run_decode<Prefetching, Merge>(st, d, q, k, v, H, Hkv, L, len, 1,
-                                                              DecodeSync::kSignals, nullptr, nullptr, policy, tail);
-              EXPECT_TRUE(same(ref, got)) << "policy " << policy << ", tail prefetch " << tail << (lanes ? ", lane path" : "");
-            }
-          }
+        for (auto sync : {DecodeSync::kKernel, DecodeSync::kSignals, DecodeSync::kOneGrid}) {
+          const auto got = run_decode<Chunk, Merge>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, sync, policy);
+          EXPECT_TRUE(same(ref, got)) << "policy " << policy << ", sync " << int(sync);
         }
       }
     }
   };
   using kernels::DecodeChunk;
-  check.template operator()<DecodeChunk<128, 4, 1, 4>, DecodeChunk<128, 4, 2>>(8, 2, 97u);
-  check.template operator()<DecodeChunk<128, 1, 2, 3>, DecodeChunk<128, 1, 2>>(4, 4, 98u);
-  check.template operator()<DecodeChunk<64, 1, 1, 4>, DecodeChunk<64, 1, 1, 4>>(6, 6, 96u);
-}
-
-// Note [merge timeline]: with its buffer set, the timeline merge gives the default's bytes and
-// leaves the counters zero (run_decode checks), and each merge block marks start <= counter
-// reached <= merged <= after the final wait, and its multiprocessor.
-TEST_P(Attention, DecodeMergeTimelineMarksInOrder) {
-  using kernels::DecodeChunk;
-  using Sliced = kernels::DecodeMerge<128, 32, 4, 1, true>;
-  constexpr int D = 128, L = 1500, H = 8, Hkv = 2;
-  DecodeInputs<D> in(dev, s(), H, Hkv, L, 98u);
-  const int blocks = H * Sliced::kSlices;
-  Buffer<float> mtl(dev, std::size_t(blocks) * 16);
-  for (int len : {1500, 700}) {
-    SCOPED_TRACE("length " + std::to_string(len));
-    const auto ref = run_decode<DecodeChunk<D, 4, 1, 4>, kernels::DecodeMerge<D>>(
-        s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kSignals);
-    mtl.fill(s(), 0.0f);
-    const auto got = run_decode<DecodeChunk<D, 4, 1, 4>, Sliced>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1,
-                                                                  DecodeSync::kSignals, nullptr,
-                                                                  reinterpret_cast<std::uint64_t*>(mtl.data().get()));
-    EXPECT_TRUE(same(ref, got)) << "the merge with its marks vs the default";
-    const auto t = timeline_words(s(), mtl);
-    for (int b = 0; b < blocks; ++b) {
-      const std::uint64_t* m = &t[std::size_t(b) * 8];
-      EXPECT_GT(m[0], 0u) << "merge block " << b << ": its start";
-      for (int k = 1; k < 4; ++k) EXPECT_LE(m[k - 1], m[k]) << "merge block " << b << ", mark " << k;
-      for (int k = 4; k < 6; ++k) EXPECT_EQ(m[k], 0u) << "merge block " << b << ", unused word " << k;
-    }
-  }
+  check.template operator()<DecodeChunk<128, 4, 1, 4>>(8, 2, 97u);
+  check.template operator()<DecodeChunk<128, 1, 2, 3>>(4, 4, 98u);
+  check.template operator()<DecodeChunk<64, 1, 1, 4>>(6, 6, 96u);
 }
 
 // Three rows over the same cache (row r's q is row r of in.q): `sync` gives the bytes of the two
@@ -421,7 +292,7 @@ TEST_P(Attention, DecodeFoldedMergeGivesTheSameBytes) {
     // partials loaded at once), 16 with 2, 32 with 1: rows of one batch and of several.
     for (int len : {0, 1, 2048, 3000, 4096, 8192, 9000}) {
       SCOPED_TRACE("D 128, length " + std::to_string(len));
-      const auto ref = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+      const auto ref = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
       const auto f4 = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kFold);
       const auto f1 = run_decode<DecodeChunk<D, 1, 2, 3>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kFold);
       const auto f2 = run_decode<DecodeChunk<D, 2, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kFold);
@@ -439,7 +310,7 @@ TEST_P(Attention, DecodeFoldedMergeGivesTheSameBytes) {
     DecodeInputs<D> in(dev, s(), H, Hkv, L, 5151u);
     for (int len : {300, 9000}) {
       SCOPED_TRACE("D 96, length " + std::to_string(len));
-      const auto ref = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+      const auto ref = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
       const auto f = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kFold);
       EXPECT_TRUE(same(ref, f));
     }
@@ -460,7 +331,7 @@ TEST_P(Attention, DecodeOneGridGivesTheSameBytes) {
     DecodeInputs<D> in(dev, s(), 3 * H, Hkv, L, 6160u);
     for (int len : {0, 1, 2048, 4000, 9000}) {
       SCOPED_TRACE("D 128, length " + std::to_string(len));
-      const auto ref = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+      const auto ref = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
       const auto a = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kOneGrid);
       const auto b = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D, 32, 4, 1>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kOneGrid);
       const auto c = run_decode<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D, 2>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len, 1, DecodeSync::kOneGrid);
@@ -568,7 +439,7 @@ TEST_P(Attention, DecodeMergeSlicesGiveTheSameBytesOnLongRows) {
   using kernels::DecodeMerge;
   constexpr int D = 128, L = 33000, H = 4, Hkv = 1;
   DecodeInputs<D> in(dev, s(), H, Hkv, L, 99u);
-  const auto a = run_decode_variant<DecodeChunk<D, 4, 2>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, L);
+  const auto a = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, L);
   const auto b = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D, 32, 4, 1>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, L);
   EXPECT_TRUE(same(a, b));
   bool finite = true;
@@ -584,7 +455,7 @@ TEST_P(Attention, DecodeAsyncTilesNeverReadPastTheLength) {
   DecodeInputs<D> in(dev, s(), H, Hkv, L, 4242u);
   for (int len : {1, 37, 256, 1000}) {
     SCOPED_TRACE("length " + std::to_string(len));
-    const auto clean = run_decode_variant<DecodeChunk<D, 4, 2, 3>, DecodeMerge<D, 8>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
+    const auto clean = run_decode_variant<DecodeChunk<D, 1, 2, 3>, DecodeMerge<D>>(s(), dev, in.q, in.k, in.v, H, Hkv, L, len);
     DecodeInputs<D> poisoned(dev, s(), H, Hkv, L, 4242u);
     for (auto* b : {&poisoned.k, &poisoned.v}) {
       auto h = b->to_vector(s());
@@ -593,7 +464,7 @@ TEST_P(Attention, DecodeAsyncTilesNeverReadPastTheLength) {
           for (int d = 0; d < D; ++d) h[(std::size_t(hk) * L + t) * D + d] = std::numeric_limits<float>::quiet_NaN();
       b->copy_from_host(s(), h);
     }
-    const auto p3 = run_decode_variant<DecodeChunk<D, 4, 2, 3>, DecodeMerge<D, 8>>(s(), dev, poisoned.q, poisoned.k, poisoned.v, H, Hkv, L, len);
+    const auto p3 = run_decode_variant<DecodeChunk<D, 1, 2, 3>, DecodeMerge<D>>(s(), dev, poisoned.q, poisoned.k, poisoned.v, H, Hkv, L, len);
     const auto p4 = run_decode_variant<DecodeChunk<D, 4, 1, 4>, DecodeMerge<D, 32, 4, 1>>(s(), dev, poisoned.q, poisoned.k, poisoned.v, H, Hkv, L, len);
     EXPECT_TRUE(same(clean, p3));
     EXPECT_TRUE(same(clean, p4));

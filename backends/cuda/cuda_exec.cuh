@@ -52,18 +52,6 @@ struct CudaExec : CudaMath, CudaMemory, CudaCrossLane, CudaMatrix {
     return p;
   }
   __device__ __forceinline__ void sync() const { __syncthreads(); }
-  // Diagnostics (Note [decode timeline] in kernels/decode/chunk.hpp): the global nanosecond timer and
-  // the multiprocessor that runs the block.
-  __device__ __forceinline__ std::uint64_t timestamp_ns() const {
-    std::uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-  }
-  __device__ __forceinline__ int sm_id() const {
-    unsigned s;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
-    return static_cast<int>(s);
-  }
 
   // Programmatic dependent launch (sm_90; Note [overlapped launches] in kernels/launch.hpp): a
   // kernel whose trait kOverlapsPrior is true may start before the previous kernel on its stream

@@ -63,14 +63,6 @@ class CpuExec : public LaneMath,
   void block_wide() const {
     static_assert(PW == N, "block-wide operation in a warp pass: the kernel is not warp-independent");
   }
-  // Diagnostics (Note [decode timeline] in kernels/decode/chunk.hpp): a steady clock, and one
-  // "multiprocessor".
-  std::uint64_t timestamp_ns() const {
-    return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                          std::chrono::steady_clock::now().time_since_epoch())
-                                          .count());
-  }
-  int sm_id() const { return 0; }
 
   // --- indices (block-uniform ones are plain ints) ---
   int block_x() const { return static_cast<int>(blk_.bx); }

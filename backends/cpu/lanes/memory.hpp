@@ -228,13 +228,6 @@ class LaneMemory {
   }
   // As copy4_async: the GPU's L2 policies have no meaning here (backends/cuda/exec/memory.cuh).
   std::uint64_t l2_policy(int /*which*/) const { return 0; }
-  // Note [tail prefetch]: a hint for the GPU's L2, so nothing is loaded here; but the request is
-  // checked as the GPU's instruction needs it (a 16-byte aligned address, a size that is a
-  // multiple of 16; 0: none), so that a wrong one fails on the CPU device first.
-  void prefetch_l2(const float* p, int bytes) const {
-    LOCKSTEP_ASSERT(reinterpret_cast<std::uintptr_t>(p) % 16 == 0 && bytes >= 0 && bytes % 16 == 0,
-                    "prefetch_l2: a 16-byte aligned address and a size that is a multiple of 16");
-  }
   template <class T, LaneExpr DO, LaneExpr SO, class M>
   void copy4_async_stream(T* dst, DO&& doff, const T* src, SO&& soff, M&& mask, std::uint64_t /*policy*/) const {
     copy4_async(dst, std::forward<DO>(doff), src, std::forward<SO>(soff), std::forward<M>(mask));

@@ -73,17 +73,6 @@ struct CudaMemory {
 #endif
     return which == kernels::kL2EvictFirst ? first : which == kernels::kL2EvictNormal ? normal : unchanged;
   }
-  // Note [tail prefetch] (kernels/decode/chunk.hpp): bytes (a multiple of 16, from a 16-byte aligned
-  // p) requested into the L2 by thread 0 of the block; a hint, block-uniform.
-  __device__ __forceinline__ void prefetch_l2(const float* p, int bytes) const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (threadIdx.x == 0 && bytes > 0)
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-#else
-    (void)p;
-    (void)bytes;
-#endif
-  }
   // As copy4_async, under an L2 policy from l2_policy: a cache hint, the same bytes copied.
   __device__ __forceinline__ void copy4_async_stream(float* dst, int doff, const float* src, int soff,
                                                      bool m, std::uint64_t policy) const {

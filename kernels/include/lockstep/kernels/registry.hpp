@@ -1,7 +1,10 @@
 #pragma once
 // The list of every kernel. Each backend instantiates every entry (CPU: one function per SIMD
 // variant; CUDA: one __global__ trampoline), and lockstep::launch<K> finds K's slot here. Adding
-// a kernel = writing it in kernels/ and appending it to AllKernels.
+// a kernel = writing it in kernels/ and appending it to AllKernels. It holds what the calls and
+// their plans launch (attention/plan/: each schedule variant a plan or a Tuning field can
+// choose), and the kernels that lockstep-bench (ceilings) and lockstep mathacc run on a device;
+// no variant that only a measurement needed (docs/kernels.md, rule 11).
 
 #include "lockstep/kernels/ceilings.hpp"
 #include "lockstep/kernels/decode.hpp"
@@ -26,25 +29,17 @@ struct KernelList {
 using AllKernels = KernelList<
     Fill32, SoftmaxRows, Scale, Copy3D, Transpose, Gemm, MathEval, ReadSum, ReadTiles, FmaPeak,
     GemmTensorCore, ScaleMask, KvScatter, Rope, Add,
-    // decode, the defaults: head_dim x query heads per block (G * D <= 512), async tiles of 16
-    // rows in a ring of 4 (Note [async tiles]); one head per block at head_dim 128: 32-row
-    // tiles in a ring of 3 (both measured, docs/gpu-results.md)
+    // decode (what plan_decode chooses among): head_dim x query heads per block (G * D <= 512),
+    // async tiles of 16 rows in a ring of 4 (Note [async tiles]); one head per block at head_dim
+    // 128: 32-row tiles in a ring of 3 (Note [row batches])
     DecodeChunk<32, 1, 1, 4>, DecodeChunk<32, 2, 1, 4>, DecodeChunk<32, 4, 1, 4>, DecodeChunk<32, 8, 1, 4>,
     DecodeChunk<64, 1, 1, 4>, DecodeChunk<64, 2, 1, 4>, DecodeChunk<64, 4, 1, 4>, DecodeChunk<64, 8, 1, 4>,
     DecodeChunk<96, 1, 1, 4>, DecodeChunk<96, 2, 1, 4>, DecodeChunk<96, 4, 1, 4>,
     DecodeChunk<128, 1, 2, 3>, DecodeChunk<128, 2, 1, 4>, DecodeChunk<128, 4, 1, 4>,
     DecodeChunk<256, 1, 1, 4>, DecodeChunk<256, 2, 1, 4>,
-    // schedule variants that only the tests launch, as references (same bits): loads straight
-    // into registers, 32-row tiles in a ring of 3
-    DecodeChunk<128, 4, 2>, DecodeChunk<128, 4, 4>, DecodeChunk<128, 1, 2>, DecodeChunk<128, 1, 4>,
-    DecodeChunk<96, 4, 2>, DecodeChunk<128, 4, 2, 3>,
-    DecodeChunk<128, 4, 1, 4, true>,  // Note [decode timeline]
-    DecodeChunk<128, 4, 1, 4, false, true>,  // Note [tail prefetch]
     DecodeMerge<32>, DecodeMerge<64>, DecodeMerge<96>, DecodeMerge<128>, DecodeMerge<256>,
     DecodeMerge<128, 32, 4, 1>,  // short rows (few merge blocks): Note [merge schedule]
-    DecodeMerge<128, 32, 4, 1, true>,  // Note [merge timeline]
-    DecodeMerge<128, 2>, DecodeMerge<128, 4>, DecodeMerge<128, 16>,  // schedule variants
-    DecodeMerge<96, 2, 3, 1>,
+    DecodeMerge<128, 2>, DecodeMerge<128, 4>,  // 2- and 4-chunk merge batches of short rows
     // Note [one grid]: the default chunk kernels with the merges launch_decode picks for them
     // (the 2- and 4-chunk merge batches only with 4 heads per block; the others take DecodeMerge<D>)
     DecodeOneGrid<DecodeChunk<32, 1, 1, 4>, DecodeMerge<32>>, DecodeOneGrid<DecodeChunk<32, 2, 1, 4>, DecodeMerge<32>>,

@@ -61,14 +61,10 @@ LOCKSTEP_HD bool row_major_decode(const X& x) {
 
 // Grid: x = chunk, y = kv head * (H / Hkv / G) + subgroup, z = row (rows beyond 65535 loop).
 // Each block reads its chunk of K and V once for the G query heads it serves.
-// Note [row batches]: the default number of 16-row groups whose K (or V) loads are in flight
-// together: the largest power of two (at most 4) that keeps about 32 floats per lane in flight,
-// 64 with one query head per block (few registers are taken by q and the accumulators). Measured
-// on the H200 at head_dim 128: 2 for 4 query heads per block, 4 for one (docs/performance.md).
-constexpr int default_row_batch(int D, int G) {
-  const int want = (G == 1 ? 64 : 32) / (D / 8);
-  return want >= 4 ? 4 : want >= 2 ? 2 : 1;  // 8 spilled at head_dim 32 (ptxas)
-}
+// Note [row batches]: RB 16-row groups of K (or V) rows are loaded before any is used. With the
+// ring of async tiles (Note [async tiles]) the loads in flight are the ring's, and the registered
+// kernels take RB = 1 (16-row tiles in a ring of 4), or RB = 2 with one query head per block at
+// head_dim 128 (32-row tiles in a ring of 3), whose shared memory allows no deeper ring.
 
 // Note [one grid]: blocks per SM of the default chunk kernels alone on sm_90 (the lesser of what
 // their registers, from ptxas, and their shared memory allow), which their one-grid kernels are
@@ -106,8 +102,8 @@ struct DecodeChunkBound<true, N> {
 // ring of NS tiles in shared memory, filled by asynchronous copies (cp.async on the GPU) that run
 // NS - 1 tiles ahead of the arithmetic: the first V tiles are in flight while the chunk's softmax
 // is computed, and no registers hold loads in flight. The arithmetic reads the same values in the
-// same order as with NS = 0 (loads straight into registers), so the bits are the same (tested);
-// rows past the length are zero-filled, never read, as the masked loads give zeros.
+// same order as loads straight into registers would, so the bits do not depend on NS or the tile
+// rows (tested over the registered variants); rows past the length are zero-filled, never read.
 //
 // Note [streamed tiles]
 // The ring's copies of the cache carry an L2 eviction policy (x.l2_policy, x.copy4_async_stream),
@@ -117,7 +113,7 @@ struct DecodeChunkBound<true, N> {
 // Measured (three rounds each against the same library without a policy): incremental B=1
 // L=32768 0.0669-0.0683 ms instead of 0.0691-0.0700 (86.0-86.5% of the read ceiling), flash B=1
 // -2%, B=32 L=4096 -2%, B=128 L=2048 +1%, MHA B=32 unchanged; the chunk kernel's blocks stream
-// faster (the decode timeline's block median 26.8 us, 28.7 without), not the merge. The read pattern alone (ReadTiles) is as fast under evict-first,
+// faster (per-block timestamps: median 26.8 us, 28.7 without), not the merge. The read pattern alone (ReadTiles) is as fast under evict-first,
 // evict-unchanged or no policy as the read ceiling's kernel, so the policy does not raise the
 // ceiling; under evict-normal it is 12-14% slower, and the decode 5-8%. Below the
 // L2's size the cache can stay in the L2 between calls: evict-first cost whisper-tiny (1.4 MB)
@@ -130,32 +126,11 @@ struct DecodeChunkBound<true, N> {
 // (chunk_block<RolledFirstTiles = true>), and every copy then names a descriptor that the
 // kernel computes. tools/gpu/check_descriptors.py checks a build's SASS for such copies
 // (docs/kernels.md rule 7b).
-// Note [tail prefetch]
-// A chunk block keeps at most NS tiles of its chunk in flight. While the grid's blocks fill
-// every multiprocessor that is enough to keep the DRAM busy, but in the last wave fewer and
-// fewer blocks are left, each with at most NS tiles requested, and the DRAM idles while they
-// finish (the same-size read itself ends at 93.5% of the ceiling: docs/performance.md). The
-// variant DecodeChunk<..., PF = true> (registered at head_dim 128 with 4 heads per block, the
-// B = 1 L = 32768 benchmark's kernel; no plan picks it: tests launch it directly) with
-// p.prefetch_tail = N has the last N blocks of the chunk grid in launch order request
-// the rest of their chunk (K past the first NS tiles and all of V: cp.async.bulk.prefetch.L2 on
-// sm_90; nothing on the CPU) into the L2 when they start, so that their reads are queued while
-// the other blocks still stream and the last ones read from the L2. A hint: which bytes are
-// read, and in what order they are used, do not change (Attention.DecodeL2PoliciesGiveTheSameBytes).
-// The variant issues the ring's first tiles by the rolled loop (RolledFirstTiles): with the
-// prefetch beside the unrolled copies, ptxas 13.0 gave those copies an unset descriptor (an
-// illegal instruction on the H200). A variant of its own, so that the default kernel's code
-// stays the one verified on the GPU: its SASS is unchanged by this note (checked with cuobjdump).
-// Measured on an H100 (two rounds): slower, not faster: B = 1 L = 32768 0.0948 ms with
-// N = 1 and 0.117 with every block prefetching, against 0.0941 with none. So no plan picks it.
-// Note [decode timeline]
-// A diagnostic: DecodeChunk<..., TL = true> (registered at head_dim 128 with 4 heads per block,
-// launched directly by the tests; no plan picks it) has thread 0
-// of each block write p.timeline[block * 8 + k]: the global timer at the block's start (k = 0),
-// when its first K tile has landed (1), at the end of the scores (2), of the softmax (3), of
-// P x V (4) and once its partials are stored (5), and its multiprocessor (6). The arithmetic is
-// the default kernel's; the variant only measures where a block's time goes.
-template <int D, int G, int RB = default_row_batch(D, G), int NS = 0, bool TL = false, bool PF = false>
+// Prefetching the rest of the chunk into the L2 (cp.async.bulk.prefetch.L2) in the grid's last
+// wave, so that its reads queue while other blocks still stream, measured slower on an H100
+// (B = 1 L = 32768: 0.0948 ms with the last block prefetching, 0.117 with all, 0.0941 with
+// none): the ring of NS tiles in flight per block is what the kernel keeps.
+template <int D, int G, int RB, int NS>
 struct DecodeChunk
     : DecodeChunkBound<(NS == 4 && G >= 4 && D != 96), decode_chunk_blocks_per_sm(D, G)> {
   static_assert(D % 32 == 0 && D <= 256, "head_dim: a multiple of 32, at most 256");
@@ -173,7 +148,7 @@ struct DecodeChunk
   static_assert(16 % RB == 0, "row batches: a divisor of the 16 row groups of a chunk");
   static constexpr bool kOverlapsPrior = true;  // Note [overlapped launches] (kernels/launch.hpp)
   static constexpr int kStages = NS;
-  static_assert(NS == 0 || NS >= 2, "async stages: 0 (off) or at least 2");
+  static_assert(NS >= 2, "async stages: at least 2 (Note [async tiles])");
   static constexpr int kTileRows = 16 * RB;
   static constexpr int kTiles = kDecodeChunk / kTileRows;  // K tiles, then as many V tiles
   static_assert((kTileRows * D / 4) % kThreads == 0, "a tile is whole 16-byte copies per thread");
@@ -220,29 +195,7 @@ struct DecodeChunk
     x.wait_prior_grids();
     x.allow_dependent_grids();
     const BlockAt c{x.block_x(), x.block_y(), x.block_z(), x.grid_y(), x.grid_z()};
-    if constexpr (PF) {  // Note [tail prefetch]: is this block among the grid's last p.prefetch_tail?
-      const std::int64_t gx = x.grid_x(), gy = x.grid_y(), gz = x.grid_z();
-      const std::int64_t linear = (std::int64_t{c.z} * gy + c.y) * gx + c.x;
-      chunk_block<true>(x, p, c, linear >= gx * gy * gz - p.prefetch_tail);
-    } else {
-      chunk_block(x, p, c);
-    }
-  }
-
-  // Note [decode timeline]: mark k of the block at c (thread 0).
-  template <class X>
-  LOCKSTEP_HD static void mark(X& x, const Params& p, const BlockAt& c, int k) {
-    if constexpr (TL) {
-      if (p.timeline != nullptr) {
-        const std::int64_t b = (std::int64_t{c.z} * c.gy + c.y) * p.max_chunks + c.x;
-        const std::uint64_t v = k == 6 ? static_cast<std::uint64_t>(x.sm_id()) : x.timestamp_ns();
-        if constexpr (X::kIsCpu) {
-          p.timeline[b * 8 + k] = v;  // the block is one thread of the host
-        } else {
-          if (x.thread() == 0) p.timeline[b * 8 + k] = v;
-        }
-      }
-    }
+    chunk_block(x, p, c);
   }
 
   // Note [row-major decode]: the chunk's phases on the CPU device, row by row
@@ -270,10 +223,8 @@ struct DecodeChunk
   // The K and V copies take p's L2 policy (Note [streamed tiles]); RolledFirstTiles: the
   // ring's first tiles are issued by a loop that is not unrolled (DecodeOneGrid on the GPU, Note
   // [streamed tiles]: the unrolled hinted copies there got broken encodings from ptxas 13.0).
-  // prefetch: this block requests its chunk into the L2 (Note [tail prefetch]; the PF variant).
   template <bool RolledFirstTiles = false, class X>
-  LOCKSTEP_HD_OUTLINED_ON_CPU static void chunk_block(X& x, const Params& p, const BlockAt c,
-                                                      bool prefetch = false) {
+  LOCKSTEP_HD_OUTLINED_ON_CPU static void chunk_block(X& x, const Params& p, const BlockAt c) {
     using F = typename X::template Lanes<float>;
     using I = typename X::template Lanes<lane_int>;
     using B = typename X::template Lanes<bool>;
@@ -294,17 +245,14 @@ struct DecodeChunk
     const I row_in_iter = x.warp() * 4 + (lane >> 3);  // 16 rows per block iteration
 
     int merge_r = -1;  // Note [folded merge]: the row this block merges, if any
-    mark(x, p, c, 0);
-    mark(x, p, c, 6);
     for (int r = c.z; r < p.rows; r += c.gz) {
       const int len = row_length(x, p, r);
       const int t0 = chunk * kDecodeChunk;
       // Note [block signals]: every chunk block signals its (row, block y) counter once.
       std::int32_t* const counter =
           p.counters != nullptr ? p.counters + (std::int64_t{r} * c.gy + by) * 2 : nullptr;
-      // Note [device positions], with the append (Note [fused append]; a variant without async
-      // tiles leaves the status to its separate scatter).
-      if (NS > 0 && p.status != nullptr && chunk == 0 && by == 0) {
+      // Note [device positions], with the append (Note [fused append]).
+      if (p.status != nullptr && chunk == 0 && by == 0) {
         const int raw = raw_length(x, p, r);
         if (raw < 0 || raw > p.max_len) x.status_max(p.status, r + 1);
       }
@@ -319,41 +267,29 @@ struct DecodeChunk
       const int live = static_cast<int>(imin(len - t0, kDecodeChunk));
       // Note [fused append]: this chunk ends the row, so it holds the new token, row live - 1,
       // which its tiles take from k_new / v_new.
-      const bool appends = NS > 0 && p.k_new != nullptr && t0 + live == len;
+      const bool appends = p.k_new != nullptr && t0 + live == len;
       [[maybe_unused]] const int nrow = appends ? live - 1 : -1;
       const std::int64_t new_off = (std::int64_t{r} * p.Hkv + hk) * D;
       [[maybe_unused]] const float* kn = appends ? p.k_new + new_off : nullptr;
       [[maybe_unused]] const float* vn = appends ? p.v_new + new_off : nullptr;
       // Note [row-major decode]: the CPU's path reads the rows where they are, without the ring.
       const bool row_major = row_major_decode<X>(x);
-      if constexpr (NS > 0) {
-        if (!row_major) {
-          if constexpr (PF) {
-            // Note [tail prefetch]: the rest of the chunk (K past the ring's first tiles, all of
-            // V) requested into the L2 now, before the ring's first copies. A hint: the same
-            // bytes are read.
-            if (prefetch) {
-              constexpr int kAhead = NS * kTileRows;
-              if (live > kAhead) x.prefetch_l2(kb + kAhead * D, (live - kAhead) * D * 4);
-              x.prefetch_l2(vb, live * D * 4);
-            }
-          }
-          if constexpr (RolledFirstTiles) {  // Note [streamed tiles]: DecodeOneGrid's blocks
-            LOCKSTEP_NO_UNROLL
-            for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live, nrow, kn, vn, policy);
-          } else {
-            LOCKSTEP_UNROLL
-            for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live, nrow, kn, vn, policy);
-          }
+      if (!row_major) {
+        if constexpr (RolledFirstTiles) {  // Note [streamed tiles]: DecodeOneGrid's blocks
+          LOCKSTEP_NO_UNROLL
+          for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live, nrow, kn, vn, policy);
+        } else {
+          LOCKSTEP_UNROLL
+          for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live, nrow, kn, vn, policy);
         }
-        if (appends && by % subgroups == 0) {  // one block per kv head writes the cache
-          const std::int64_t dst = kv_off + std::int64_t{nrow} * D;
-          for (int d0 = 0; d0 < D; d0 += kThreads) {
-            const I d = x.thread() + d0;
-            const B ok = d < D;
-            x.store(p.k_append + dst, d, x.load(kn, d, ok, 0.0f), ok);
-            x.store(p.v_append + dst, d, x.load(vn, d, ok, 0.0f), ok);
-          }
+      }
+      if (appends && by % subgroups == 0) {  // one block per kv head writes the cache
+        const std::int64_t dst = kv_off + std::int64_t{nrow} * D;
+        for (int d0 = 0; d0 < D; d0 += kThreads) {
+          const I d = x.thread() + d0;
+          const B ok = d < D;
+          x.store(p.k_append + dst, d, x.load(kn, d, ok, 0.0f), ok);
+          x.store(p.v_append + dst, d, x.load(vn, d, ok, 0.0f), ok);
         }
       }
 
@@ -384,17 +320,12 @@ struct DecodeChunk
       // Phase 1: scores. Each group of 8 lanes takes one row; a warp 4 rows; the block 16. The
       // loads of kRowBatch such 16-row groups are issued before any is used (Note [row batches]).
       for (int it = 0; it < kDecodeChunk; it += 16 * kRowBatch) {
-        // K rows from the cache, or from the ring slot of tile it / kTileRows (rows numbered
-        // from the tile's first).
-        const float* kt = kb;
-        int kt_row0 = 0;
-        if constexpr (NS > 0) {
-          x.template async_wait<NS - 1>();
-          x.sync();
-          kt = ring + (it / kTileRows % NS) * kTileRows * D;
-          kt_row0 = it;
-          if (it == 0) mark(x, p, c, 1);
-        }
+        // K rows from the ring slot of tile it / kTileRows (rows numbered from the tile's
+        // first).
+        x.template async_wait<NS - 1>();
+        x.sync();
+        const float* kt = ring + (it / kTileRows % NS) * kTileRows * D;
+        const int kt_row0 = it;
         Q4 kq[kRowBatch][kQuads];
         LOCKSTEP_UNROLL
         for (int b = 0; b < kRowBatch; ++b) {
@@ -426,13 +357,10 @@ struct DecodeChunk
             x.store(S, tl + g * kDecodeChunk, x.select(ok, s, -kInf), l8 == 0);
           }
         }
-        if constexpr (NS > 0) {
-          x.sync();  // every warp is done with the slot before it is refilled
-          issue_tile(x, ring, kb, vb, it / kTileRows + NS, live, nrow, kn, vn, policy);
-        }
+        x.sync();  // every warp is done with the slot before it is refilled
+        issue_tile(x, ring, kb, vb, it / kTileRows + NS, live, nrow, kn, vn, policy);
       }
       x.sync();
-      mark(x, p, c, 2);
 
       // Phase 2: chunk max and sum per head. Note [softmax per warp]: with at least as many heads
       // as warps, warp w computes heads w, w + kWarps, ...; with fewer, every warp computes every
@@ -458,7 +386,6 @@ struct DecodeChunk
         x.store(ml, g * (p.max_chunks * 2) + lane, x.select(lane == 0, m, l), writes & (lane < 2));
       }
       x.sync();
-      mark(x, p, c, 3);
 
       // Phase 3: P x V. Lane layout as in phase 1; each lane accumulates its 16 rows.
       F acc[G][kQuads][4];
@@ -469,14 +396,10 @@ struct DecodeChunk
           LOCKSTEP_UNROLL
           for (int j = 0; j < 4; ++j) acc[g][qd][j] = 0.0f;
       for (int it = 0; it < kDecodeChunk; it += 16 * kRowBatch) {
-        const float* vt = vb;
-        int vt_row0 = 0;
-        if constexpr (NS > 0) {
-          x.template async_wait<NS - 1>();
-          x.sync();
-          vt = ring + ((kTiles + it / kTileRows) % NS) * kTileRows * D;
-          vt_row0 = it;
-        }
+        x.template async_wait<NS - 1>();
+        x.sync();
+        const float* vt = ring + ((kTiles + it / kTileRows) % NS) * kTileRows * D;
+        const int vt_row0 = it;
         Q4 vq[kRowBatch][kQuads];
         F pg[kRowBatch][G];
         LOCKSTEP_UNROLL
@@ -500,19 +423,16 @@ struct DecodeChunk
               acc[g][qd][2] = x.fma(pg[b][g], vq[b][qd].z, acc[g][qd][2]);
               acc[g][qd][3] = x.fma(pg[b][g], vq[b][qd].w, acc[g][qd][3]);
             }
-        if constexpr (NS > 0) {
-          x.sync();
-          issue_tile(x, ring, kb, vb, kTiles + it / kTileRows + NS, live, nrow, kn, vn, policy);
-        }
+        x.sync();
+        issue_tile(x, ring, kb, vb, kTiles + it / kTileRows + NS, live, nrow, kn, vn, policy);
       }
-      mark(x, p, c, 4);
       // The 4 row groups of a warp (lanes l8, l8 + 8, l8 + 16, l8 + 24), then the 4 warps.
       // Note [epilogue reduce-scatter]: element (g, qd, j) of the warp's sum is
       // (a0 + a8) + (a16 + a24), the accumulators of lanes l8, l8 + 8, l8 + 16 and l8 + 24, as
       // the butterflies a + shfl_xor(a, 8), then a + shfl_xor(a, 16) give it on lane l8. Those
       // butterflies took two shuffles per accumulator (128 per lane at head_dim 128 with 4
       // heads), and a block's four warps shuffled for about 1 us at the end of every chunk
-      // (the decode timeline; the shuffle pipe does one warp per clock). Here the four row groups
+      // (measured by per-block timestamps; the shuffle pipe does one warp per clock). Here the four row groups
       // split the work by j: over lane bit 3, row groups 0 and 2 keep j = 0, 1 and send j = 2, 3
       // (1 and 3 the reverse), adding what they receive; over lane bit 4, they keep one j of
       // their two. Row group r ends with j = 2 (r & 1) + (r >> 1) of every (g, qd): each element
@@ -553,7 +473,6 @@ struct DecodeChunk
         }
       }
       x.sync();  // S, P and O are reused by the next row
-      mark(x, p, c, 5);
       if (counter != nullptr && finish_row(x, p, counter)) merge_r = r;
     }
     // Note [folded merge]: after the loop, whose invariants (addresses, lane indices) then no
@@ -561,11 +480,9 @@ struct DecodeChunk
     // head_dim 128 with 4 heads per block (3 blocks per SM instead of 4), or spilled under a
     // bound of 128; here ptxas keeps 128 with no spills. The host folds only when every block
     // has one row (rows <= 65535), so at most one row is left to merge.
-    if constexpr (NS > 0) {
-      if (merge_r >= 0) {  // block-uniform
-        const auto sm = FoldMerge::carve(ring);
-        FoldMerge::template merge_heads<G>(x, p, merge_r, h0, 0, sm);
-      }
+    if (merge_r >= 0) {  // block-uniform
+      const auto sm = FoldMerge::carve(ring);
+      FoldMerge::template merge_heads<G>(x, p, merge_r, h0, 0, sm);
     }
   }
 
@@ -575,16 +492,14 @@ struct DecodeChunk
   // floats, made the head_dim-64 kernel 96 registers instead of 64 and whisper-tiny 6% slower.)
   using FoldMerge = DecodeMerge<D, (D / 16 / G > 1 ? D / 16 / G : 1)>;
   static_assert(FoldMerge::kThreads == kThreads && FoldMerge::kSlices == 1, "a merge block is a chunk block");
-  static_assert(NS == 0 || FoldMerge::kCarvedFloats <= std::size_t{NS} * kTileRows * D,
+  static_assert(FoldMerge::kCarvedFloats <= std::size_t{NS} * kTileRows * D,
                 "the merge's shared arrays fit in the ring");
 
   // Signals the row's counter (Note [block signals]); with p.fold (Note [folded merge]), returns
   // whether this block brought it to max_chunks and so merges the row.
   template <class X>
   LOCKSTEP_HD static bool finish_row(X& x, const Params& p, std::int32_t* counter) {
-    if constexpr (NS > 0) {
-      if (p.fold != 0) return x.signal_last(counter, p.max_chunks);
-    }
+    if (p.fold != 0) return x.signal_last(counter, p.max_chunks);
     x.signal(counter);
     return false;
   }

@@ -47,7 +47,7 @@ namespace lockstep::kernels {
 // needed; for a row of one batch (the common case) they are in flight together with the chunk
 // maxima and sums, so the whole merge waits for one round trip. MB, S and VW move loads and
 // threads, never arithmetic: the same bits for every choice (tested).
-template <int D, int MB = D / 16, int S = 1, int VW = 4, bool TL = false>
+template <int D, int MB = D / 16, int S = 1, int VW = 4>
 struct DecodeMerge {
   static constexpr const char* kName = "decode_merge";
   static constexpr int kGroups = 512 / D;  // part of the fold order (Note [merge order]): fixed
@@ -253,40 +253,12 @@ struct DecodeMerge {
 
   template <class X>
   LOCKSTEP_HD static void run(X& x, const Params& p) {
-    mark(x, p, x.block_x(), x.block_y(), 0);
-    mark(x, p, x.block_x(), x.block_y(), 6);
     if (p.counters == nullptr) x.wait_prior_grids();  // else Note [block signals]
     x.allow_dependent_grids();
     merge_block(x, p, x.block_x(), x.block_y(), x.grid_y(), false);
     // With signals the chunk kernel may still be retiring; waiting for it here keeps the rule
     // that a kernel completes after the one before it (Note [overlapped launches]).
     if (p.counters != nullptr) x.wait_prior_grids();
-    mark(x, p, x.block_x(), x.block_y(), 3);
-  }
-
-  // Note [merge timeline]
-  // A diagnostic beside Note [decode timeline]: DecodeMerge<..., TL = true> (registered for the
-  // sliced merge at head_dim 128, launched directly by the tests) has
-  // thread 0 of merge block (bx, by) write p.merge_timeline[(by * H * kSlices + bx) * 8 + k] when
-  // it is set: the global timer at the block's start (k = 0), when its counter has reached
-  // max_chunks (1), when its row is merged (2), after its final wait for the chunk kernel (3),
-  // and its multiprocessor (6); a block of several rows keeps its last row's marks. Marks 0 and 6
-  // come before the wait for the prior kernel: the buffer's fill is complete by then, as the chunk
-  // kernel, which lets this one start, waited for it. A template
-  // variant, not a runtime check: with the check in the default merge ptxas gave it 64
-  // registers instead of 104, and B=1 L=32768 took 0.5-1 us longer.
-  template <class X>
-  LOCKSTEP_HD static void mark(X& x, const Params& p, int bx, int by, int k) {
-    if constexpr (TL) {
-      if (p.merge_timeline == nullptr) return;
-      const std::int64_t b = std::int64_t{by} * p.H * kSlices + bx;
-      const std::uint64_t v = k == 6 ? static_cast<std::uint64_t>(x.sm_id()) : x.timestamp_ns();
-      if constexpr (X::kIsCpu) {
-        p.merge_timeline[b * 8 + k] = v;  // the block is one thread of the host
-      } else {
-        if (x.thread() == 0) p.merge_timeline[b * 8 + k] = v;
-      }
-    }
   }
 
   // The work of merge block (bx, by) of a merge grid of gy rows of blocks; same_grid: the chunk
@@ -306,9 +278,7 @@ struct DecodeMerge {
         counter = p.counters + (std::int64_t{r} * (p.H / p.heads_per_block) + h / p.heads_per_block) * 2;
         ticket = x.wait_signals(counter, p.max_chunks, same_grid);
       }
-      mark(x, p, bx, by, 1);
       merge_heads<1>(x, p, r, h, d0, sm);
-      mark(x, p, bx, by, 2);
       if (counter != nullptr) x.release_signals(counter, ticket, p.heads_per_block * kSlices);
     }
   }

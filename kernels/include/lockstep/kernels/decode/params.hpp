@@ -74,20 +74,12 @@ struct DecodeParams {
   float* v_append;
   std::int32_t* status;
   InlineInts inline_lengths;  // when lengths is null and count > 0 (Note [inline positions])
-  // Note [decode timeline]: [chunk grid blocks][8] timestamps, read by the TL variant only.
-  std::uint64_t* timeline;
-  // Note [merge timeline]: null, or [merge grid blocks][8] timestamps that the TL merge writes.
-  std::uint64_t* merge_timeline;
   // Note [streamed tiles]: the L2 policy of the chunk kernel's K and V copies (kL2Unchanged,
   // kL2EvictFirst; kL2EvictNormal for measurements).
   std::int32_t kv_l2_policy;
   // Note [one grid]: 1: DecodeOneGrid's blocks take their ticket after the wait for the prior
   // grid (the stream's counters were just zeroed by a fill); 0: before it.
   std::int32_t ticket_after_wait;
-  // Note [tail prefetch]: the last prefetch_tail blocks of the chunk grid (in launch order)
-  // prefetch their chunk's K and V into the L2 at their start (read by DecodeChunk<..., PF =
-  // true> only); 0: none. (New fields go last, so that the other fields' offsets do not move.)
-  std::int32_t prefetch_tail;
 };
 
 // Note [block signals]
