@@ -12,6 +12,8 @@
 # when OUT is not set; a summary line per stage):
 #   tests     the unit tests, then the test suite's reruns of them under other settings (ctest's
 #             entries with an environment of their own, e.g. LOCKSTEP_TUNING=...; none is fine)
+#   formats   the format conversions (lockstep/formats.hpp) against CUDA's own over all 2^32
+#             floats and every code (tools/gpu/formats.cu)
 #   props     the properties, CUDA against the CPU device and a float64 oracle, at N cases each
 #             (--cases N or PROPS_CASES, default 1000; PROPS_FILTER: a gtest filter)
 #   parity    lockstep parity: every kernel on random shapes, CUDA bytes against the CPU's
@@ -30,7 +32,7 @@ set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 G=${GPU_DIR:-$root/.gpu}
-gpu_stages=(tests props parity sanitize bench peers)
+gpu_stages=(tests formats props parity sanitize bench peers)
 
 usage() {
   sed -n '2,/^[^#]/{/^#/p}' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
@@ -79,6 +81,8 @@ stage_build() {
   if [ -x "$nvcc" ]; then
     "$nvcc" -O2 -std=c++17 -arch=sm_90a -cudart static -o "$G/launch_cost" "$root/tools/gpu/launch_cost.cu" \
         -L"$(dirname "$nvcc")/../lib64/stubs" -lcuda || echo "verify.sh stage: launch_cost not built" >&2
+    "$nvcc" -O2 -std=c++20 -arch=sm_90a -cudart static -I "$root/core/include" -o "$G/formats" \
+        "$root/tools/gpu/formats.cu" || { echo "verify.sh stage: formats not built" >&2; return 1; }
   fi
   local commit
   commit=$(git -C "$root" rev-parse --short=12 HEAD)
@@ -114,6 +118,14 @@ run_tests() {
   python3 "$root/tools/gpu/ctest_reruns.py" "$G" "$OUT" | tee -a "$OUT/summary.txt"
   local rc2=${PIPESTATUS[0]}
   [ "$rc" = 0 ] && [ "$rc2" = 0 ]
+}
+
+run_formats() {
+  [ -x "$G/formats" ] || { say "  formats: not staged (no nvcc where the stage ran)"; return 1; }
+  timeout 300 "$G/formats" > "$OUT/formats.log" 2>&1
+  local rc=$?
+  tee -a "$OUT/summary.txt" < "$OUT/formats.log"
+  return "$rc"
 }
 
 run_props() {

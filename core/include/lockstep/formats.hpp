@@ -1,0 +1,159 @@
+#pragma once
+// Storage formats beside float (docs/numerics.md, "Formats"): half (IEEE binary16), bfloat16,
+// and the two 8-bit formats of FP8 (OCP, as CUDA's __nv_fp8_e4m3 and __nv_fp8_e5m2). Each is a
+// trivially copyable struct holding its bits; arithmetic is done in float. The conversions are
+// written once, from bit operations, for the host, the CPU device's kernels and CUDA kernels
+// alike:
+//
+//   float -> half, bfloat16: round to nearest even; overflow gives an infinity; NaN gives the
+//                            canonical NaN 0x7fff (CUDA's __float2half_rn, __float2bfloat16_rn).
+//   float -> fp8_e4m3, fp8_e5m2: round to nearest even, saturating to the largest finite value
+//                            (+-448, +-57344; infinities too), as CUDA's __NV_SATFINITE; NaN
+//                            gives the format's NaN 0x7f with the input's sign.
+//   each format -> float:    exact (every code is a float); NaN stays NaN.
+//
+// tools/gpu/formats.cu compares every conversion with CUDA's own over all 2^32 floats and every
+// code, bit for bit (tools/gpu/verify.sh formats).
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define LOCKSTEP_FORMAT_HD __host__ __device__ __forceinline__
+#else
+#define LOCKSTEP_FORMAT_HD inline __attribute__((always_inline))
+#endif
+
+namespace lockstep {
+
+struct half {
+  std::uint16_t bits;
+};
+struct bfloat16 {
+  std::uint16_t bits;
+};
+struct fp8_e4m3 {
+  std::uint8_t bits;
+};
+struct fp8_e5m2 {
+  std::uint8_t bits;
+};
+
+namespace formats {
+
+LOCKSTEP_FORMAT_HD std::uint32_t float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+#endif
+}
+LOCKSTEP_FORMAT_HD float bits_float(std::uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+#endif
+}
+
+// |x| (bits a, below 2^-shift_base's normal range) as a multiple of the format's subnormal unit,
+// rounded to nearest even: the significand m = 1.xxx * 2^23 shifted right by `shift` (1..24).
+LOCKSTEP_FORMAT_HD std::uint32_t round_shift(std::uint32_t a, int shift) {
+  const std::uint32_t m = (a & 0x7fffffu) | 0x800000u;
+  const std::uint32_t r = m >> shift;
+  const std::uint32_t rem = m & ((1u << shift) - 1u);
+  const std::uint32_t halfway = 1u << (shift - 1);
+  return r + ((rem > halfway || (rem == halfway && (r & 1u))) ? 1u : 0u);
+}
+
+// A normal float's bits a, rebiased (a - rebias) and cut to `drop` fewer mantissa bits, rounded
+// to nearest even (a carry into the exponent is the next binade, as it should be).
+LOCKSTEP_FORMAT_HD std::uint32_t round_normal(std::uint32_t a, std::uint32_t rebias, int drop) {
+  const std::uint32_t r = a - rebias;
+  return (r + ((1u << (drop - 1)) - 1u) + ((r >> drop) & 1u)) >> drop;
+}
+
+}  // namespace formats
+
+// --- half ----------------------------------------------------------------------------------
+LOCKSTEP_FORMAT_HD half to_half(float f) {
+  const std::uint32_t u = formats::float_bits(f);
+  const std::uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return half{0x7fff};
+  if (a >= 0x477ff000u) return half{static_cast<std::uint16_t>(sign | 0x7c00u)};  // >= 65520: inf
+  if (a < 0x38800000u) {                       // below 2^-14: a multiple of 2^-24
+    if (a < 0x33000000u) return half{static_cast<std::uint16_t>(sign)};  // below 2^-25: zero
+    return half{static_cast<std::uint16_t>(sign | formats::round_shift(a, 126 - int(a >> 23)))};
+  }
+  return half{static_cast<std::uint16_t>(sign | formats::round_normal(a, 0x38000000u, 13))};
+}
+LOCKSTEP_FORMAT_HD float to_float(half h) {
+  const std::uint32_t sign = std::uint32_t(h.bits & 0x8000u) << 16;
+  const std::uint32_t e = (h.bits >> 10) & 0x1fu, m = h.bits & 0x3ffu;
+  if (e == 0x1f) return formats::bits_float(sign | 0x7f800000u | (m << 13));
+  if (e != 0) return formats::bits_float(sign | ((e + 112u) << 23) | (m << 13));
+  if (m == 0) return formats::bits_float(sign);
+  // A subnormal m * 2^-24: normalize (m has its leading one at bit 9 or below).
+  int shift = 0;
+  std::uint32_t mm = m;
+  while ((mm & 0x400u) == 0) {
+    mm <<= 1;
+    ++shift;
+  }
+  return formats::bits_float(sign | (std::uint32_t(113 - shift) << 23) | ((mm & 0x3ffu) << 13));
+}
+
+// --- bfloat16 ------------------------------------------------------------------------------
+LOCKSTEP_FORMAT_HD bfloat16 to_bfloat16(float f) {
+  const std::uint32_t u = formats::float_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bfloat16{0x7fff};
+  return bfloat16{static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
+}
+LOCKSTEP_FORMAT_HD float to_float(bfloat16 b) { return formats::bits_float(std::uint32_t(b.bits) << 16); }
+
+// --- fp8 e4m3: bias 7, 3 mantissa bits, no infinity, NaN 0x7f / 0xff, largest 448 ------------
+LOCKSTEP_FORMAT_HD fp8_e4m3 to_fp8_e4m3(float f) {
+  const std::uint32_t u = formats::float_bits(f);
+  const std::uint32_t sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return fp8_e4m3{static_cast<std::uint8_t>(sign | 0x7fu)};
+  if (a > 0x43e00000u) return fp8_e4m3{static_cast<std::uint8_t>(sign | 0x7eu)};  // past 448: 448
+  if (a < 0x3c800000u) {                       // below 2^-6: a multiple of 2^-9
+    if (a < 0x3a800000u) return fp8_e4m3{static_cast<std::uint8_t>(sign)};  // below 2^-10: zero
+    return fp8_e4m3{static_cast<std::uint8_t>(sign | formats::round_shift(a, 141 - int(a >> 23)))};
+  }
+  return fp8_e4m3{static_cast<std::uint8_t>(sign | formats::round_normal(a, 0x3c000000u, 20))};
+}
+LOCKSTEP_FORMAT_HD float to_float(fp8_e4m3 v) {
+  const std::uint32_t sign = std::uint32_t(v.bits & 0x80u) << 24;
+  const std::uint32_t e = (v.bits >> 3) & 0xfu, m = v.bits & 0x7u;
+  if (e == 0xf && m == 0x7) return formats::bits_float(sign | 0x7fffffffu);
+  if (e != 0) return formats::bits_float(sign | ((e + 120u) << 23) | (m << 20));
+  if (m == 0) return formats::bits_float(sign);
+  int shift = 0;  // a subnormal m * 2^-9
+  std::uint32_t mm = m;
+  while ((mm & 0x8u) == 0) {
+    mm <<= 1;
+    ++shift;
+  }
+  return formats::bits_float(sign | (std::uint32_t(121 - shift) << 23) | ((mm & 0x7u) << 20));
+}
+
+// --- fp8 e5m2: bias 15, 2 mantissa bits (the top byte of a half), largest finite 57344 ----------
+LOCKSTEP_FORMAT_HD fp8_e5m2 to_fp8_e5m2(float f) {
+  const std::uint32_t u = formats::float_bits(f);
+  const std::uint32_t sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return fp8_e5m2{static_cast<std::uint8_t>(sign | 0x7fu)};
+  if (a > 0x47600000u) return fp8_e5m2{static_cast<std::uint8_t>(sign | 0x7bu)};  // past 57344
+  if (a < 0x38800000u) {                       // below 2^-14: a multiple of 2^-16
+    if (a < 0x37000000u) return fp8_e5m2{static_cast<std::uint8_t>(sign)};  // below 2^-17: zero
+    return fp8_e5m2{static_cast<std::uint8_t>(sign | formats::round_shift(a, 134 - int(a >> 23)))};
+  }
+  return fp8_e5m2{static_cast<std::uint8_t>(sign | formats::round_normal(a, 0x38000000u, 21))};
+}
+LOCKSTEP_FORMAT_HD float to_float(fp8_e5m2 v) { return to_float(half{static_cast<std::uint16_t>(v.bits << 8)}); }
+
+}  // namespace lockstep
