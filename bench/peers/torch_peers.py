@@ -3,7 +3,7 @@
 
 Decode (one query token per sequence against its KV cache) in fp32 as PyTorch does it (there is
 no fp32 GQA SDPA kernel: matmul-softmax-matmul, grouped so that K and V are read once), and fp16
-flash / cuDNN SDPA for reference; multi-head attention with the math backend in fp32; prefill
+and bf16 flash / cuDNN / efficient SDPA with K and V read once for reference; multi-head attention with the math backend in fp32; prefill
 with the flash (FA2), cuDNN and efficient backends. Median of CUDA-event timings after warm-up.
 """
 import argparse
@@ -51,23 +51,26 @@ def decode(rows, B, H, Hkv, D, L):
     rows.append(dict(op="decode", dtype="fp32", backend="matmul-softmax-matmul (grouped)",
                      shape=f"B={B} H={H} Hkv={Hkv} D={D} L={L}", median_ms=ms,
                      GBps=nbytes / ms / 1e6, idle_stream_ms=median_ms(naive)))
-    qh = q.reshape(B, H, 1, D).half()
-    kh = k.repeat_interleave(g, dim=1).half() if g > 1 else k.half()
-    vh = v.repeat_interleave(g, dim=1).half() if g > 1 else v.half()
+    # fp16 and bf16 SDPA with K and V read once: each kv head's g query heads are g rows of one
+    # query against that head's K and V ([B, Hkv, g, D] x [B, Hkv, L, D]), as a GQA decode kernel
+    # reads them. (Repeating K and V per query head would read g times the bytes.)
+    shape = f"B={B} H={H} Hkv={Hkv} D={D} L={L}"
     nbytes16 = (2 * B * Hkv * L * D + 2 * B * H * D) * 2
-    for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
-        try:
-            with sdpa_kernel(be):
-                fn = lambda: F.scaled_dot_product_attention(qh, kh, vh, enable_gqa=False)
-                ms = median_ms(fn, busy=True)
-                idle = median_ms(fn)
-            rows.append(dict(op="decode", dtype="fp16", backend=name,
-                             shape=f"B={B} H={H} Hkv={Hkv} D={D} L={L}", median_ms=ms,
-                             GBps=nbytes16 / ms / 1e6, idle_stream_ms=idle))
-        except Exception as e:  # noqa: BLE001
-            rows.append(dict(op="decode", dtype="fp16", backend=name,
-                             shape=f"B={B} H={H} Hkv={Hkv} D={D} L={L}", error=str(e)[:120]))
-    del q, k, v, qh, kh, vh
+    for dtype, tdtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
+        qh, kh, vh = q.to(tdtype), k.to(tdtype), v.to(tdtype)
+        for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
+                         ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+            try:
+                with sdpa_kernel(be):
+                    fn = lambda: F.scaled_dot_product_attention(qh, kh, vh)
+                    ms = median_ms(fn, busy=True)
+                    idle = median_ms(fn)
+                rows.append(dict(op="decode", dtype=dtype, backend=name, shape=shape, median_ms=ms,
+                                 GBps=nbytes16 / ms / 1e6, idle_stream_ms=idle, kv_read_once=True))
+            except Exception as e:  # noqa: BLE001
+                rows.append(dict(op="decode", dtype=dtype, backend=name, shape=shape, error=str(e)[:120]))
+        del qh, kh, vh
+    del q, k, v
     torch.cuda.empty_cache()
 
 
