@@ -113,6 +113,7 @@ RC_GTEST_PROP(Decode, BatchInvariance, ()) {
   s2.slots = s.slots + *rc::gen::inRange<std::int64_t>(0, 4);
   s2.seed = s.seed ^ 0x5bd1e995u;
   DecodeWorld other(s2);
+  other.scale = batch.scale;  // the same call options (the scale comes from the seed)
   // Another slot index whenever the batch has one (full_range: not narrowed in the first cases).
   std::int64_t j = full_range(0, s2.slots);
   if (s2.slots > 1 && j == i) j = (i + 1) % s2.slots;
@@ -158,7 +159,7 @@ RC_GTEST_PROP(Decode, IncrementalAttentionGivesFlashDecodingBytes, ()) {
     q.copy_from_host(st, std::span<const float>(w.q).subspan(std::size_t(i) * row, row));
     k.copy_from_host(st, kc);
     v.copy_from_host(st, vc);
-    incremental_attention(st, q, k, v, n, out, DecodeShape{s.heads, Hk, D, L});
+    incremental_attention(st, q, k, v, n, out, DecodeShape{s.heads, Hk, D, L}, w.options());
     RC_ASSERT(rows_equal(flash, i, out.to_vector(st), 0, row));
   }
 }

@@ -185,9 +185,14 @@ struct AttentionRef {
   std::vector<double> out, pv_mag, qk_mag;
   std::vector<double> lse;  // natural log-sum-exp of the scaled scores (-inf: no key visible)
 };
+// scale: the softmax scale the call used (0: 1 / sqrt(D), the calls' default).
 AttentionRef attention_reference(const float* q, std::int64_t q_stride, const float* k,
                                  const float* v, std::int64_t kv_stride, std::int64_t Sq,
-                                 std::int64_t Skv, std::int64_t D, bool causal);
+                                 std::int64_t Skv, std::int64_t D, bool causal, double scale = 0);
+// The softmax scale an attention case passes in its options, from the case's seed (so that the
+// draws of every other parameter stay as they are): 0, unset (the default 1 / sqrt(head_dim)),
+// for three seeds in four, else a float in [1/64, 1/2].
+float softmax_scale_of(std::uint64_t seed);
 // The documented bounds (docs/numerics.md, Note [attention bound]).
 double attention_bound_fp32(double pv_mag, double qk_mag, std::int64_t Skv, std::int64_t D);
 double attention_bound_tc(double pv_mag, double qk_mag, std::int64_t Skv, std::int64_t D);

@@ -35,13 +35,13 @@ void account(OracleReport& rep, std::size_t i, float got, double ref, double bou
 
 AttentionRef attention_reference(const float* q, std::int64_t q_stride, const float* k,
                                  const float* v, std::int64_t kv_stride, std::int64_t Sq,
-                                 std::int64_t Skv, std::int64_t D, bool causal) {
+                                 std::int64_t Skv, std::int64_t D, bool causal, double scale_or_0) {
   AttentionRef r;
   r.out.assign(std::size_t(Sq * D), 0.0);
   r.pv_mag.assign(std::size_t(Sq * D), 0.0);
   r.qk_mag.assign(std::size_t(Sq), 0.0);
   r.lse.assign(std::size_t(Sq), -INFINITY);
-  const double scale = 1.0 / std::sqrt(double(D));
+  const double scale = scale_or_0 != 0 ? scale_or_0 : 1.0 / std::sqrt(double(D));
   std::vector<double> s(std::size_t(std::max<std::int64_t>(Skv, 1)));
   for (std::int64_t i = 0; i < Sq; ++i) {
     const std::int64_t visible = causal ? std::min(Skv, i + 1 + (Skv - Sq)) : Skv;
@@ -72,6 +72,12 @@ AttentionRef attention_reference(const float* q, std::int64_t q_stride, const fl
   return r;
 }
 
+float softmax_scale_of(std::uint64_t seed) {
+  const std::uint64_t h = seed * 0x9e3779b97f4a7c15ull;  // spread the seed's bits
+  if ((h >> 62) != 0) return 0.0f;
+  return float(1.0 / 64.0 + (31.0 / 64.0) * double((h >> 20) & 0xffff) / 65535.0);
+}
+
 // The bound of Note [attention bound] (docs/numerics.md), as computed here: a score carries at most (D + 4) u of the sum of |q_i k_i| (an fma
 // chain and a butterfly of at most D terms, the scale); a softmax weight then at most twice that,
 // relative, plus the softmax's own sums; the weighted sum of V at most (Skv + D + 30) u of
@@ -92,7 +98,7 @@ namespace {
 // --- multi-head attention -----------------------------------------------------------------------
 class MhaCase final : public Case {
  public:
-  explicit MhaCase(const MhaCaseShape& s) : s_(s) {
+  explicit MhaCase(const MhaCaseShape& s) : s_(s), scale_(softmax_scale_of(s.seed)) {
     const std::size_t n = std::size_t(s.seq * s.heads * s.dim);
     q_ = uniform(s.seed, n, -1.0f, 1.0f);
     k_ = uniform(s.seed + 1, n, -1.0f, 1.0f);
@@ -101,7 +107,8 @@ class MhaCase final : public Case {
   std::string describe() const override {
     return "multihead seq=" + std::to_string(s_.seq) + " heads=" + std::to_string(s_.heads) +
            " dim=" + std::to_string(s_.dim) + (s_.causal ? " causal" : "") +
-           (s_.gemm ? " tensor-core" : " fp32") + (s_.impl ? " per-head" : " batched");
+           (s_.gemm ? " tensor-core" : " fp32") + (s_.impl ? " per-head" : " batched") +
+           (scale_ != 0.0f ? " scale " + std::to_string(scale_) : std::string());
   }
   bool bitwise_across_backends() const override { return s_.gemm == 0; }
   Run run(const std::shared_ptr<Device>& dev) const override {
@@ -115,6 +122,7 @@ class MhaCase final : public Case {
     opt.causal = s_.causal;
     opt.gemm = s_.gemm ? GemmKind::kTensorCore : GemmKind::kExact;
     opt.impl = s_.impl ? MhaImpl::kPerHead : MhaImpl::kBatched;
+    if (scale_ != 0.0f) opt.scale = scale_;
     multihead_attention(st, q, k, v, o, MhaShape{s_.seq, s_.heads, s_.dim}, opt);
     return collect(st, o);
   }
@@ -123,7 +131,7 @@ class MhaCase final : public Case {
     const std::int64_t S = s_.seq, H = s_.heads, D = s_.dim;
     for (std::int64_t h = 0; h < H; ++h) {
       const auto ref = attention_reference(q_.data() + h * D, H * D, k_.data() + h * D,
-                                           v_.data() + h * D, H * D, S, S, D, s_.causal);
+                                           v_.data() + h * D, H * D, S, S, D, s_.causal, scale_);
       for (std::int64_t i = 0; i < S; ++i)
         for (std::int64_t d = 0; d < D; ++d) {
           const std::size_t o = std::size_t((i * H + h) * D + d), e = std::size_t(i * D + d);
@@ -138,13 +146,14 @@ class MhaCase final : public Case {
 
  private:
   MhaCaseShape s_;
+  float scale_;  // options.scale (0: unset): softmax_scale_of(seed)
   std::vector<float> q_, k_, v_;
 };
 
 // --- incremental decode -------------------------------------------------------------------------
 class DecodeCase final : public Case {
  public:
-  explicit DecodeCase(const DecodeCaseShape& s) : s_(s) {
+  explicit DecodeCase(const DecodeCaseShape& s) : s_(s), scale_(softmax_scale_of(s.seed)) {
     const std::size_t cache = std::size_t(s.kv_heads * s.max_len * s.dim);
     q_ = uniform(s.seed, std::size_t(s.heads * s.dim), -1.0f, 1.0f);
     k_ = uniform(s.seed + 1, cache, -1.0f, 1.0f);
@@ -160,7 +169,8 @@ class DecodeCase final : public Case {
   std::string describe() const override {
     return "incremental_attention len=" + std::to_string(s_.len) + " max_len=" +
            std::to_string(s_.max_len) + " heads=" + std::to_string(s_.heads) + " kv_heads=" +
-           std::to_string(s_.kv_heads) + " dim=" + std::to_string(s_.dim);
+           std::to_string(s_.kv_heads) + " dim=" + std::to_string(s_.dim) +
+           (scale_ != 0.0f ? " scale " + std::to_string(scale_) : std::string());
   }
   Run run(const std::shared_ptr<Device>& dev) const override {
     auto& st = dev->default_stream();
@@ -169,7 +179,9 @@ class DecodeCase final : public Case {
     k.copy_from_host(st, k_);
     v.copy_from_host(st, v_);
     poison(st, o);
-    incremental_attention(st, q, k, v, s_.len, o, DecodeShape{s_.heads, s_.kv_heads, s_.dim, s_.max_len});
+    DecodeOptions opt;
+    if (scale_ != 0.0f) opt.scale = scale_;
+    incremental_attention(st, q, k, v, s_.len, o, DecodeShape{s_.heads, s_.kv_heads, s_.dim, s_.max_len}, opt);
     return collect(st, o);
   }
   OracleReport check(const Run& r) const override {
@@ -184,7 +196,7 @@ class DecodeCase final : public Case {
         continue;
       }
       const auto ref = attention_reference(q_.data() + h * D, D, k_.data() + hk * s_.max_len * D,
-                                           v_.data() + hk * s_.max_len * D, D, 1, s_.len, D, false);
+                                           v_.data() + hk * s_.max_len * D, D, 1, s_.len, D, false, scale_);
       for (std::int64_t d = 0; d < D; ++d)
         account(rep, std::size_t(h * D + d), r.out[std::size_t(h * D + d)], ref.out[std::size_t(d)],
                 attention_bound_fp32(ref.pv_mag[std::size_t(d)], ref.qk_mag[0], s_.len, D));
@@ -194,6 +206,7 @@ class DecodeCase final : public Case {
 
  private:
   DecodeCaseShape s_;
+  float scale_;  // options.scale (0: unset): softmax_scale_of(seed)
   std::vector<float> q_, k_, v_;
 };
 
@@ -307,7 +320,7 @@ namespace {
 
 class FusedCase final : public Case {
  public:
-  explicit FusedCase(const FusedCaseShape& s) : s_(s) {
+  explicit FusedCase(const FusedCaseShape& s) : s_(s), scale_(softmax_scale_of(s.seed)) {
     q_ = uniform(s.seed, std::size_t(s.batch * s.heads * s.seq_q * s.dim), -s.q_scale, s.q_scale);
     k_ = uniform(s.seed + 1, std::size_t(s.batch * s.kv_heads * s.seq_kv * s.dim), -1.0f, 1.0f);
     v_ = uniform(s.seed + 2, k_.size(), -1.0f, 1.0f);
@@ -326,7 +339,8 @@ class FusedCase final : public Case {
            (s_.interleaved ? " interleaved" : " heads-first") +
            (s_.key_ramp != 0.0f ? " key ramp " + std::to_string(s_.key_ramp) : std::string()) +
            (s_.q_scale != 1.0f ? " q_scale " + std::to_string(s_.q_scale) : std::string()) +
-           (s_.batch_invariant ? std::string() : " batch_invariant=false");
+           (s_.batch_invariant ? std::string() : " batch_invariant=false") +
+           (scale_ != 0.0f ? " scale " + std::to_string(scale_) : std::string());
   }
   Run run(const std::shared_ptr<Device>& dev) const override {
     auto& st = dev->default_stream();
@@ -343,6 +357,7 @@ class FusedCase final : public Case {
     opt.layout = s_.interleaved ? AttentionLayout::kInterleaved : AttentionLayout::kHeadsFirst;
     opt.lse = &lse;
     opt.batch_invariant = s_.batch_invariant;
+    if (scale_ != 0.0f) opt.scale = scale_;
     attention(st, q, k, v, o, AttentionShape{s_.batch, s_.heads, s_.kv_heads, s_.seq_q, s_.seq_kv, s_.dim}, opt);
     Run r = collect(st, o);
     const Run rl = collect(st, lse);
@@ -367,7 +382,7 @@ class FusedCase final : public Case {
         const auto ref = attention_reference(q_.data() + at(b, h, 0, s_.heads, s_.seq_q), qstride,
                                              k_.data() + at(b, hk, 0, s_.kv_heads, s_.seq_kv),
                                              v_.data() + at(b, hk, 0, s_.kv_heads, s_.seq_kv), kstride,
-                                             s_.seq_q, s_.seq_kv, D, s_.causal);
+                                             s_.seq_q, s_.seq_kv, D, s_.causal, scale_);
         for (std::int64_t i = 0; i < s_.seq_q; ++i) {
           const std::int64_t visible =
               s_.causal ? std::clamp<std::int64_t>(i + 1 + s_.seq_kv - s_.seq_q, 0, s_.seq_kv) : s_.seq_kv;
@@ -396,6 +411,7 @@ class FusedCase final : public Case {
 
  private:
   FusedCaseShape s_;
+  float scale_;  // options.scale (0: unset): softmax_scale_of(seed)
   std::vector<float> q_, k_, v_;
 };
 

@@ -17,7 +17,7 @@
 
 namespace lockstep::harness {
 
-DecodeWorld::DecodeWorld(const DecodeWorldShape& s) : shape(s) {
+DecodeWorld::DecodeWorld(const DecodeWorldShape& s) : shape(s), scale(softmax_scale_of(s.seed)) {
   const std::int64_t M = s.slots, Hk = s.kv_heads, L = s.max_len, D = s.dim;
   std::mt19937_64 g(s.seed);
   lengths.resize(std::size_t(M));
@@ -54,8 +54,15 @@ std::string DecodeWorld::text() const {
      << " dim=" << shape.dim << " max_len=" << shape.max_len;
   if (shape.layers > 1) os << " layer=" << shape.layer << "/" << shape.layers;
   if (shape.q_scale != 1.0f) os << " q_scale=" << shape.q_scale;
+  if (scale != 0.0f) os << " scale=" << scale;
   os << " seed=" << shape.seed;
   return os.str();
+}
+
+DecodeOptions DecodeWorld::options() const {
+  DecodeOptions o;
+  if (scale != 0.0f) o.scale = scale;
+  return o;
 }
 
 KvCacheConfig DecodeWorld::config() const {
@@ -107,7 +114,7 @@ std::vector<float> DecodeWorld::decode(const std::shared_ptr<Device>& dev) const
 std::vector<float> DecodeWorld::decode(const std::shared_ptr<Device>& dev, KvCache& cache) const {
   auto& st = dev->default_stream();
   auto in = upload(dev);
-  flash_decoding(st, cache, shape.layer, in.q, in.k_new, in.v_new, lengths, in.out);
+  flash_decoding(st, cache, shape.layer, in.q, in.k_new, in.v_new, lengths, in.out, options());
   return in.out.to_vector(st);
 }
 
@@ -135,7 +142,7 @@ void DecodeWorld::check_slot(OracleReport& rep, std::int64_t s, std::int64_t pos
         vv[std::size_t(t * D + d)] = fresh ? v_new[std::size_t((s * Hk + hk) * D + d)]
                                            : v[std::size_t(((s * Hk + hk) * L + t) * D + d)];
       }
-    const auto ref = attention_reference(q.data() + o, D, kk.data(), vv.data(), D, 1, n, D, false);
+    const auto ref = attention_reference(q.data() + o, D, kk.data(), vv.data(), D, 1, n, D, false, scale);
     for (std::int64_t d = 0; d < D; ++d) {
       const double b = attention_bound_fp32(ref.pv_mag[std::size_t(d)], ref.qk_mag[0], n, D);
       const double r = ref.out[std::size_t(d)];
@@ -307,7 +314,9 @@ class DevicePositionsCase final : public Case {
     pos.copy_from_host(st, p32);
     const std::vector<std::int32_t> zero{0};
     status.copy_from_host(st, zero);
-    flash_decoding(st, cache, 0, in.q, in.k_new, in.v_new, pos, in.out, DecodeOptions{.status = &status});
+    DecodeOptions o = w_.options();
+    o.status = &status;
+    flash_decoding(st, cache, 0, in.q, in.k_new, in.v_new, pos, in.out, o);
     Run r = collect(st, in.out);
     r.out.push_back(int_as_float(status.to_vector(st)[0]));
     const auto tokens = cache_tokens(st, cache, n_);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "harness.hpp"
+#include "lockstep/attention/decode.hpp"
 #include "lockstep/attention/kv_cache.hpp"
 
 namespace lockstep::harness {
@@ -29,6 +30,8 @@ struct DecodeWorld {
   std::vector<bool> done;
   std::vector<float> k, v;           // [slots, kv_heads, max_len, dim]
   std::vector<float> q, k_new, v_new;
+  float scale;  // DecodeOptions::scale (0: unset): softmax_scale_of(shape.seed)
+  DecodeOptions options() const;
   // What make_cache writes into `layer` (the world's k or v for shape.layer); kv: 0 K, 1 V.
   std::vector<float> layer_data(std::int64_t layer, int kv) const;
 
