@@ -257,9 +257,9 @@ TEST_P(DeviceMath, Exp2TcIsWithinItsBoundOnTheWeightsDomain) {
 
 // The tensor-core paths' fp16 rounding on CUDA (__floats2half2_rn for P, __float2half_rn for K
 // and V) gives math::half_bits_rn's bits, the CPU device's rounding, for every one of the 2^32
-// floats, NaNs included: CUDA gives 0x7fff for every NaN whatever its sign and payload (runs
-// 148-149), and so does half_bits_rn since 2026-12-06 (it kept the sign, 0x7e00 | sign, before).
-// The CPU device's rounding is half_bits_rn itself: there MatchesHostScalarBits covers it.
+// floats, NaNs included: CUDA gives 0x7fff for every NaN whatever its sign and payload, and so
+// does half_bits_rn (lockstep::to_half). The CPU device's rounding is half_bits_rn itself: there
+// MatchesHostScalarBits covers it.
 TEST_P(DeviceMath, HalfRoundingIsTheCpusOverEveryFloat) {
   if (dev->id().kind == DeviceKind::kCpu)
     GTEST_SKIP() << "the CPU device rounds by math::half_bits_rn itself (MatchesHostScalarBits covers it)";

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "lockstep/formats.hpp"
 #include "lockstep/kernels/hd.hpp"
 
 #if !defined(__CUDA_ARCH__)
@@ -360,29 +361,8 @@ LOCKSTEP_HD float sqrt(float x) {
 }
 
 // IEEE binary16 bits of x rounded to nearest even (CUDA __float2half_rn, bit for bit: 0x7fff for
-// every NaN, as CUDA gives), and back (exact).
-LOCKSTEP_HD std::uint16_t half_bits_rn(float x) {
-  const float r = round_to_half(x);
-  const std::uint32_t b = static_cast<std::uint32_t>(as_int(r));
-  const std::uint16_t sign = static_cast<std::uint16_t>((b >> 16) & 0x8000u);
-  const std::uint32_t a = b & 0x7fffffffu;
-  if (a > 0x7f800000u) return 0x7fffu;  // CUDA's fp16 NaN for every NaN in
-  if (a == 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7c00u);
-  if (a < 0x38800000u)  // below 2^-14: fp16 subnormal, an exact multiple of 2^-24
-    return static_cast<std::uint16_t>(sign | static_cast<std::uint32_t>(as_float(static_cast<std::int32_t>(a)) * 16777216.0f));
-  return static_cast<std::uint16_t>(sign | (((a >> 23) - 112u) << 10) | ((a >> 13) & 0x3ffu));
-}
-LOCKSTEP_HD float half_bits_to_float(std::uint16_t h) {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  const std::uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-  float v;
-  if (e == 0)
-    v = static_cast<float>(m) * 5.96046448e-8f;  // m * 2^-24, exact
-  else if (e == 31)
-    v = as_float(static_cast<std::int32_t>(0x7f800000u | (m << 13)));
-  else
-    v = as_float(static_cast<std::int32_t>(((e + 112u) << 23) | (m << 13)));
-  return as_float(as_int(v) | static_cast<std::int32_t>(sign));
-}
+// every NaN), and back (exact): the storage format's conversions (lockstep/formats.hpp).
+LOCKSTEP_HD std::uint16_t half_bits_rn(float x) { return ::lockstep::to_half(x).bits; }
+LOCKSTEP_HD float half_bits_to_float(std::uint16_t h) { return ::lockstep::to_float(::lockstep::half{h}); }
 
 }  // namespace lockstep::math
