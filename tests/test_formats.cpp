@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "lockstep/formats.hpp"
+#include "support/backends.hpp"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -200,6 +201,35 @@ TEST(Formats, HalfMatchesF16c) {
   EXPECT_GT(checked, 600000000u);
 }
 #endif
+
+// A Buffer of each format holds its codes: copied to a device, between buffers, and back, every
+// code keeps its bits (NaNs included), on every backend.
+class FormatBuffers : public BackendTest {};
+
+template <class T>
+void round_trip_codes(const std::shared_ptr<Device>& dev) {
+  constexpr std::uint32_t kCodes = 1u << (8 * sizeof(T));
+  std::vector<T> host(kCodes);
+  for (std::uint32_t c = 0; c < kCodes; ++c) host[c] = make<T>(c);
+  auto& st = dev->default_stream();
+  Buffer<T> a(dev, host.size()), b(dev, host.size());
+  a.copy_from_host(st, std::span<const T>(host));
+  b.copy_from(st, a);
+  const auto back = b.to_vector(st);
+  ASSERT_EQ(back.size(), host.size());
+  for (std::uint32_t c = 0; c < kCodes; ++c) ASSERT_EQ(back[c].bits, host[c].bits) << "code " << c;
+  EXPECT_EQ(a.size_bytes(), host.size() * sizeof(T));
+}
+
+TEST_P(FormatBuffers, HoldEveryCode) {
+  round_trip_codes<half>(dev);
+  round_trip_codes<bfloat16>(dev);
+  round_trip_codes<fp8_e4m3>(dev);
+  round_trip_codes<fp8_e5m2>(dev);
+  static_assert(sizeof(half) == 2 && sizeof(bfloat16) == 2 && sizeof(fp8_e4m3) == 1 && sizeof(fp8_e5m2) == 1);
+}
+
+LOCKSTEP_INSTANTIATE_BACKENDS(FormatBuffers);
 
 }  // namespace
 }  // namespace lockstep::testing
