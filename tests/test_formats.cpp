@@ -171,15 +171,25 @@ TEST(Formats, Bfloat16MatchesTheTable) { check_format<bfloat16>(kBf16, [](float 
 TEST(Formats, Fp8E4m3MatchesTheTable) { check_format<fp8_e4m3>(kE4m3, [](float x) { return to_fp8_e4m3(x); }); }
 TEST(Formats, Fp8E5m2MatchesTheTable) { check_format<fp8_e5m2>(kE5m2, [](float x) { return to_fp8_e5m2(x); }); }
 
-// The documented NaN codes (CUDA's): half and bfloat16 the canonical 0x7fff, fp8 0x7f with the
-// input's sign.
+// The documented NaN codes, CUDA's (tools/gpu/formats.cu): every NaN float gives 0x7fff (half,
+// bfloat16) or 0x7f (fp8), whatever its sign and payload; every NaN code of half and fp8 gives
+// the float 0x7fffffff; bfloat16's codes keep their bits as the float's upper half.
 TEST(Formats, NaNCodes) {
-  for (std::uint32_t nan : {0x7fc00000u, 0xffc00001u, 0x7f800001u}) {
+  for (std::uint32_t nan : {0x7fc00000u, 0xffc00001u, 0x7f800001u, 0xffffffffu}) {
     EXPECT_EQ(to_half(float_of(nan)).bits, 0x7fff);
     EXPECT_EQ(to_bfloat16(float_of(nan)).bits, 0x7fff);
-    EXPECT_EQ(to_fp8_e4m3(float_of(nan)).bits, (nan >> 24 & 0x80) | 0x7f);
-    EXPECT_EQ(to_fp8_e5m2(float_of(nan)).bits, (nan >> 24 & 0x80) | 0x7f);
+    EXPECT_EQ(to_fp8_e4m3(float_of(nan)).bits, 0x7f);
+    EXPECT_EQ(to_fp8_e5m2(float_of(nan)).bits, 0x7f);
   }
+  for (std::uint32_t c = 0; c < 65536; ++c) {
+    const bool nan16 = (c & 0x7c00) == 0x7c00 && (c & 0x3ff) != 0;
+    if (nan16) EXPECT_EQ(bits_of(to_float(half{std::uint16_t(c)})), 0x7fffffffu) << c;
+    if ((c & 0x7f80) == 0x7f80 && (c & 0x7f) != 0)
+      EXPECT_EQ(bits_of(to_float(bfloat16{std::uint16_t(c)})), c << 16) << c;
+  }
+  for (std::uint32_t c : {0x7fu, 0xffu}) EXPECT_EQ(bits_of(to_float(fp8_e4m3{std::uint8_t(c)})), 0x7fffffffu);
+  for (std::uint32_t c : {0x7du, 0x7eu, 0x7fu, 0xfdu, 0xfeu, 0xffu})
+    EXPECT_EQ(bits_of(to_float(fp8_e5m2{std::uint8_t(c)})), 0x7fffffffu);
 }
 
 #if defined(__x86_64__)

@@ -9,8 +9,10 @@
 //                            canonical NaN 0x7fff (CUDA's __float2half_rn, __float2bfloat16_rn).
 //   float -> fp8_e4m3, fp8_e5m2: round to nearest even, saturating to the largest finite value
 //                            (+-448, +-57344; infinities too), as CUDA's __NV_SATFINITE; NaN
-//                            gives the format's NaN 0x7f with the input's sign.
-//   each format -> float:    exact (every code is a float); NaN stays NaN.
+//                            gives 0x7f whatever its sign (CUDA's __nv_cvt_float_to_fp8).
+//   each format -> float:    exact (every code is a float); a NaN code gives the canonical
+//                            0x7fffffff (CUDA's conversions), except bfloat16's, whose bits are
+//                            the float's upper half (__bfloat162float keeps them).
 //
 // tools/gpu/formats.cu compares every conversion with CUDA's own over all 2^32 floats and every
 // code, bit for bit (tools/gpu/verify.sh formats).
@@ -94,7 +96,7 @@ LOCKSTEP_FORMAT_HD half to_half(float f) {
 LOCKSTEP_FORMAT_HD float to_float(half h) {
   const std::uint32_t sign = std::uint32_t(h.bits & 0x8000u) << 16;
   const std::uint32_t e = (h.bits >> 10) & 0x1fu, m = h.bits & 0x3ffu;
-  if (e == 0x1f) return formats::bits_float(sign | 0x7f800000u | (m << 13));
+  if (e == 0x1f) return formats::bits_float(m != 0 ? 0x7fffffffu : sign | 0x7f800000u);
   if (e != 0) return formats::bits_float(sign | ((e + 112u) << 23) | (m << 13));
   if (m == 0) return formats::bits_float(sign);
   // A subnormal m * 2^-24: normalize (m has its leading one at bit 9 or below).
@@ -119,7 +121,7 @@ LOCKSTEP_FORMAT_HD float to_float(bfloat16 b) { return formats::bits_float(std::
 LOCKSTEP_FORMAT_HD fp8_e4m3 to_fp8_e4m3(float f) {
   const std::uint32_t u = formats::float_bits(f);
   const std::uint32_t sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return fp8_e4m3{static_cast<std::uint8_t>(sign | 0x7fu)};
+  if (a > 0x7f800000u) return fp8_e4m3{0x7f};
   if (a > 0x43e00000u) return fp8_e4m3{static_cast<std::uint8_t>(sign | 0x7eu)};  // past 448: 448
   if (a < 0x3c800000u) {                       // below 2^-6: a multiple of 2^-9
     if (a < 0x3a800000u) return fp8_e4m3{static_cast<std::uint8_t>(sign)};  // below 2^-10: zero
@@ -130,7 +132,7 @@ LOCKSTEP_FORMAT_HD fp8_e4m3 to_fp8_e4m3(float f) {
 LOCKSTEP_FORMAT_HD float to_float(fp8_e4m3 v) {
   const std::uint32_t sign = std::uint32_t(v.bits & 0x80u) << 24;
   const std::uint32_t e = (v.bits >> 3) & 0xfu, m = v.bits & 0x7u;
-  if (e == 0xf && m == 0x7) return formats::bits_float(sign | 0x7fffffffu);
+  if (e == 0xf && m == 0x7) return formats::bits_float(0x7fffffffu);
   if (e != 0) return formats::bits_float(sign | ((e + 120u) << 23) | (m << 20));
   if (m == 0) return formats::bits_float(sign);
   int shift = 0;  // a subnormal m * 2^-9
@@ -146,7 +148,7 @@ LOCKSTEP_FORMAT_HD float to_float(fp8_e4m3 v) {
 LOCKSTEP_FORMAT_HD fp8_e5m2 to_fp8_e5m2(float f) {
   const std::uint32_t u = formats::float_bits(f);
   const std::uint32_t sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return fp8_e5m2{static_cast<std::uint8_t>(sign | 0x7fu)};
+  if (a > 0x7f800000u) return fp8_e5m2{0x7f};
   if (a > 0x47600000u) return fp8_e5m2{static_cast<std::uint8_t>(sign | 0x7bu)};  // past 57344
   if (a < 0x38800000u) {                       // below 2^-14: a multiple of 2^-16
     if (a < 0x37000000u) return fp8_e5m2{static_cast<std::uint8_t>(sign)};  // below 2^-17: zero
