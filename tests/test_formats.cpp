@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "lockstep/formats.hpp"
+#include "lockstep/attention/ops.hpp"
 #include "support/backends.hpp"
 
 #if defined(__x86_64__)
@@ -237,6 +238,89 @@ TEST_P(FormatBuffers, HoldEveryCode) {
   round_trip_codes<fp8_e4m3>(dev);
   round_trip_codes<fp8_e5m2>(dev);
   static_assert(sizeof(half) == 2 && sizeof(bfloat16) == 2 && sizeof(fp8_e4m3) == 1 && sizeof(fp8_e5m2) == 1);
+}
+
+// ops::convert gives the formats' conversions on every backend: every code of each format to
+// float, and floats of every kind (every 4099th bit pattern, NaNs, infinities, the formats'
+// midpoints) to each format.
+template <class S>
+void convert_matches(const std::shared_ptr<Device>& dev) {
+  SCOPED_TRACE(format_name<S>());
+  auto& st = dev->default_stream();
+  constexpr std::uint32_t kCodes = 1u << (8 * sizeof(S));
+  std::vector<S> codes(kCodes);
+  for (std::uint32_t c = 0; c < kCodes; ++c) codes[c] = make<S>(c);
+  Buffer<S> in(dev, codes.size());
+  in.copy_from_host(st, std::span<const S>(codes));
+  Buffer<float> wide(dev, codes.size());
+  ops::convert(st, in, wide);
+  const auto got = wide.to_vector(st);
+  for (std::uint32_t c = 0; c < kCodes; ++c)
+    ASSERT_EQ(bits_of(got[c]), bits_of(to_float(codes[c]))) << "code " << c;
+  std::vector<float> xs;
+  for (std::uint64_t u = 0; u < (1ull << 32); u += 4099) xs.push_back(float_of(std::uint32_t(u)));
+  for (float x : {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 65504.0f, 65520.0f, 448.0f, 464.0f, 57344.0f, 61440.0f})
+    xs.push_back(x);
+  for (std::uint32_t c = 0; c + 1 < kCodes; ++c) xs.push_back(0.5f * (got[c] + got[c + 1]));
+  Buffer<float> f(dev, xs.size());
+  f.copy_from_host(st, std::span<const float>(xs));
+  Buffer<S> narrow(dev, xs.size());
+  ops::convert(st, f, narrow);
+  const auto back = narrow.to_vector(st);
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    ASSERT_EQ(back[i].bits, from_float<S>(xs[i]).bits) << "x bits " << std::hex << bits_of(xs[i]);
+}
+
+TEST_P(FormatBuffers, ConvertGivesTheFormatsConversions) {
+  std::vector<std::shared_ptr<Device>> devices{dev};
+  if (dev->id().kind == DeviceKind::kCpu)  // every SIMD variant of the CPU device
+    for (const char* simd : {"avx2", "generic"}) {
+      CpuDeviceOptions o;
+      o.index = 40;
+      o.simd = simd;
+      try {
+        devices.push_back(make_cpu_device(o));
+      } catch (const Error&) {  // a variant this processor cannot run
+      }
+    }
+  for (const auto& d : devices) {
+    SCOPED_TRACE(d->name());
+    convert_matches<half>(d);
+    convert_matches<bfloat16>(d);
+    convert_matches<fp8_e4m3>(d);
+    convert_matches<fp8_e5m2>(d);
+  }
+}
+
+TEST_P(FormatBuffers, ConvertRefusesBadBuffersAndWritesNothing) {
+  auto& st = dev->default_stream();
+  Buffer<float> in(dev, 100), out(dev, 100);
+  in.fill(st, 1.5f);
+  std::vector<half> sentinel(99, half{0x1234});
+  Buffer<half> short_out(dev, 99);
+  short_out.copy_from_host(st, std::span<const half>(sentinel));
+  try {
+    ops::convert(st, in, short_out);
+    ADD_FAILURE() << "a size mismatch was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.parameter(), "out.size()");
+  }
+  for (const auto& h : short_out.to_vector(st)) ASSERT_EQ(h.bits, 0x1234);
+  // out over in's own memory (a wrapped view).
+  auto view = Buffer<half>::wrap(dev, reinterpret_cast<half*>(in.data().get()), 100);
+  try {
+    ops::convert(st, in, view);
+    ADD_FAILURE() << "an overlapping out was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.parameter(), "out");
+  }
+  for (float x : in.to_vector(st)) ASSERT_EQ(x, 1.5f);
+  Buffer<half> none(dev, 0);
+  Buffer<float> none_f(dev, 0);
+  ops::convert(st, none_f, none);  // nothing to do
+  const std::uint64_t before = st.launches();
+  ops::convert(st, none_f, none);
+  EXPECT_EQ(st.launches(), before) << "an empty conversion launches nothing";
 }
 
 LOCKSTEP_INSTANTIATE_BACKENDS(FormatBuffers);

@@ -137,6 +137,30 @@ void scale(Stream& stream, const Buffer<float>& in, Buffer<float>& out, float s)
                        static_cast<std::int64_t>(in.size()), s);
 }
 
+namespace {
+template <class In, class Out>
+void convert_elements(Stream& stream, const Buffer<In>& in, Buffer<Out>& out) {
+  constexpr std::string_view w = "convert";
+  detail::check_on(w, "in", in, stream);
+  detail::check_on(w, "out", out, stream);
+  detail::check_size(w, "out", out, in.size(), "in.size()");
+  detail::check_no_overlap(w, "out", out, "in", in);
+  using K = kernels::Convert<In, Out>;
+  if (in.empty()) return;
+  const auto gx = detail::grid_dim(kernels::ceil_div(std::int64_t(in.size()), K::kPerBlock), w, "ceil(n / 1024)", 0x7fffffff);
+  launch<K>(stream, Dim3{gx, 1, 1}, 0, typename K::Params{in.data().get(), out.data().get(), std::int64_t(in.size())});
+}
+}  // namespace
+
+void convert(Stream& s, const Buffer<float>& in, Buffer<half>& out) { convert_elements(s, in, out); }
+void convert(Stream& s, const Buffer<float>& in, Buffer<bfloat16>& out) { convert_elements(s, in, out); }
+void convert(Stream& s, const Buffer<float>& in, Buffer<fp8_e4m3>& out) { convert_elements(s, in, out); }
+void convert(Stream& s, const Buffer<float>& in, Buffer<fp8_e5m2>& out) { convert_elements(s, in, out); }
+void convert(Stream& s, const Buffer<half>& in, Buffer<float>& out) { convert_elements(s, in, out); }
+void convert(Stream& s, const Buffer<bfloat16>& in, Buffer<float>& out) { convert_elements(s, in, out); }
+void convert(Stream& s, const Buffer<fp8_e4m3>& in, Buffer<float>& out) { convert_elements(s, in, out); }
+void convert(Stream& s, const Buffer<fp8_e5m2>& in, Buffer<float>& out) { convert_elements(s, in, out); }
+
 void add(Stream& stream, const Buffer<float>& x, Buffer<float>& y) {
   constexpr std::string_view w = "add";
   detail::check_on(w, "x", x, stream);

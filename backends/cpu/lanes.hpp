@@ -45,6 +45,7 @@
 #include <utility>
 
 #include "lockstep/error.hpp"
+#include "lockstep/formats.hpp"
 #include "lockstep/kernels/decode/rows.hpp"
 #include "lockstep/kernels/fused/exact_rows.hpp"
 #include "lockstep/kernels/math.hpp"

@@ -62,6 +62,26 @@ LS_INLINE bool quads_contiguous(const VI& o, const VM& m, std::int32_t o0) {
          hn::AllTrue(DI(), hn::Eq(o.v, hn::Add(hn::Set(DI(), o0), hn::ShiftLeft<2>(LS_IOTA()))));
 }
 
+// A storage format's codes (lockstep/formats.hpp) as float lanes: each active lane's code through
+// the format's own conversion, the code every backend runs.
+template <class S, class O, class M>
+struct LoadFormatNode {
+  static constexpr bool kLaneExpr = true;
+  using value_type = float;
+  const S* base;
+  O off;
+  M mask;
+  float fallback;
+  LS_INLINE chunk_t<float> eval(int c) const {
+    alignas(64) std::int32_t o[kL], act[kL];
+    alignas(64) float out[kL];
+    hn::Store(off.eval(c).v, DI(), o);
+    hn::Store(hn::VecFromMask(DI(), mask.eval(c).m), DI(), act);
+    for (int i = 0; i < kL; ++i) out[i] = act[i] ? ::lockstep::to_float(base[o[i]]) : fallback;
+    return chunk_t<float>(hn::Load(DF(), out));
+  }
+};
+
 template <class T, class O, class M>
 struct LoadNode {
   static constexpr bool kLaneExpr = true;
@@ -105,6 +125,40 @@ class LaneMemory {
   LS_INLINE auto load(const T* base, O&& off, M&& mask, T fallback) const {
     return LoadNode<T, hold_t<O&&>, decltype(wrap<bool>(std::forward<M>(mask)))>{
         base, std::forward<O>(off), wrap<bool>(std::forward<M>(mask)), fallback};
+  }
+  // Storage formats (lockstep/formats.hpp): a load widens each code to float, a store rounds
+  // each float to the format.
+  template <class S, LaneExpr O>
+    requires is_format_v<S>
+  LS_INLINE auto load(const S* base, O&& off) const {
+    return LoadFormatNode<S, hold_t<O&&>, Scalar<bool>>{base, std::forward<O>(off), {true}, 0.0f};
+  }
+  template <class S, LaneExpr O, class M>
+    requires is_format_v<S>
+  LS_INLINE auto load(const S* base, O&& off, M&& mask, float fallback) const {
+    return LoadFormatNode<S, hold_t<O&&>, decltype(wrap<bool>(std::forward<M>(mask)))>{
+        base, std::forward<O>(off), wrap<bool>(std::forward<M>(mask)), fallback};
+  }
+  template <class S, LaneExpr O, class V, class M>
+    requires is_format_v<S>
+  void store(S* base, O&& off, V&& val, M&& mask) const {
+    const auto& o = wrap<std::int32_t>(std::forward<O>(off));
+    const auto& v = wrap<float>(std::forward<V>(val));
+    const auto& m = wrap<bool>(std::forward<M>(mask));
+    for (int c = 0; c < PW / kL; ++c) {
+      alignas(64) std::int32_t oo[kL], act[kL];
+      alignas(64) float vv[kL];
+      hn::Store(o.eval(c).v, DI(), oo);
+      hn::Store(hn::VecFromMask(DI(), m.eval(c).m), DI(), act);
+      hn::Store(v.eval(c).v, DF(), vv);
+      for (int i = 0; i < kL; ++i)
+        if (act[i]) base[oo[i]] = ::lockstep::from_float<S>(vv[i]);
+    }
+  }
+  template <class S, LaneExpr O, class V>
+    requires is_format_v<S>
+  void store(S* base, O&& off, V&& val) const {
+    store(base, std::forward<O>(off), std::forward<V>(val), true);
   }
   template <class T, LaneExpr O, class V>
   LS_INLINE void store(T* base, O&& off, V&& val) const {

@@ -4,7 +4,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
+#include "lockstep/formats.hpp"
 #include "lockstep/kernels/math.hpp"
 
 namespace lockstep::cuda {
@@ -19,13 +21,27 @@ struct CudaMemory {
   __device__ __forceinline__ T load_uniform(const T* p) const {
     return *p;
   }
-  template <class T>
+  template <class T, std::enable_if_t<!is_format_v<T>, int> = 0>
   __device__ __forceinline__ T load(const T* base, int off) const {
     return base[off];
   }
   template <class T>
   __device__ __forceinline__ T load(const T* base, int off, bool m, T fallback) const {
     return m ? base[off] : fallback;
+  }
+  // Storage formats (lockstep/formats.hpp): a load widens the code to float, a store rounds the
+  // float to the format, by the formats' own conversions (the CPU device runs the same code).
+  template <class S, std::enable_if_t<is_format_v<S>, int> = 0>
+  __device__ __forceinline__ float load(const S* base, int off) const {
+    return to_float(base[off]);
+  }
+  template <class S, std::enable_if_t<is_format_v<S>, int> = 0>
+  __device__ __forceinline__ float load(const S* base, int off, bool m, float fallback) const {
+    return m ? to_float(base[off]) : fallback;
+  }
+  template <class S, std::enable_if_t<is_format_v<S>, int> = 0>
+  __device__ __forceinline__ void store(S* base, int off, float v, bool m = true) const {
+    if (m) base[off] = from_float<S>(v);
   }
   template <class T, class V>
   __device__ __forceinline__ void store(T* base, int off, V v) const {

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__CUDACC__)
 #define LOCKSTEP_FORMAT_HD __host__ __device__ __forceinline__
@@ -157,5 +158,28 @@ LOCKSTEP_FORMAT_HD fp8_e5m2 to_fp8_e5m2(float f) {
   return fp8_e5m2{static_cast<std::uint8_t>(sign | formats::round_normal(a, 0x38000000u, 21))};
 }
 LOCKSTEP_FORMAT_HD float to_float(fp8_e5m2 v) { return to_float(half{static_cast<std::uint16_t>(v.bits << 8)}); }
+
+// --- generic forms, for code written once over the formats ----------------------------------
+template <class S>
+inline constexpr bool is_format_v = std::is_same_v<S, half> || std::is_same_v<S, bfloat16> ||
+                                    std::is_same_v<S, fp8_e4m3> || std::is_same_v<S, fp8_e5m2>;
+// f rounded to format S (one of the four above).
+template <class S>
+LOCKSTEP_FORMAT_HD S from_float(float f) {
+  static_assert(is_format_v<S>, "from_float: half, bfloat16, fp8_e4m3 or fp8_e5m2");
+  if constexpr (std::is_same_v<S, half>) return to_half(f);
+  else if constexpr (std::is_same_v<S, bfloat16>) return to_bfloat16(f);
+  else if constexpr (std::is_same_v<S, fp8_e4m3>) return to_fp8_e4m3(f);
+  else return to_fp8_e5m2(f);
+}
+// The format's name in messages ("half", "bfloat16", "fp8_e4m3", "fp8_e5m2"; "float").
+template <class S>
+constexpr const char* format_name() {
+  if constexpr (std::is_same_v<S, half>) return "half";
+  else if constexpr (std::is_same_v<S, bfloat16>) return "bfloat16";
+  else if constexpr (std::is_same_v<S, fp8_e4m3>) return "fp8_e4m3";
+  else if constexpr (std::is_same_v<S, fp8_e5m2>) return "fp8_e5m2";
+  else return "float";
+}
 
 }  // namespace lockstep

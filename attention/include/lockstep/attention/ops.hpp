@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "lockstep/buffer.hpp"
+#include "lockstep/formats.hpp"
 
 namespace lockstep::ops {
 
@@ -15,6 +16,19 @@ void softmax_rows(Stream& stream, const Buffer<float>& in, Buffer<float>& out, s
 
 // out[i] = in[i] * scale for every element (same size; in == out allowed).
 void scale(Stream& stream, const Buffer<float>& in, Buffer<float>& out, float scale);
+
+// out[i] = in[i] converted between float and a storage format (lockstep/formats.hpp; the rules
+// are docs/numerics.md's "Formats"): float to the format rounds to nearest even (fp8
+// saturating), the format to float is exact. Same size; the bytes are the formats' conversions'
+// on every backend; out must not overlap in.
+void convert(Stream& stream, const Buffer<float>& in, Buffer<half>& out);
+void convert(Stream& stream, const Buffer<float>& in, Buffer<bfloat16>& out);
+void convert(Stream& stream, const Buffer<float>& in, Buffer<fp8_e4m3>& out);
+void convert(Stream& stream, const Buffer<float>& in, Buffer<fp8_e5m2>& out);
+void convert(Stream& stream, const Buffer<half>& in, Buffer<float>& out);
+void convert(Stream& stream, const Buffer<bfloat16>& in, Buffer<float>& out);
+void convert(Stream& stream, const Buffer<fp8_e4m3>& in, Buffer<float>& out);
+void convert(Stream& stream, const Buffer<fp8_e5m2>& in, Buffer<float>& out);
 
 // y[i] += x[i] for every element (same size).
 void add(Stream& stream, const Buffer<float>& x, Buffer<float>& y);

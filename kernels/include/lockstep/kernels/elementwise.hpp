@@ -5,6 +5,9 @@
 // thread (float4 on CUDA, de-interleaving vector loads on the CPU), the last block goes element by
 // element. One multiply per element, so the result does not depend on the split.
 
+#include <type_traits>
+
+#include "lockstep/formats.hpp"
 #include "lockstep/kernels/hd.hpp"
 
 namespace lockstep::kernels {
@@ -47,6 +50,41 @@ struct Scale {
         const B ok = off < count;
         x.store(out, off, x.load(in, off, ok, 0.0f) * p.scale, ok);
       }
+    }
+  }
+};
+
+// out[i] = in[i] converted between float and a storage format (lockstep/formats.hpp): In or Out
+// is float, the other a format. Each element through the format's conversion (loads widen, stores
+// round), so the bytes are the same on every backend. 1024 elements per block.
+template <class In, class Out>
+struct ConvertParams {
+  const In* in;
+  Out* out;
+  std::int64_t n;
+};
+template <class In, class Out>
+struct Convert {
+  static_assert((std::is_same_v<In, float> && is_format_v<Out>) || (is_format_v<In> && std::is_same_v<Out, float>),
+                "Convert: float to a storage format or back");
+  static constexpr const char* kName = "convert";
+  static constexpr int kThreads = 256;
+  static constexpr int kPerBlock = kThreads * 4;
+  static constexpr bool kWarpIndependent = true;
+  using Params = ConvertParams<In, Out>;
+
+  template <class X>
+  LOCKSTEP_HD static void run(X& x, const Params& p) {
+    using I = typename X::template Lanes<lane_int>;
+    using B = typename X::template Lanes<bool>;
+    const std::int64_t start = std::int64_t{x.block_x()} * kPerBlock;
+    const int count = static_cast<int>(imin(p.n - start, kPerBlock));
+    const In* in = p.in + start;
+    Out* out = p.out + start;
+    for (int j = 0; j < kPerBlock; j += kThreads) {
+      const I off = x.thread() + j;
+      const B ok = off < count;
+      x.store(out, off, x.load(in, off, ok, 0.0f), ok);
     }
   }
 };

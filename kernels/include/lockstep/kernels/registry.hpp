@@ -29,6 +29,9 @@ struct KernelList {
 using AllKernels = KernelList<
     Fill32, SoftmaxRows, Scale, Copy3D, Transpose, Gemm, MathEval, ReadSum, ReadTiles, FmaPeak,
     GemmTensorCore, ScaleMask, KvScatter, Rope, Add,
+    // float to each storage format and back (ops::convert)
+    Convert<float, half>, Convert<float, bfloat16>, Convert<float, fp8_e4m3>, Convert<float, fp8_e5m2>,
+    Convert<half, float>, Convert<bfloat16, float>, Convert<fp8_e4m3, float>, Convert<fp8_e5m2, float>,
     // decode (what plan_decode chooses among): head_dim x query heads per block (G * D <= 512),
     // async tiles of 16 rows in a ring of 4 (Note [async tiles]); one head per block at head_dim
     // 128: 32-row tiles in a ring of 3 (Note [row batches])
