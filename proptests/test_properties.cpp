@@ -41,6 +41,17 @@ RC_GTEST_PROP(Kernels, Scale, ()) {
   check(*scale_case(s));
 }
 
+// ops::convert: every backend gives lockstep/formats.hpp's bits (codes or floats), for every
+// format and direction.
+RC_GTEST_PROP(Kernels, Convert, ()) {
+  ConvertShape s;
+  s.format = *rc::gen::inRange(0, 4);
+  s.to_format = *rc::gen::arbitrary<bool>();
+  s.n = *size_gen(70000);
+  s.seed = *rc::gen::arbitrary<std::uint64_t>();
+  check(*convert_case(s));
+}
+
 RC_GTEST_PROP(Kernels, Layouts, ()) {
   LayoutShape s;
   s.kind = *rc::gen::inRange(0, 4);

@@ -250,6 +250,103 @@ class ScaleCase final : public Case {
   std::vector<float> in_;
 };
 
+// --- convert --------------------------------------------------------------------------------------
+class ConvertCase final : public Case {
+ public:
+  explicit ConvertCase(const ConvertShape& s) : s_(s) {
+    std::mt19937_64 g(s.seed);
+    const std::uint32_t codes = s.format < 2 ? 65536u : 256u;
+    for (std::int64_t i = 0; i < s.n; ++i) {
+      if (!s.to_format) {  // codes: each once while they last, then random ones
+        in_.push_back(float_of(std::uint32_t(i) < codes ? std::uint32_t(i) : std::uint32_t(g() % codes)));
+        continue;
+      }
+      const std::uint32_t kind = std::uint32_t(g() % 3);
+      if (kind == 0) {
+        in_.push_back(float_of(std::uint32_t(g())));  // any bit pattern: NaNs, infinities, subnormals
+      } else {  // the format's range, and the midpoint of two neighbouring codes
+        const std::uint32_t c = std::uint32_t(g() % (codes / 2 - 1));
+        const float a = widen(c), b = widen(c + 1);
+        in_.push_back((kind == 1 ? a + (b - a) * float(g() % 1000) / 1000.0f : 0.5f * (a + b)) * (g() % 2 ? -1.0f : 1.0f));
+      }
+    }
+  }
+  std::string describe() const override {
+    static const char* const names[] = {"half", "bfloat16", "fp8_e4m3", "fp8_e5m2"};
+    return std::string("convert ") + (s_.to_format ? "float -> " : "") + names[s_.format] +
+           (s_.to_format ? "" : " -> float") + " n=" + std::to_string(s_.n);
+  }
+  Run run(const std::shared_ptr<Device>& dev) const override {
+    switch (s_.format) {
+      case 0: return run_as<half>(dev);
+      case 1: return run_as<bfloat16>(dev);
+      case 2: return run_as<fp8_e4m3>(dev);
+      default: return run_as<fp8_e5m2>(dev);
+    }
+  }
+  OracleReport check(const Run& r) const override {
+    OracleReport rep;
+    for (std::size_t i = 0; i < in_.size(); ++i) {
+      const float want = s_.to_format ? float_of(narrow(in_[i])) : widen(float_bits(in_[i]));
+      if (float_bits(r.out[i]) != float_bits(want)) note(rep, i, r.out[i], want, 0);
+    }
+    return rep;
+  }
+
+ private:
+  static float float_of(std::uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  // The format's conversions on the host (lockstep/formats.hpp), the oracle.
+  float widen(std::uint32_t code) const {
+    switch (s_.format) {
+      case 0: return to_float(half{std::uint16_t(code)});
+      case 1: return to_float(bfloat16{std::uint16_t(code)});
+      case 2: return to_float(fp8_e4m3{std::uint8_t(code)});
+      default: return to_float(fp8_e5m2{std::uint8_t(code)});
+    }
+  }
+  std::uint32_t narrow(float x) const {
+    switch (s_.format) {
+      case 0: return to_half(x).bits;
+      case 1: return to_bfloat16(x).bits;
+      case 2: return to_fp8_e4m3(x).bits;
+      default: return to_fp8_e5m2(x).bits;
+    }
+  }
+  // Codes travel as their bits in the low half of a float's pattern (compared bit for bit).
+  template <class S>
+  Run run_as(const std::shared_ptr<Device>& dev) const {
+    auto& st = dev->default_stream();
+    const std::size_t n = in_.size();
+    if (s_.to_format) {
+      Buffer<float> in(dev, n);
+      in.copy_from_host(st, in_);
+      Buffer<S> out(dev, n);
+      std::vector<S> sentinel(n);
+      for (auto& c : sentinel) c.bits = static_cast<decltype(c.bits)>(0x5a5a);
+      out.copy_from_host(st, std::span<const S>(sentinel));
+      ops::convert(st, in, out);
+      const auto codes = out.to_vector(st);
+      Run r;
+      for (const auto& c : codes) r.out.push_back(float_of(c.bits));
+      return r;
+    }
+    std::vector<S> codes(n);
+    for (std::size_t i = 0; i < n; ++i) codes[i].bits = static_cast<decltype(codes[i].bits)>(float_bits(in_[i]));
+    Buffer<S> in(dev, n);
+    in.copy_from_host(st, std::span<const S>(codes));
+    Buffer<float> out(dev, n);
+    poison(st, out);
+    ops::convert(st, in, out);
+    return collect(st, out);
+  }
+  ConvertShape s_;
+  std::vector<float> in_;  // floats, or codes (as float bit patterns) when !to_format
+};
+
 // --- layouts --------------------------------------------------------------------------------------
 class LayoutCase final : public Case {
  public:
@@ -500,6 +597,7 @@ class MathCase final : public Case {
 
 std::unique_ptr<Case> softmax_case(const SoftmaxShape& s) { return std::make_unique<SoftmaxCase>(s); }
 std::unique_ptr<Case> scale_case(const ScaleShape& s) { return std::make_unique<ScaleCase>(s); }
+std::unique_ptr<Case> convert_case(const ConvertShape& s) { return std::make_unique<ConvertCase>(s); }
 std::unique_ptr<Case> layout_case(const LayoutShape& s) { return std::make_unique<LayoutCase>(s); }
 std::unique_ptr<Case> transpose_case(const TransposeShape& s) { return std::make_unique<TransposeCase>(s); }
 std::unique_ptr<Case> gemm_case(const GemmShape& s) { return std::make_unique<GemmCase>(s); }
@@ -557,6 +655,15 @@ const std::vector<KernelEntry>& kernel_entries() {
          s.scale = std::uniform_real_distribution<float>(-4.0f, 4.0f)(g);
          s.seed = g();
          return scale_case(s);
+       }},
+      {"convert",
+       [](std::mt19937_64& g) {
+         ConvertShape s;
+         s.format = std::uniform_int_distribution<int>(0, 3)(g);
+         s.to_format = std::uniform_int_distribution<int>(0, 1)(g) == 0;
+         s.n = draw_size(g, 70000);
+         s.seed = g();
+         return convert_case(s);
        }},
       {"layout",
        [](std::mt19937_64& g) {

@@ -134,6 +134,18 @@ struct ScaleShape {
 };
 std::unique_ptr<Case> scale_case(const ScaleShape& s);
 
+// ops::convert between float and format 0 half, 1 bfloat16, 2 fp8_e4m3, 3 fp8_e5m2; to_format:
+// float -> format (inputs of every kind: random bit patterns, values in the format's range,
+// midpoints), else format -> float (random codes, every code once when n allows). The outputs
+// are each element's code (or float) bits, held to lockstep/formats.hpp's exactly.
+struct ConvertShape {
+  int format = 0;
+  bool to_format = true;
+  std::int64_t n = 1;
+  std::uint64_t seed = 0;
+};
+std::unique_ptr<Case> convert_case(const ConvertShape& s);
+
 // kind: 0 interleaved->batched, 1 batched->interleaved, 2 extract head, 3 copy head back.
 struct LayoutShape {
   int kind = 0;
