@@ -120,7 +120,9 @@ TEST_P(Options, WorkspaceGivesTheSameBytesWithoutScratch) {
     KvCache x(dev, c), y(dev, c);
     std::vector<std::int64_t> pos(130);
     std::vector<std::int32_t> pos32(130);
-    for (std::size_t i = 0; i < pos.size(); ++i) pos[i] = pos32[i] = std::int32_t(i % 7);
+    // Lengths up to max_len - 1 (then max_len with the device positions below): the workspace
+    // is used at the size its query gives.
+    for (std::size_t i = 0; i < pos.size(); ++i) pos[i] = pos32[i] = std::int32_t((i * 7) % 39);
     for (std::int64_t slot = 0; slot < 130; ++slot) {
       Lcg rng{std::uint64_t(100 + slot)};
       const auto n = pos[std::size_t(slot)];
@@ -224,6 +226,42 @@ TEST_P(Options, BadWorkspaceIsRefusedAndWritesNothing) {
   expect_invalid([&] { attention(s(), aq, ak, av, aout, ash, o); }, "options.workspace");
   expect_all(aout, 42.0f);
   EXPECT_TRUE(same(download(ak), Lcg{65}.floats(64 * 64))) << "k is untouched";
+
+  // flash_decoding: over the positions, the status, or the layer's K; nothing appended.
+  const KvCacheConfig c{.num_layers = 1, .num_heads = 2, .num_kv_heads = 1, .head_dim = 32, .max_len = 64, .slots = 2};
+  KvCache cache(dev, c);
+  auto fq = random(2 * 2 * 32, 67), kn = random(2 * 32, 68), vn = random(2 * 32, 69);
+  auto fout = filled(2 * 2 * 32, 42.0f);
+  Buffer<std::int32_t> dpos(dev, 2), status(dev, 1);
+  dpos.copy_from_host(s(), std::vector<std::int32_t>{3, 5});
+  const std::uint64_t fneed = flash_decoding_workspace_bytes(c);
+  Buffer<std::byte> over_pos_and_more(dev, fneed + 64);
+  auto pos_view = Buffer<std::int32_t>::wrap(dev, reinterpret_cast<std::int32_t*>(over_pos_and_more.data().get()), 2);
+  auto status_view = Buffer<std::int32_t>::wrap(dev, reinterpret_cast<std::int32_t*>(over_pos_and_more.data().get()) + 8, 1);
+  pos_view.copy_from_host(s(), std::vector<std::int32_t>{3, 5});
+  expect_invalid([&] { flash_decoding(s(), cache, 0, fq, kn, vn, pos_view, fout,
+                                      DecodeOptions{.workspace = &over_pos_and_more}); },
+                 "options.workspace");
+  expect_invalid([&] { flash_decoding(s(), cache, 0, fq, kn, vn, dpos, fout,
+                                      DecodeOptions{.workspace = &over_pos_and_more, .status = &status_view}); },
+                 "options.workspace");
+  auto over_layer = Buffer<std::byte>::wrap(dev, reinterpret_cast<std::byte*>(const_cast<float*>(cache.k(0).data().get())),
+                                            cache.k(0).size_bytes());
+  ASSERT_GE(over_layer.size(), fneed);
+  expect_invalid([&] { flash_decoding(s(), cache, 0, fq, kn, vn, std::vector<std::int64_t>{0, 0}, fout,
+                                      DecodeOptions{.workspace = &over_layer}); },
+                 "options.workspace");
+  expect_all(fout, 42.0f);
+  EXPECT_EQ(cache.length(0), 0) << "nothing appended";
+
+  // multihead_attention: over q.
+  auto mq = random(8 * 2 * 32, 70), mk = random(8 * 2 * 32, 71), mv = random(8 * 2 * 32, 72);
+  auto mout = filled(8 * 2 * 32, 42.0f);
+  MhaOptions mo;
+  auto over_q = Buffer<std::byte>::wrap(dev, reinterpret_cast<std::byte*>(mq.data().get()), mq.size_bytes());
+  mo.workspace = &over_q;
+  expect_invalid([&] { multihead_attention(s(), mq, mk, mv, mout, MhaShape{8, 2, 32}, mo); }, "options.workspace");
+  expect_all(mout, 42.0f);
 }
 
 // The one way of optional outputs: a pointer in the options, written by a call that succeeds,

@@ -81,8 +81,8 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
 // max(status, 1 + slot): with several such slots it holds the highest, on every run and
 // backend; lockstep never clears it. Shapes, devices and sizes are checked on the host as above
 // (InvalidArgument, nothing enqueued). The first call on a stream sizes the stream's scratch for
-// max_len; later calls allocate nothing (run one call before capturing on that stream, or pass
-// options.workspace).
+// max_len (none with options.workspace), and the stream's counters; later calls allocate
+// nothing: run one call on a stream before capturing it (docs/api.md, "Workspace").
 void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,
                     const Buffer<float>& k_new, const Buffer<float>& v_new,
                     const Buffer<std::int32_t>& positions, Buffer<float>& out,
