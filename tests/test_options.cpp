@@ -227,6 +227,12 @@ TEST_P(Options, BadWorkspaceIsRefusedAndWritesNothing) {
   expect_all(aout, 42.0f);
   EXPECT_TRUE(same(download(ak), Lcg{65}.floats(64 * 64))) << "k is untouched";
 
+  // The size queries check the shape as the calls do.
+  expect_invalid([&] { attention_workspace_bytes(*dev, AttentionShape{.num_heads = 3, .num_kv_heads = 2}); },
+                 "num_kv_heads");
+  expect_invalid([&] { incremental_attention_workspace_bytes(DecodeShape{8, 3, 64, 100}); }, "num_kv_heads");
+  expect_invalid([&] { multihead_attention_workspace_bytes(MhaShape{4, 0, 32}); }, "num_heads");
+
   // flash_decoding: over the positions, the status, or the layer's K; nothing appended.
   const KvCacheConfig c{.num_layers = 1, .num_heads = 2, .num_kv_heads = 1, .head_dim = 32, .max_len = 64, .slots = 2};
   KvCache cache(dev, c);

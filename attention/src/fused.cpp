@@ -98,10 +98,8 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, const plan:
   }
   LOCKSTEP_ASSERT(false, "fused plan: a kernel that is not registered for this head_dim");
 }
-}  // namespace
-
-std::uint64_t attention_workspace_bytes(const Device& device, const AttentionShape& sh, const AttentionOptions& o) {
-  constexpr std::string_view w = "attention_workspace_bytes";
+// The shape's own rules (both attention calls).
+void check_attention_shape(std::string_view w, const AttentionShape& sh) {
   detail::check_positive(w, "batch", sh.batch);
   detail::check_positive(w, "num_heads", sh.num_heads);
   detail::check_positive(w, "num_kv_heads", sh.num_kv_heads);
@@ -110,6 +108,12 @@ std::uint64_t attention_workspace_bytes(const Device& device, const AttentionSha
   detail::check_nonneg(w, "seq_q", sh.seq_q);
   detail::check_nonneg(w, "seq_kv", sh.seq_kv);
   detail::check_head_dim(w, sh.head_dim);
+}
+}  // namespace
+
+std::uint64_t attention_workspace_bytes(const Device& device, const AttentionShape& sh, const AttentionOptions& o) {
+  constexpr std::string_view w = "attention_workspace_bytes";
+  check_attention_shape(w, sh);
   LOCKSTEP_CHECK_ARG(sh.seq_q <= 0x7fffffff, w, "seq_q", sh.seq_q, "<= 2147483647");
   LOCKSTEP_CHECK_ARG(sh.seq_kv <= 0x7fffffff, w, "seq_kv", sh.seq_kv, "<= 2147483647");
   if (o.tuning != nullptr) o.tuning->check(w);
@@ -126,15 +130,8 @@ void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
                const Buffer<float>& v, Buffer<float>& out, const AttentionShape& sh,
                const AttentionOptions& o) {
   constexpr std::string_view w = "attention";
-  detail::check_positive(w, "batch", sh.batch);
-  detail::check_positive(w, "num_heads", sh.num_heads);
-  detail::check_positive(w, "num_kv_heads", sh.num_kv_heads);
-  LOCKSTEP_CHECK_ARG(sh.num_heads % sh.num_kv_heads == 0, w, "num_kv_heads", sh.num_kv_heads,
-                     "a divisor of num_heads = " + std::to_string(sh.num_heads));
-  detail::check_nonneg(w, "seq_q", sh.seq_q);
-  detail::check_nonneg(w, "seq_kv", sh.seq_kv);
+  check_attention_shape(w, sh);
   const std::int64_t D = sh.head_dim;
-  detail::check_head_dim(w, D);
   detail::check_enum(w, "options.precision", o.precision,
                      {AttentionPrecision::kAuto, AttentionPrecision::kExact, AttentionPrecision::kTensorCore},
                      "AttentionPrecision::kAuto, kExact or kTensorCore");
