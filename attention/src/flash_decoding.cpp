@@ -4,7 +4,6 @@
 #include "lockstep/attention/decode.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <string>
 #include <utility>
 
@@ -43,7 +42,6 @@ detail::LayerKv check_flash_args(std::string_view w, Stream& stream, const KvCac
     cache_kv.check_not_in(w, name, *b);
   }
   cache_kv.check_not_in(w, "out", out);
-  if (o.scale) LOCKSTEP_CHECK_ARG(std::isfinite(*o.scale), w, "options.scale", *o.scale, "a finite float");
   if (o.tuning != nullptr) o.tuning->check(w);
   if (const auto* ws = o.workspace; ws != nullptr) {
     for (const auto& [name, b] : {std::pair{"q"sv, &q}, std::pair{"k_new"sv, &k_new}, std::pair{"v_new"sv, &v_new},
@@ -110,7 +108,7 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
   for (std::size_t s = 0; s < pos.size(); ++s) longest = std::max<std::int64_t>(longest, pos[s] + 1);
   const std::size_t ws_floats = detail::decode_workspace_floats(c.slots, c.num_heads, c.head_dim, longest);
   detail::check_workspace(w, options.workspace, stream, detail::positions_staged_bytes(pos.size(), ws_floats));
-  const float scale = options.scale.value_or(1.0f / std::sqrt(static_cast<float>(c.head_dim)));
+  const float scale = detail::softmax_scale(w, options.scale, c.head_dim);
   const detail::StagedPositions st = detail::stage_positions(stream, pos, ws_floats, options.workspace);
   // The append and the attention in one chunk launch (Note [fused append]).
   kernels::DecodeParams p = flash_params(c, cache_kv, q, k_new, v_new, out, st.ints, 1, nullptr, scale);
@@ -148,7 +146,7 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
   // The workspace for max_len (the lengths are on the device): the same size every call.
   const std::size_t ws_floats = detail::decode_workspace_floats(c.slots, c.num_heads, c.head_dim, c.max_len);
   detail::check_workspace(w, options.workspace, stream, detail::staged_bytes(0, ws_floats));
-  const float scale = options.scale.value_or(1.0f / std::sqrt(static_cast<float>(c.head_dim)));
+  const float scale = detail::softmax_scale(w, options.scale, c.head_dim);
   const detail::Staged st = detail::stage(stream, {}, ws_floats, options.workspace);
   // A slot's position p: p + 1 tokens; -1 (done): 0 (Note [device positions]); the append and
   // the attention in one chunk launch (Note [fused append]).

@@ -1,4 +1,3 @@
-#include <cmath>
 
 #include "checks.hpp"
 #include "decode_launch.hpp"

@@ -10,6 +10,12 @@ namespace lockstep::cpu::LOCKSTEP_CPU_NS {
 template <class T>
 using mem_tag_t = std::conditional_t<std::is_same_v<T, float>, DF, DI>;
 
+// Each lane's offset and whether it is active (0 or -1), as arrays: the per-lane paths.
+LS_INLINE void stage_lanes(const VI& o, const VM& m, std::int32_t* off, std::int32_t* act) {
+  hn::Store(o.v, DI(), off);
+  hn::Store(hn::VecFromMask(DI(), m.m), DI(), act);
+}
+
 // Loads kL lanes from base[o[i]] where m[i]; other lanes get `fallback`. Contiguous offsets
 // become one vector load, equal offsets a broadcast; masked-off lanes are never read.
 template <class T>
@@ -24,8 +30,7 @@ LS_INLINE chunk_t<T> load_chunk(const T* base, const VI& o, const VM& m, T fallb
   if (hn::AllFalse(DI(), m.m)) return chunk_t<T>(fallback);
   alignas(64) std::int32_t off[kL], act[kL];
   alignas(64) T out[kL];
-  hn::Store(o.v, DI(), off);
-  hn::Store(hn::VecFromMask(DI(), m.m), DI(), act);
+  stage_lanes(o, m, off, act);
   for (int i = 0; i < kL; ++i) out[i] = act[i] ? base[off[i]] : fallback;
   return chunk_t<T>(hn::Load(d, out));
 }
@@ -49,8 +54,7 @@ LS_INLINE void store_chunk(T* base, const VI& o, const chunk_t<T>& v, const VM& 
   }
   alignas(64) std::int32_t off[kL], act[kL];
   alignas(64) T val[kL];
-  hn::Store(o.v, DI(), off);
-  hn::Store(hn::VecFromMask(DI(), m.m), DI(), act);
+  stage_lanes(o, m, off, act);
   hn::Store(v.v, d, val);
   for (int i = 0; i < kL; ++i)
     if (act[i]) base[off[i]] = val[i];
@@ -75,8 +79,7 @@ struct LoadFormatNode {
   LS_INLINE chunk_t<float> eval(int c) const {
     alignas(64) std::int32_t o[kL], act[kL];
     alignas(64) float out[kL];
-    hn::Store(off.eval(c).v, DI(), o);
-    hn::Store(hn::VecFromMask(DI(), mask.eval(c).m), DI(), act);
+    stage_lanes(off.eval(c), mask.eval(c), o, act);
     for (int i = 0; i < kL; ++i) out[i] = act[i] ? ::lockstep::to_float(base[o[i]]) : fallback;
     return chunk_t<float>(hn::Load(DF(), out));
   }
@@ -148,8 +151,7 @@ class LaneMemory {
     for (int c = 0; c < PW / kL; ++c) {
       alignas(64) std::int32_t oo[kL], act[kL];
       alignas(64) float vv[kL];
-      hn::Store(o.eval(c).v, DI(), oo);
-      hn::Store(hn::VecFromMask(DI(), m.eval(c).m), DI(), act);
+      stage_lanes(o.eval(c), m.eval(c), oo, act);
       hn::Store(v.eval(c).v, DF(), vv);
       for (int i = 0; i < kL; ++i)
         if (act[i]) base[oo[i]] = ::lockstep::from_float<S>(vv[i]);
@@ -237,8 +239,7 @@ class LaneMemory {
         // order: a later lane wins on equal offsets, which a race-free kernel never has).
         alignas(64) std::int32_t off[kL], act[kL];
         alignas(64) T staged[4 * kL];
-        hn::Store(oc.v, DI(), off);
-        hn::Store(hn::VecFromMask(DI(), mc.m), DI(), act);
+        stage_lanes(oc, mc, off, act);
         hn::StoreInterleaved4(hn::Load(d, q.x.data() + c * kL), hn::Load(d, q.y.data() + c * kL),
                               hn::Load(d, q.z.data() + c * kL), hn::Load(d, q.w.data() + c * kL),
                               d, staged);

@@ -63,7 +63,7 @@ LOCKSTEP_FORMAT_HD float bits_float(std::uint32_t u) {
 #endif
 }
 
-// |x| (bits a, below 2^-shift_base's normal range) as a multiple of the format's subnormal unit,
+// |x| (bits a, below the format's normal range) as a multiple of the format's subnormal unit,
 // rounded to nearest even: the significand m = 1.xxx * 2^23 shifted right by `shift` (1..24).
 LOCKSTEP_FORMAT_HD std::uint32_t round_shift(std::uint32_t a, int shift) {
   const std::uint32_t m = (a & 0x7fffffu) | 0x800000u;
@@ -80,34 +80,45 @@ LOCKSTEP_FORMAT_HD std::uint32_t round_normal(std::uint32_t a, std::uint32_t reb
   return (r + ((1u << (drop - 1)) - 1u) + ((r >> drop) & 1u)) >> drop;
 }
 
+// The narrow formats' shared rounding: a finite |x| (bits a, not past the format's range) to the
+// code of a format with Man mantissa bits and exponent bias Bias, nearest even; the callers
+// handle the sign, NaN and overflow. Below 2^(1 - Bias) the grid is the subnormal unit
+// 2^(1 - Bias - Man); half a unit and less rounds to zero.
+template <int Man, int Bias>
+LOCKSTEP_FORMAT_HD std::uint32_t round_magnitude(std::uint32_t a) {
+  if (a >= (std::uint32_t(128 - Bias) << 23)) return round_normal(a, std::uint32_t(127 - Bias) << 23, 23 - Man);
+  if (a < (std::uint32_t(127 - Bias - Man) << 23)) return 0;
+  return round_shift(a, 151 - Bias - Man - int(a >> 23));
+}
+
+// The float bits of a finite code's magnitude (exponent field e, mantissa m) of the same format.
+template <int Man, int Bias>
+LOCKSTEP_FORMAT_HD std::uint32_t widen_magnitude(std::uint32_t e, std::uint32_t m) {
+  if (e != 0) return ((e + std::uint32_t(127 - Bias)) << 23) | (m << (23 - Man));
+  if (m == 0) return 0;
+  int shift = 0;  // a subnormal m * 2^(1 - Bias - Man): normalize
+  while ((m & (1u << Man)) == 0) {
+    m <<= 1;
+    ++shift;
+  }
+  return (std::uint32_t(128 - Bias - shift) << 23) | ((m & ((1u << Man) - 1u)) << (23 - Man));
+}
+
 }  // namespace formats
 
-// --- half ----------------------------------------------------------------------------------
+// --- half: bias 15, 10 mantissa bits, largest finite 65504 ---------------------------------
 LOCKSTEP_FORMAT_HD half to_half(float f) {
   const std::uint32_t u = formats::float_bits(f);
   const std::uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return half{0x7fff};
   if (a >= 0x477ff000u) return half{static_cast<std::uint16_t>(sign | 0x7c00u)};  // >= 65520: inf
-  if (a < 0x38800000u) {                       // below 2^-14: a multiple of 2^-24
-    if (a < 0x33000000u) return half{static_cast<std::uint16_t>(sign)};  // below 2^-25: zero
-    return half{static_cast<std::uint16_t>(sign | formats::round_shift(a, 126 - int(a >> 23)))};
-  }
-  return half{static_cast<std::uint16_t>(sign | formats::round_normal(a, 0x38000000u, 13))};
+  return half{static_cast<std::uint16_t>(sign | formats::round_magnitude<10, 15>(a))};
 }
 LOCKSTEP_FORMAT_HD float to_float(half h) {
   const std::uint32_t sign = std::uint32_t(h.bits & 0x8000u) << 16;
   const std::uint32_t e = (h.bits >> 10) & 0x1fu, m = h.bits & 0x3ffu;
   if (e == 0x1f) return formats::bits_float(m != 0 ? 0x7fffffffu : sign | 0x7f800000u);
-  if (e != 0) return formats::bits_float(sign | ((e + 112u) << 23) | (m << 13));
-  if (m == 0) return formats::bits_float(sign);
-  // A subnormal m * 2^-24: normalize (m has its leading one at bit 9 or below).
-  int shift = 0;
-  std::uint32_t mm = m;
-  while ((mm & 0x400u) == 0) {
-    mm <<= 1;
-    ++shift;
-  }
-  return formats::bits_float(sign | (std::uint32_t(113 - shift) << 23) | ((mm & 0x3ffu) << 13));
+  return formats::bits_float(sign | formats::widen_magnitude<10, 15>(e, m));
 }
 
 // --- bfloat16 ------------------------------------------------------------------------------
@@ -124,25 +135,13 @@ LOCKSTEP_FORMAT_HD fp8_e4m3 to_fp8_e4m3(float f) {
   const std::uint32_t sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return fp8_e4m3{0x7f};
   if (a > 0x43e00000u) return fp8_e4m3{static_cast<std::uint8_t>(sign | 0x7eu)};  // past 448: 448
-  if (a < 0x3c800000u) {                       // below 2^-6: a multiple of 2^-9
-    if (a < 0x3a800000u) return fp8_e4m3{static_cast<std::uint8_t>(sign)};  // below 2^-10: zero
-    return fp8_e4m3{static_cast<std::uint8_t>(sign | formats::round_shift(a, 141 - int(a >> 23)))};
-  }
-  return fp8_e4m3{static_cast<std::uint8_t>(sign | formats::round_normal(a, 0x3c000000u, 20))};
+  return fp8_e4m3{static_cast<std::uint8_t>(sign | formats::round_magnitude<3, 7>(a))};
 }
 LOCKSTEP_FORMAT_HD float to_float(fp8_e4m3 v) {
   const std::uint32_t sign = std::uint32_t(v.bits & 0x80u) << 24;
   const std::uint32_t e = (v.bits >> 3) & 0xfu, m = v.bits & 0x7u;
   if (e == 0xf && m == 0x7) return formats::bits_float(0x7fffffffu);
-  if (e != 0) return formats::bits_float(sign | ((e + 120u) << 23) | (m << 20));
-  if (m == 0) return formats::bits_float(sign);
-  int shift = 0;  // a subnormal m * 2^-9
-  std::uint32_t mm = m;
-  while ((mm & 0x8u) == 0) {
-    mm <<= 1;
-    ++shift;
-  }
-  return formats::bits_float(sign | (std::uint32_t(121 - shift) << 23) | ((mm & 0x7u) << 20));
+  return formats::bits_float(sign | formats::widen_magnitude<3, 7>(e, m));
 }
 
 // --- fp8 e5m2: bias 15, 2 mantissa bits (the top byte of a half), largest finite 57344 ----------
@@ -151,11 +150,7 @@ LOCKSTEP_FORMAT_HD fp8_e5m2 to_fp8_e5m2(float f) {
   const std::uint32_t sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return fp8_e5m2{0x7f};
   if (a > 0x47600000u) return fp8_e5m2{static_cast<std::uint8_t>(sign | 0x7bu)};  // past 57344
-  if (a < 0x38800000u) {                       // below 2^-14: a multiple of 2^-16
-    if (a < 0x37000000u) return fp8_e5m2{static_cast<std::uint8_t>(sign)};  // below 2^-17: zero
-    return fp8_e5m2{static_cast<std::uint8_t>(sign | formats::round_shift(a, 134 - int(a >> 23)))};
-  }
-  return fp8_e5m2{static_cast<std::uint8_t>(sign | formats::round_normal(a, 0x38000000u, 21))};
+  return fp8_e5m2{static_cast<std::uint8_t>(sign | formats::round_magnitude<2, 15>(a))};
 }
 LOCKSTEP_FORMAT_HD float to_float(fp8_e5m2 v) { return to_float(half{static_cast<std::uint16_t>(v.bits << 8)}); }
 

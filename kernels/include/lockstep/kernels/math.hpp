@@ -33,24 +33,8 @@ LOCKSTEP_HD float fma(float a, float b, float c) {
   return std::fma(a, b, c);
 #endif
 }
-LOCKSTEP_HD std::int32_t as_int(float x) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_int(x);
-#else
-  std::int32_t i;
-  std::memcpy(&i, &x, 4);
-  return i;
-#endif
-}
-LOCKSTEP_HD float as_float(std::int32_t i) {
-#if defined(__CUDA_ARCH__)
-  return __int_as_float(i);
-#else
-  float x;
-  std::memcpy(&x, &i, 4);
-  return x;
-#endif
-}
+LOCKSTEP_HD std::int32_t as_int(float x) { return static_cast<std::int32_t>(formats::float_bits(x)); }
+LOCKSTEP_HD float as_float(std::int32_t i) { return formats::bits_float(static_cast<std::uint32_t>(i)); }
 LOCKSTEP_HD float select(bool m, float a, float b) { return m ? a : b; }
 LOCKSTEP_HD std::int32_t select(bool m, std::int32_t a, std::int32_t b) { return m ? a : b; }
 // Exact int32 -> float (round to nearest even for |i| > 2^24, as on both backends).
