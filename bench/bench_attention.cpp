@@ -134,8 +134,10 @@ Result decode_single(Context& ctx, std::int64_t H, std::int64_t Hkv, std::int64_
 // A cache of B slots x `layers` whose every slot holds L random tokens: append is per token, so
 // the data goes in with one host copy per slot and layer.
 KvCache full_cache(Context& ctx, std::int64_t layers, std::int64_t B, std::int64_t H, std::int64_t Hkv,
-                   std::int64_t D, std::int64_t L) {
+                   std::int64_t D, std::int64_t L, Format format = Format::f32) {
   KvCacheConfig c;
+  c.format = format;
+  if (is_fp8(format)) c.k_scales = c.v_scales = std::vector<float>(std::size_t(layers * Hkv), 1.0f / 256.0f);
   c.num_layers = layers;
   c.num_heads = H;
   c.num_kv_heads = Hkv;
@@ -149,26 +151,48 @@ KvCache full_cache(Context& ctx, std::int64_t layers, std::int64_t B, std::int64
   return cache;
 }
 
-Result flash(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t Hkv, std::int64_t D, std::int64_t L) {
+// A buffer of T (float, half or bfloat16) with random values in [-1, 1).
+template <class T>
+Buffer<T> random_as(Context& ctx, std::size_t n, std::uint32_t seed) {
+  if constexpr (std::is_same_v<T, float>) {
+    return random_buffer(ctx.dev, n, seed, -1.0f, 1.0f);
+  } else {
+    const auto h = random_host(n, seed, -1.0f, 1.0f);
+    std::vector<T> c(n);
+    for (std::size_t i = 0; i < n; ++i) c[i] = from_float<T>(h[i]);
+    Buffer<T> b(ctx.dev, n);
+    b.copy_from_host(ctx.stream(), c);
+    ctx.stream().synchronize();
+    return b;
+  }
+}
+
+// q, out and the new tokens in T, the cache in `format` (docs/api.md, "Formats").
+template <class T = float>
+Result flash(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t Hkv, std::int64_t D, std::int64_t L,
+             Format format = Format::f32) {
   // Lengths L - 1: each call decodes the last token.
-  KvCache cache = full_cache(ctx, 1, B, H, Hkv, D, L);
+  KvCache cache = full_cache(ctx, 1, B, H, Hkv, D, L, format);
   for (std::int64_t s = 0; s < B; ++s) cache.rollback(s, L - 1);
   const std::size_t per_slot = std::size_t(Hkv * L * D);
-  auto q = random_buffer(ctx.dev, std::size_t(B * H * D), 15, -1.0f, 1.0f);
-  auto kn = random_buffer(ctx.dev, std::size_t(B * Hkv * D), 16, -1.0f, 1.0f);
-  auto vn = random_buffer(ctx.dev, std::size_t(B * Hkv * D), 17, -1.0f, 1.0f);
-  Buffer<float> out(ctx.dev, std::size_t(B * H * D));
+  auto q = random_as<T>(ctx, std::size_t(B * H * D), 15);
+  auto kn = random_as<T>(ctx, std::size_t(B * Hkv * D), 16);
+  auto vn = random_as<T>(ctx, std::size_t(B * Hkv * D), 17);
+  Buffer<T> out(ctx.dev, std::size_t(B * H * D));
   std::vector<std::int64_t> pos(static_cast<std::size_t>(B), L - 1);
   auto call = [&] {
     for (std::int64_t s = 0; s < B; ++s) cache.rollback(s, L - 1);
     flash_decoding(ctx.stream(), cache, 0, q, kn, vn, pos, out);
   };
   Result r;
-  r.name = "flash_decoding";
+  r.name = std::is_same_v<T, float> && format == Format::f32 ? "flash_decoding" : "flash_decoding_formats";
   r.shape = dshape(B, H, Hkv, D, L);
+  if (!std::is_same_v<T, float> || format != Format::f32)
+    r.shape += std::string(" ") + format_name(format_of<T>()) + "/" + format_name(format);
   r.median_ms = busy_ms(*ctx.dev, ctx.stream(), call, ctx.warmup + 3, ctx.reps);
   r.extra["idle_stream_ms"] = median_ms(*ctx.dev, ctx.stream(), call, 1, ctx.reps);
-  r.bytes = double(B) * double(2 * per_slot + 2 * std::size_t(H * D) + 2 * std::size_t(Hkv * D)) * 4;
+  r.bytes = double(B) * (double(2 * per_slot) * format_bytes(format) +
+                         double(2 * std::size_t(H * D) + 2 * std::size_t(Hkv * D)) * sizeof(T));
   r.flops = 4.0 * double(B) * double(H) * double(L) * double(D);
   r.launches = launches_per_call(ctx.stream(), call);
   record_host_time(r, host_us(ctx.stream(), call, std::max(5, ctx.reps)));
@@ -318,6 +342,28 @@ std::vector<Bench> attention_benches() {
          rs.push_back(decode_single(ctx, 32, 8, 128, ctx.cuda ? 32768 : 4096));
          if (!ctx.cuda) rs.push_back(decode_single(ctx, 32, 8, 128, 16384));
          if (!ctx.cuda) rs.push_back(decode_single(ctx, 8, 8, 128, 4096));
+         return rs;
+       }},
+      {"flash_decoding_formats",
+       [](Context& ctx) {
+         // Note [decode formats]: bf16 q/out with bf16 and fp8 e4m3 caches (fp16 on the CPU too).
+         std::vector<Result> rs;
+         if (ctx.quick) {
+           rs.push_back(flash<bfloat16>(ctx, 3, 8, 2, 64, 200, Format::fp8_e4m3));
+           return rs;
+         }
+         if (ctx.cuda) {
+           for (Format f : {Format::bf16, Format::fp8_e4m3}) {
+             rs.push_back(flash<bfloat16>(ctx, 32, 32, 8, 128, 4096, f));
+             rs.push_back(flash<bfloat16>(ctx, 1, 32, 8, 128, 32768, f));
+             rs.push_back(flash<bfloat16>(ctx, 128, 32, 8, 128, 2048, f));
+             rs.push_back(flash<bfloat16>(ctx, 32, 32, 32, 128, 2048, f));
+           }
+         } else {
+           rs.push_back(flash<bfloat16>(ctx, 4, 32, 8, 128, 4096, Format::bf16));
+           rs.push_back(flash<half>(ctx, 4, 32, 8, 128, 4096, Format::f16));
+           rs.push_back(flash<bfloat16>(ctx, 4, 32, 8, 128, 4096, Format::fp8_e4m3));
+         }
          return rs;
        }},
       {"flash_decoding",

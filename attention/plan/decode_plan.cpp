@@ -44,7 +44,7 @@ DecodePlan plan_decode(const DeviceCaps& caps, const DecodeProblem& pr, const Tu
   if (t.l2_policy) {
     p.l2_policy = *t.l2_policy;
   } else if (caps.l2_bytes > 0) {
-    const std::uint64_t bytes = pr.kv_tokens * std::uint64_t(pr.kv_heads) * std::uint64_t(D) * 2 * sizeof(float);
+    const std::uint64_t bytes = pr.kv_tokens * std::uint64_t(pr.kv_heads) * std::uint64_t(D) * 2 * format_bytes(pr.cache);
     p.l2_policy = bytes > caps.l2_bytes ? L2Policy::kEvictFirst : L2Policy::kUnchanged;
   }
 
@@ -69,8 +69,8 @@ DecodePlan plan_decode(const DeviceCaps& caps, const DecodeProblem& pr, const Tu
     }
   }
   // Note [one grid]: off by default on every device (it saves host time on an eager call and
-  // costs device time on a captured step).
-  if (!p.fold_merge && p.block_signals && t.one_grid.value_or(false)) {
+  // costs device time on a captured step); registered for float caches only.
+  if (!p.fold_merge && p.block_signals && pr.cache == Format::f32 && t.one_grid.value_or(false)) {
     const std::int64_t chunk_blocks =
         std::int64_t{p.chunk_grid.x} * p.chunk_grid.y * std::min<std::int64_t>(pr.rows, 65535);
     const std::int64_t merge_blocks = std::int64_t{p.merge_grid.x} * p.merge_grid.y;

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "lockstep/device.hpp"
+#include "lockstep/formats.hpp"
 #include "lockstep/tuning.hpp"
 
 namespace lockstep::plan {
@@ -21,6 +22,8 @@ struct DecodeProblem {
   // K/V tokens the call may read, summed over rows (an upper bound where lengths live on the
   // device): with the L2's size, the chunk kernel's L2 policy.
   std::uint64_t kv_tokens = 0;
+  // The cache's format (Note [decode formats]): its bytes per token, and one grid is float only.
+  Format cache = Format::f32;
 };
 
 // The chunk kernel: DecodeChunk<head_dim, heads_per_block, row_batch, stages>.

@@ -48,19 +48,19 @@ void launch_with_shared(Stream& s, const kernels::DecodeParams& p, Dim3 grid) {
 }
 
 // Calls f.template operator()<K>() with the chunk kernel the plan chose.
-template <int D, class F>
+template <int D, class C, class F>
 void with_chunk_kernel(const plan::DecodePlan& pl, F&& f) {
   using kernels::DecodeChunk;
   switch (pl.heads_per_block) {
     case 8:
-      if constexpr (D <= 64) return f.template operator()<DecodeChunk<D, 8, 1, 4>>();
+      if constexpr (D <= 64) return f.template operator()<DecodeChunk<D, 8, 1, 4, C>>();
       break;
     case 4:
-      if constexpr (D <= 128) return f.template operator()<DecodeChunk<D, 4, 1, 4>>();
+      if constexpr (D <= 128) return f.template operator()<DecodeChunk<D, 4, 1, 4, C>>();
       break;
-    case 2: return f.template operator()<DecodeChunk<D, 2, 1, 4>>();
+    case 2: return f.template operator()<DecodeChunk<D, 2, 1, 4, C>>();
     case 1: {
-      using One = std::conditional_t<D == 128, DecodeChunk<128, 1, 2, 3>, DecodeChunk<D, 1, 1, 4>>;
+      using One = std::conditional_t<D == 128, DecodeChunk<128, 1, 2, 3, C>, DecodeChunk<D, 1, 1, 4, C>>;
       return f.template operator()<One>();
     }
     default: break;
@@ -84,9 +84,9 @@ void with_merge_kernel(const plan::DecodePlan& pl, F&& f) {
 
 // Enqueues the plan's launches: the chunk kernel (merging itself where folded), then the merge,
 // or both as one DecodeOneGrid.
-template <int D>
+template <int D, class C>
 void launch_chunk_and_merge(Stream& s, kernels::DecodeParams p, const plan::DecodePlan& pl) {
-  with_chunk_kernel<D>(pl, [&]<class K>() {
+  with_chunk_kernel<D, C>(pl, [&]<class K>() {
     p.fold = pl.fold_merge ? 1 : 0;
     if (pl.one_grid) {
       with_merge_kernel<D>(pl, [&]<class M>() {
@@ -107,8 +107,20 @@ void launch_chunk_and_merge(Stream& s, kernels::DecodeParams p, const plan::Deco
 }
 }  // namespace
 
+template <class C>
+void launch_for_dim(Stream& s, const kernels::DecodeParams& p, const plan::DecodePlan& pl, std::int64_t head_dim) {
+  switch (head_dim) {
+    case 32: launch_chunk_and_merge<32, C>(s, p, pl); break;
+    case 64: launch_chunk_and_merge<64, C>(s, p, pl); break;
+    case 96: launch_chunk_and_merge<96, C>(s, p, pl); break;
+    case 128: launch_chunk_and_merge<128, C>(s, p, pl); break;
+    case 256: launch_chunk_and_merge<256, C>(s, p, pl); break;
+    default: check_head_dim("decode", head_dim);
+  }
+}
+
 int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int64_t head_dim,
-                  std::int64_t max_len, const Tuning& tuning) {
+                  std::int64_t max_len, const Tuning& tuning, Format cache) {
   if (p.rows == 0) return 0;
   LOCKSTEP_ASSERT(p.max_len > 0 || (p.lengths == nullptr && p.inline_lengths.count == 0),
                   "DecodeParams::max_len unset");
@@ -126,7 +138,7 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
     tokens = std::uint64_t(p.rows) * std::uint64_t(std::max<std::int64_t>(0, max_len));
   }
   const plan::DecodePlan pl = plan::plan_decode(
-      s.device().caps(), plan::DecodeProblem{p.rows, p.H, p.Hkv, head_dim, max_len, tokens},
+      s.device().caps(), plan::DecodeProblem{p.rows, p.H, p.Hkv, head_dim, max_len, tokens, cache},
       tuning);
   p.max_chunks = pl.max_chunks;
   p.kv_l2_policy = static_cast<int>(pl.l2_policy);
@@ -143,13 +155,12 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
   p.ticket_after_wait = fresh ? 1 : 0;  // Note [one grid]: a fill zeroed them just now
   const std::uint64_t launches_before = s.launches();
   try {
-    switch (head_dim) {
-      case 32: launch_chunk_and_merge<32>(s, p, pl); break;
-      case 64: launch_chunk_and_merge<64>(s, p, pl); break;
-      case 96: launch_chunk_and_merge<96>(s, p, pl); break;
-      case 128: launch_chunk_and_merge<128>(s, p, pl); break;
-      case 256: launch_chunk_and_merge<256>(s, p, pl); break;
-      default: check_head_dim("decode", head_dim);
+    switch (cache) {
+      case Format::f32: launch_for_dim<float>(s, p, pl, head_dim); break;
+      case Format::f16: launch_for_dim<half>(s, p, pl, head_dim); break;
+      case Format::bf16: launch_for_dim<bfloat16>(s, p, pl, head_dim); break;
+      case Format::fp8_e4m3: launch_for_dim<fp8_e4m3>(s, p, pl, head_dim); break;
+      case Format::fp8_e5m2: launch_for_dim<fp8_e5m2>(s, p, pl, head_dim); break;
     }
   } catch (...) {
     // A chunk kernel enqueued without its merge would leave counts behind that a later merge
@@ -163,14 +174,20 @@ int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int
   return pl.launches;
 }
 
-void launch_kv_scatter(Stream& s, const kernels::KvScatterParams& p) {
+void launch_kv_scatter(Stream& s, const kernels::KvScatterParams& p, Format cache) {
   if (p.rows == 0) return;
   LOCKSTEP_ASSERT(p.max_len > 0, "KvScatterParams::max_len unset");
   LOCKSTEP_ASSERT(p.inline_positions.count == 0 || p.rows <= p.inline_positions.count,
                   "inline positions: one per row");
   const Dim3 grid{static_cast<std::uint32_t>(p.Hkv),
                   static_cast<std::uint32_t>(std::min<std::int32_t>(p.rows, 65535)), 2};
-  launch<kernels::KvScatter>(s, grid, 0, p);
+  switch (cache) {
+    case Format::f32: launch<kernels::KvScatter<float>>(s, grid, 0, p); break;
+    case Format::f16: launch<kernels::KvScatter<half>>(s, grid, 0, p); break;
+    case Format::bf16: launch<kernels::KvScatter<bfloat16>>(s, grid, 0, p); break;
+    case Format::fp8_e4m3: launch<kernels::KvScatter<fp8_e4m3>>(s, grid, 0, p); break;
+    case Format::fp8_e5m2: launch<kernels::KvScatter<fp8_e5m2>>(s, grid, 0, p); break;
+  }
 }
 
 }  // namespace lockstep::detail

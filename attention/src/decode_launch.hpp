@@ -17,10 +17,11 @@ std::size_t decode_workspace_floats(std::int64_t rows, std::int64_t H, std::int6
 // token is appended as well by the chunk kernel (Note [fused append]; lengths are then
 // positions, length_bias 1). The schedule is plan::plan_decode's for the stream's device and
 // `tuning` (the call's, tuning_for). Returns the launches enqueued.
+// cache: the format of p.k and p.v (Note [decode formats]).
 int launch_decode(Stream& s, kernels::DecodeParams p, float* workspace, std::int64_t head_dim,
-                  std::int64_t max_len, const Tuning& tuning);
+                  std::int64_t max_len, const Tuning& tuning, Format cache = Format::f32);
 
-void launch_kv_scatter(Stream& s, const kernels::KvScatterParams& p);
+void launch_kv_scatter(Stream& s, const kernels::KvScatterParams& p, Format cache = Format::f32);
 
 // Checks the decode geometry: head_dim supported, kv heads divide heads, sizes within the
 // kernels' 32-bit lane offsets.

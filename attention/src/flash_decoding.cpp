@@ -16,10 +16,12 @@ namespace lockstep {
 namespace {
 // The checks both flash_decoding overloads make before anything is enqueued; returns the layer's
 // K and V for the overloads' own checks.
+template <class T>
 detail::LayerKv check_flash_args(std::string_view w, Stream& stream, const KvCache& cache,
-                                 std::int64_t layer, const Buffer<float>& q, const Buffer<float>& k_new,
-                                 const Buffer<float>& v_new, const Buffer<float>& out,
-                                 const DecodeOptions& o) {
+                                 std::int64_t layer, const Buffer<T>& q, const Buffer<T>& k_new,
+                                 const Buffer<T>& v_new, const Buffer<T>& out, const DecodeOptions& o) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, half> || std::is_same_v<T, bfloat16>,
+                "flash_decoding: q, k_new, v_new and out in float, half or bfloat16");
   LOCKSTEP_CHECK_ARG(cache.valid(), w, "cache", "a moved-from KvCache", "a cache that was not moved from");
   const auto& c = cache.config();
   LOCKSTEP_CHECK_ARG(layer >= 0 && layer < c.num_layers, w, "layer", layer,
@@ -42,6 +44,8 @@ detail::LayerKv check_flash_args(std::string_view w, Stream& stream, const KvCac
     cache_kv.check_not_in(w, name, *b);
   }
   cache_kv.check_not_in(w, "out", out);
+  LOCKSTEP_CHECK_ARG(o.kv_scales == nullptr, w, "options.kv_scales", "set",
+                     "nullptr (a KvCache holds its own scales: KvCache::set_scales)");
   if (o.tuning != nullptr) o.tuning->check(w);
   if (const auto* ws = o.workspace; ws != nullptr) {
     for (const auto& [name, b] : {std::pair{"q"sv, &q}, std::pair{"k_new"sv, &k_new}, std::pair{"v_new"sv, &v_new},
@@ -53,10 +57,12 @@ detail::LayerKv check_flash_args(std::string_view w, Stream& stream, const KvCac
 }
 // Split-K attention of q over every slot of the layer whose K and V are `kv`, `lengths`
 // (+ length_bias) tokens per slot, appending k_new and v_new first (Note [fused append]).
-kernels::DecodeParams flash_params(const KvCacheConfig& c, const detail::LayerKv& kv, const Buffer<float>& q,
-                                   const Buffer<float>& k_new, const Buffer<float>& v_new,
-                                   Buffer<float>& out, const std::int32_t* lengths,
-                                   std::int32_t length_bias, std::int32_t* status, float scale) {
+template <class T>
+kernels::DecodeParams flash_params(const KvCache& cache, std::int64_t layer, const detail::LayerKv& kv,
+                                   const Buffer<T>& q, const Buffer<T>& k_new, const Buffer<T>& v_new,
+                                   Buffer<T>& out, const std::int32_t* lengths, std::int32_t length_bias,
+                                   std::int32_t* status, float scale) {
+  const KvCacheConfig& c = cache.config();
   kernels::DecodeParams p{};
   p.q = q.data().get();
   p.k = kv.k.data().get();
@@ -74,9 +80,11 @@ kernels::DecodeParams flash_params(const KvCacheConfig& c, const detail::LayerKv
   p.scale = scale;
   p.k_new = k_new.data().get();
   p.v_new = v_new.data().get();
-  p.k_append = const_cast<float*>(p.k);  // the cache's own storage, as scatter_params
-  p.v_append = const_cast<float*>(p.v);
+  p.k_append = const_cast<void*>(p.k);  // the cache's own storage, as scatter_params
+  p.v_append = const_cast<void*>(p.v);
   p.status = status;
+  p.act_format = static_cast<std::int32_t>(format_of<T>());
+  p.kv_scales = cache.scales().empty() ? nullptr : cache.scales().data().get() + layer * 2 * c.num_kv_heads;
   return p;
 }
 }  // namespace
@@ -91,17 +99,17 @@ std::uint64_t flash_decoding_workspace_bytes(const KvCacheConfig& c) {
   return detail::positions_staged_bytes(std::size_t(c.slots), floats);
 }
 
-void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,
-                    const Buffer<float>& k_new, const Buffer<float>& v_new,
-                    std::span<const std::int64_t> positions, Buffer<float>& out,
-                    const DecodeOptions& options) {
+template <class T>
+void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<T>& q,
+                    const Buffer<T>& k_new, const Buffer<T>& v_new, std::span<const std::int64_t> positions,
+                    Buffer<T>& out, const DecodeOptions& options) {
   constexpr std::string_view w = "flash_decoding";
   const auto& c = cache.config();
   const detail::LayerKv cache_kv = check_flash_args(w, stream, cache, layer, q, k_new, v_new, out, options);
   LOCKSTEP_CHECK_ARG(options.status == nullptr, w, "options.status", "set",
                      "nullptr with host positions (they are checked on the host: a bad one throws)");
   const Tuning& tuning = detail::tuning_for(stream, options.tuning);
-  const auto pos = cache.checked_positions(w, layer, positions);
+  const auto pos = detail::KvCacheAccess::checked_positions(cache, w, layer, positions);
   // The positions (-1 for done slots) in the launch's parameters (Note [inline positions]), or
   // one staging copy when there are more slots; a slot attends position + 1 tokens.
   std::int64_t longest = 1;
@@ -111,16 +119,16 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
   const float scale = detail::softmax_scale(w, options.scale, c.head_dim);
   const detail::StagedPositions st = detail::stage_positions(stream, pos, ws_floats, options.workspace);
   // The append and the attention in one chunk launch (Note [fused append]).
-  kernels::DecodeParams p = flash_params(c, cache_kv, q, k_new, v_new, out, st.ints, 1, nullptr, scale);
+  kernels::DecodeParams p = flash_params(cache, layer, cache_kv, q, k_new, v_new, out, st.ints, 1, nullptr, scale);
   p.inline_lengths = st.inline_ints;
-  detail::launch_decode(stream, p, st.floats, c.head_dim, longest, tuning);
-  cache.appended(layer, pos);
+  detail::launch_decode(stream, p, st.floats, c.head_dim, longest, tuning, c.format);
+  detail::KvCacheAccess::appended(cache, layer, pos);
 }
 
-void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,
-                    const Buffer<float>& k_new, const Buffer<float>& v_new,
-                    const Buffer<std::int32_t>& positions, Buffer<float>& out,
-                    const DecodeOptions& options) {
+template <class T>
+void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<T>& q,
+                    const Buffer<T>& k_new, const Buffer<T>& v_new, const Buffer<std::int32_t>& positions,
+                    Buffer<T>& out, const DecodeOptions& options) {
   constexpr std::string_view w = "flash_decoding";
   const auto& c = cache.config();
   const detail::LayerKv cache_kv = check_flash_args(w, stream, cache, layer, q, k_new, v_new, out, options);
@@ -134,7 +142,7 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
   detail::check_no_overlap(w, "out", out, "positions", positions);
   cache_kv.check_not_in(w, "positions", positions);
   if (status != nullptr) {
-    for (const auto& [name, b] : {std::pair<const char*, const Buffer<float>*>{"q", &q}, {"k_new", &k_new},
+    for (const auto& [name, b] : {std::pair<const char*, const Buffer<T>*>{"q", &q}, {"k_new", &k_new},
                                   {"v_new", &v_new}, {"out", &out}})
       detail::check_no_overlap(w, "options.status", *status, name, *b);
     detail::check_no_overlap(w, "options.status", *status, "positions", positions);
@@ -150,10 +158,21 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
   const detail::Staged st = detail::stage(stream, {}, ws_floats, options.workspace);
   // A slot's position p: p + 1 tokens; -1 (done): 0 (Note [device positions]); the append and
   // the attention in one chunk launch (Note [fused append]).
-  kernels::DecodeParams p = flash_params(c, cache_kv, q, k_new, v_new, out, positions.data().get(), 1,
+  kernels::DecodeParams p = flash_params(cache, layer, cache_kv, q, k_new, v_new, out, positions.data().get(), 1,
                                          status != nullptr ? status->data().get() : nullptr, scale);
-  detail::launch_decode(stream, p, st.floats, c.head_dim, c.max_len, tuning);
-  cache.appended_on_device(layer);
+  detail::launch_decode(stream, p, st.floats, c.head_dim, c.max_len, tuning, c.format);
+  detail::KvCacheAccess::appended_on_device(cache, layer);
 }
+
+#define LOCKSTEP_FLASH_DECODING(T)                                                                       \
+  template void flash_decoding(Stream&, KvCache&, std::int64_t, const Buffer<T>&, const Buffer<T>&,     \
+                               const Buffer<T>&, std::span<const std::int64_t>, Buffer<T>&,             \
+                               const DecodeOptions&);                                                   \
+  template void flash_decoding(Stream&, KvCache&, std::int64_t, const Buffer<T>&, const Buffer<T>&,     \
+                               const Buffer<T>&, const Buffer<std::int32_t>&, Buffer<T>&, const DecodeOptions&);
+LOCKSTEP_FLASH_DECODING(float)
+LOCKSTEP_FLASH_DECODING(half)
+LOCKSTEP_FLASH_DECODING(bfloat16)
+#undef LOCKSTEP_FLASH_DECODING
 
 }  // namespace lockstep

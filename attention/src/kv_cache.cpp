@@ -4,6 +4,7 @@
 #include "lockstep/attention/kv_cache.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <new>
 #include <string>
@@ -22,6 +23,31 @@ std::uint64_t layer_elems(const KvCacheConfig& c, std::string_view where) {
                          where, "slots * num_kv_heads * max_len * head_dim");
 }
 
+// 4-byte words of `elems` codes of format f (elems is a multiple of 32: head_dim is).
+std::uint64_t words_of(std::uint64_t elems, Format f) { return elems * format_bytes(f) / 4; }
+
+// x stored in format f with scale s (0: none), as the kernels store it (Note [decode formats]),
+// into dst[i] of the codes' storage.
+void store_code(void* dst, std::size_t i, Format f, float x, float s) {
+  const float v = s != 0.0f ? x / s : x;
+  switch (f) {
+    case Format::f32: static_cast<float*>(dst)[i] = v; break;
+    case Format::f16: static_cast<half*>(dst)[i] = to_half(v); break;
+    case Format::bf16: static_cast<bfloat16*>(dst)[i] = to_bfloat16(v); break;
+    case Format::fp8_e4m3: static_cast<fp8_e4m3*>(dst)[i] = to_fp8_e4m3(v); break;
+    case Format::fp8_e5m2: static_cast<fp8_e5m2*>(dst)[i] = to_fp8_e5m2(v); break;
+  }
+}
+
+void check_scales(std::string_view w, std::string_view name, std::span<const float> s, std::size_t n) {
+  LOCKSTEP_CHECK_ARG(s.size() == n, w, std::string(name) + ".size()", s.size(),
+                     std::to_string(n) + " (one per kv head" + (n > 0 ? std::string(" and layer)") : std::string(")")));
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const auto nm = [&] { return std::string(name) + "[" + std::to_string(i) + "]"; };
+    LOCKSTEP_CHECK_ARG(std::isfinite(s[i]) && s[i] > 0.0f, w, nm(), s[i], "finite and > 0");
+  }
+}
+
 }  // namespace
 
 KvCache::KvCache(std::shared_ptr<Device> device, const KvCacheConfig& c) : device_(std::move(device)), cfg_(c) {
@@ -33,10 +59,41 @@ KvCache::KvCache(std::shared_ptr<Device> device, const KvCacheConfig& c) : devic
   detail::check_decode_shape(w, c.num_heads, c.num_kv_heads, c.head_dim, c.max_len,
                              {"num_heads", "num_kv_heads", "max_len", "max_len * head_dim"});
   LOCKSTEP_CHECK_ARG(c.slots <= 0x7fffffff, w, "slots", c.slots, "<= 2147483647");
-  const auto per_layer = layer_elems(c, w);
+  LOCKSTEP_CHECK_ARG(static_cast<unsigned>(c.format) <= static_cast<unsigned>(Format::fp8_e5m2), w, "format",
+                     static_cast<unsigned>(c.format), "a lockstep::Format");
+  const std::size_t nscales = std::size_t(c.num_layers) * std::size_t(c.num_kv_heads);
+  if (is_fp8(c.format)) {
+    if (!c.k_scales.empty()) check_scales(w, "k_scales", c.k_scales, nscales);
+    if (!c.v_scales.empty()) check_scales(w, "v_scales", c.v_scales, nscales);
+  } else {
+    LOCKSTEP_CHECK_ARG(c.k_scales.empty() && c.v_scales.empty(), w, "k_scales / v_scales",
+                       std::to_string(c.k_scales.size()) + " / " + std::to_string(c.v_scales.size()) + " values",
+                       std::string("empty: scales are for fp8 caches, not ") + format_name(c.format));
+  }
+  const auto per_layer = words_of(layer_elems(c, w), c.format);
   checked_mul(checked_mul(per_layer, 8, w, "bytes"), std::uint64_t(c.num_layers), w, "bytes");
   allocate_layers(per_layer, k_, v_, "a KvCache: K and V of " + std::to_string(c.num_layers) +
                                          " layers, " + std::to_string(per_layer * 4) + " bytes each");
+  if (is_fp8(c.format)) {
+    std::vector<float> host(2 * nscales, 1.0f);
+    const std::size_t Hk = std::size_t(c.num_kv_heads);
+    for (std::size_t l = 0; l < std::size_t(c.num_layers); ++l)
+      for (std::size_t h = 0; h < Hk; ++h) {
+        if (!c.k_scales.empty()) host[l * 2 * Hk + h] = c.k_scales[l * Hk + h];
+        if (!c.v_scales.empty()) host[l * 2 * Hk + Hk + h] = c.v_scales[l * Hk + h];
+      }
+    scales_ = Buffer<float>(device_, host.size());
+    Stream& s = device_->default_stream();
+    scales_.copy_from_host(s, host);
+    s.synchronize();
+    cfg_.k_scales.assign(host.size() / 2, 1.0f);
+    cfg_.v_scales.assign(host.size() / 2, 1.0f);
+    for (std::size_t l = 0; l < std::size_t(c.num_layers); ++l)
+      for (std::size_t h = 0; h < Hk; ++h) {
+        cfg_.k_scales[l * Hk + h] = host[l * 2 * Hk + h];
+        cfg_.v_scales[l * Hk + h] = host[l * 2 * Hk + Hk + h];
+      }
+  }
   try {  // the host state: slots x layers entries
     len_.assign(std::size_t(c.slots), 0);
     done_.assign(std::size_t(c.slots), false);
@@ -54,6 +111,7 @@ KvCache::KvCache(KvCache&& o) noexcept
       cfg_(o.cfg_),
       k_(std::move(o.k_)),
       v_(std::move(o.v_)),
+      scales_(std::move(o.scales_)),
       len_(std::move(o.len_)),
       done_(std::move(o.done_)),
       layer_len_(std::move(o.layer_len_)),
@@ -67,6 +125,7 @@ KvCache& KvCache::operator=(KvCache&& o) noexcept {
     cfg_ = o.cfg_;
     k_ = std::move(o.k_);
     v_ = std::move(o.v_);
+    scales_ = std::move(o.scales_);
     len_ = std::move(o.len_);
     done_ = std::move(o.done_);
     layer_len_ = std::move(o.layer_len_);
@@ -82,6 +141,7 @@ void KvCache::forget() noexcept {
   cfg_.num_layers = 0;
   k_.clear();
   v_.clear();
+  scales_ = Buffer<float>();
   len_.clear();
   done_.clear();
   layer_len_.clear();
@@ -236,10 +296,31 @@ bool KvCache::done(std::int64_t slot) const {
   return done_[std::size_t(slot)];
 }
 std::uint64_t KvCache::bytes() const noexcept {
-  return 2ull * std::uint64_t(cfg_.num_layers) * layer_elems(cfg_, "KvCache") * 4;
+  return 2ull * std::uint64_t(cfg_.num_layers) * layer_elems(cfg_, "KvCache") * format_bytes(cfg_.format) +
+         scales_.size_bytes();
 }
 std::uint64_t KvCache::bytes_per_token_per_layer() const noexcept {
-  return 2ull * std::uint64_t(cfg_.num_kv_heads) * std::uint64_t(cfg_.head_dim) * 4;
+  return 2ull * std::uint64_t(cfg_.num_kv_heads) * std::uint64_t(cfg_.head_dim) * format_bytes(cfg_.format);
+}
+void KvCache::throw_bad_view(std::string_view where, std::string_view asked) const {
+  check_valid(where);
+  throw InvalidArgument(where, "C", asked, std::string("the cache's format, ") + format_name(cfg_.format));
+}
+void KvCache::set_scales(Stream& stream, std::int64_t layer, std::span<const float> k, std::span<const float> v) {
+  constexpr std::string_view w = "KvCache::set_scales";
+  check_layer(w, layer);
+  LOCKSTEP_CHECK_ARG(is_fp8(cfg_.format), w, "cache format", format_name(cfg_.format), "fp8_e4m3 or fp8_e5m2");
+  LOCKSTEP_CHECK_ARG(&stream.device() == device_.get(), w, "stream.device", stream.device().id().str(),
+                     "the cache's device " + device_->id().str());
+  const std::size_t Hk = std::size_t(cfg_.num_kv_heads);
+  check_scales(w, "k_scales", k, Hk);
+  check_scales(w, "v_scales", v, Hk);
+  std::vector<float> host(2 * Hk);
+  std::copy(k.begin(), k.end(), host.begin());
+  std::copy(v.begin(), v.end(), host.begin() + std::ptrdiff_t(Hk));
+  scales_.copy_from_host(stream, host, std::size_t(layer) * 2 * Hk);
+  std::copy(k.begin(), k.end(), cfg_.k_scales.begin() + std::ptrdiff_t(std::size_t(layer) * Hk));
+  std::copy(v.begin(), v.end(), cfg_.v_scales.begin() + std::ptrdiff_t(std::size_t(layer) * Hk));
 }
 const Buffer<float>& KvCache::k(std::int64_t layer) const {
   check_layer("KvCache::k", layer);
@@ -319,13 +400,16 @@ std::vector<std::int32_t> KvCache::checked_positions(std::string_view where, std
 }
 
 
+template <class T>
 static kernels::KvScatterParams scatter_params(const KvCache& c, std::int64_t layer,
-                                               const Buffer<float>& kn, const Buffer<float>& vn,
+                                               const Buffer<T>& kn, const Buffer<T>& vn,
                                                const std::int32_t* positions) {
   const auto& cfg = c.config();
   kernels::KvScatterParams p{};
   p.src_k = kn.data().get();
   p.src_v = vn.data().get();
+  p.act_format = static_cast<std::int32_t>(format_of<T>());
+  p.kv_scales = c.scales().empty() ? nullptr : c.scales().data().get() + layer * 2 * cfg.num_kv_heads;
   p.k = const_cast<float*>(c.k(layer).data().get());
   p.v = const_cast<float*>(c.v(layer).data().get());
   p.positions = positions;
@@ -339,8 +423,11 @@ static kernels::KvScatterParams scatter_params(const KvCache& c, std::int64_t la
   return p;
 }
 
-void KvCache::append(Stream& stream, std::int64_t layer, const Buffer<float>& k_new,
-                     const Buffer<float>& v_new, std::span<const std::int64_t> positions) {
+template <class T>
+void KvCache::append(Stream& stream, std::int64_t layer, const Buffer<T>& k_new, const Buffer<T>& v_new,
+                     std::span<const std::int64_t> positions) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, half> || std::is_same_v<T, bfloat16>,
+                "KvCache::append: float, half or bfloat16 tokens");
   constexpr std::string_view w = "KvCache::append";
   check_layer(w, layer);
   LOCKSTEP_CHECK_ARG(&stream.device() == device_.get(), w, "stream.device", stream.device().id().str(),
@@ -355,9 +442,15 @@ void KvCache::append(Stream& stream, std::int64_t layer, const Buffer<float>& k_
   const detail::StagedPositions st = detail::stage_positions(stream, pos, 0);
   kernels::KvScatterParams p = scatter_params(*this, layer, k_new, v_new, st.ints);
   p.inline_positions = st.inline_ints;
-  detail::launch_kv_scatter(stream, p);
+  detail::launch_kv_scatter(stream, p, cfg_.format);
   appended(layer, pos);
 }
+template void KvCache::append(Stream&, std::int64_t, const Buffer<float>&, const Buffer<float>&,
+                              std::span<const std::int64_t>);
+template void KvCache::append(Stream&, std::int64_t, const Buffer<half>&, const Buffer<half>&,
+                              std::span<const std::int64_t>);
+template void KvCache::append(Stream&, std::int64_t, const Buffer<bfloat16>&, const Buffer<bfloat16>&,
+                              std::span<const std::int64_t>);
 
 void KvCache::copy_slot_from(Stream& stream, std::int64_t slot, const KvCache& src,
                              std::int64_t src_slot) {
@@ -374,13 +467,18 @@ void KvCache::copy_slot_from(Stream& stream, std::int64_t slot, const KvCache& s
                 ", head_dim " + std::to_string(sc.head_dim),
             "equal to this cache's (layers " + std::to_string(cfg_.num_layers) + ", kv heads " +
                 std::to_string(cfg_.num_kv_heads) + ", head_dim " + std::to_string(cfg_.head_dim) + ")");
+  LOCKSTEP_CHECK_ARG(sc.format == cfg_.format, w, "src format", format_name(sc.format),
+                     std::string("this cache's, ") + format_name(cfg_.format));
+  LOCKSTEP_CHECK_ARG(sc.k_scales == cfg_.k_scales && sc.v_scales == cfg_.v_scales, w, "src scales",
+                     "other scales than this cache's", "equal scales (the codes are copied as they are)");
   LOCKSTEP_CHECK_ARG(&src.device() == device_.get(), w, "src.device", src.device().id().str(),
             "this cache's device " + detail::device_limit(*device_, src.device()));
   LOCKSTEP_CHECK_ARG(&stream.device() == device_.get(), w, "stream.device", stream.device().id().str(),
             "this cache's device " + detail::device_limit(*device_, stream.device()));
   const std::int64_t n = src.length(src_slot);
   LOCKSTEP_CHECK_ARG(n <= cfg_.max_len, w, "src length", n, "<= max_len = " + std::to_string(cfg_.max_len));
-  const std::int64_t D = cfg_.head_dim, Hk = cfg_.num_kv_heads;
+  // In 4-byte words of the codes (a row's codes are whole words).
+  const std::int64_t D = std::int64_t(words_of(std::uint64_t(cfg_.head_dim), cfg_.format)), Hk = cfg_.num_kv_heads;
   for (std::int64_t l = 0; l < cfg_.num_layers; ++l) {
     const std::int64_t so = src_slot * Hk * sc.max_len * D, dso = slot * Hk * cfg_.max_len * D;
     detail::launch_copy3d(stream, src.k(l).data().get() + so, k_[std::size_t(l)].data().get() + dso,
@@ -417,32 +515,54 @@ void KvCache::write_from_host(Stream& stream, std::int64_t slot, std::int64_t la
                               std::span<const float> k, std::span<const float> v, std::int64_t count) {
   check_import("KvCache::write_from_host", stream, slot, layer, k.size(), v.size(), count);
   const std::size_t row = std::size_t(count * cfg_.head_dim);
-  for (std::int64_t h = 0; h < cfg_.num_kv_heads; ++h) {
-    const std::size_t off = std::size_t(((slot * cfg_.num_kv_heads) + h) * cfg_.max_len * cfg_.head_dim);
-    k_[std::size_t(layer)].copy_from_host(stream, k.subspan(std::size_t(h) * row, row), off);
-    v_[std::size_t(layer)].copy_from_host(stream, v.subspan(std::size_t(h) * row, row), off);
+  if (cfg_.format == Format::f32) {
+    for (std::int64_t h = 0; h < cfg_.num_kv_heads; ++h) {
+      const std::size_t off = std::size_t(((slot * cfg_.num_kv_heads) + h) * cfg_.max_len * cfg_.head_dim);
+      k_[std::size_t(layer)].copy_from_host(stream, k.subspan(std::size_t(h) * row, row), off);
+      v_[std::size_t(layer)].copy_from_host(stream, v.subspan(std::size_t(h) * row, row), off);
+    }
+  } else {
+    // Stored as an append stores them (Note [decode formats]), a head's rows at a time; the
+    // copies read the staging vector before this returns (Buffer::copy_from_host).
+    const std::size_t Hk = std::size_t(cfg_.num_kv_heads), words = std::size_t(words_of(row, cfg_.format));
+    const std::size_t head_words = std::size_t(words_of(std::uint64_t(cfg_.max_len * cfg_.head_dim), cfg_.format));
+    std::vector<float> staged(words);
+    for (int kv = 0; kv < 2; ++kv) {
+      const std::span<const float> src = kv == 0 ? k : v;
+      const std::vector<float>& sc = kv == 0 ? cfg_.k_scales : cfg_.v_scales;
+      for (std::size_t h = 0; h < Hk; ++h) {
+        const float s = is_fp8(cfg_.format) ? sc[std::size_t(layer) * Hk + h] : 0.0f;
+        for (std::size_t i = 0; i < row; ++i) store_code(staged.data(), i, cfg_.format, src[h * row + i], s);
+        (kv == 0 ? k_ : v_)[std::size_t(layer)].copy_from_host(stream, staged, (std::size_t(slot) * Hk + h) * head_words);
+      }
+    }
   }
   imported(slot, layer, count);
 }
 
+template <class T>
 void KvCache::write_from_device(Stream& stream, std::int64_t slot, std::int64_t layer,
-                                const Buffer<float>& k, const Buffer<float>& v, std::int64_t count) {
+                                const Buffer<T>& k, const Buffer<T>& v, std::int64_t count) {
   constexpr std::string_view w = "KvCache::write_from_device";
+  check_valid(w);
+  LOCKSTEP_CHECK_ARG(format_of<T>() == cfg_.format, w, "k, v element type", format_name(format_of<T>()),
+                     std::string("the cache's format, ") + format_name(cfg_.format) +
+                         " (the codes are copied as they are)");
   detail::check_on(w, "k", k, stream);
   detail::check_on(w, "v", v, stream);
   check_import(w, stream, slot, layer, k.size(), v.size(), count);
   const std::size_t row = std::size_t(count * cfg_.head_dim);
-  float* kd = const_cast<float*>(k_[std::size_t(layer)].data().get());
-  float* vd = const_cast<float*>(v_[std::size_t(layer)].data().get());
+  T* kd = reinterpret_cast<T*>(const_cast<float*>(k_[std::size_t(layer)].data().get()));
+  T* vd = reinterpret_cast<T*>(const_cast<float*>(v_[std::size_t(layer)].data().get()));
   auto head_offset = [&](std::int64_t h) {  // kv head h's first row in the slot
     return std::size_t(((slot * cfg_.num_kv_heads) + h) * cfg_.max_len * cfg_.head_dim);
   };
   // A source (a wrapped view of the cache, say) over the rows the copies write is refused; one
   // elsewhere in the cache is a plain copy. Everything is checked before the first copy.
   for (std::int64_t h = 0; h < cfg_.num_kv_heads && row > 0; ++h) {
-    for (float* base : {kd, vd}) {
-      const auto dest = Buffer<float>::wrap(device_, base + head_offset(h), row);
-      for (const auto& [name, src] : {std::pair<const char*, const Buffer<float>*>{"k", &k}, {"v", &v}})
+    for (T* base : {kd, vd}) {
+      const auto dest = Buffer<T>::wrap(device_, base + head_offset(h), row);
+      for (const auto& [name, src] : {std::pair<const char*, const Buffer<T>*>{"k", &k}, {"v", &v}})
         LOCKSTEP_CHECK_ARG(!detail::overlaps(*src, dest), w, name, "memory that overlaps the rows it is written to",
                            "a buffer outside slot " + std::to_string(slot) + "'s rows [0, count) of layer " +
                                std::to_string(layer));
@@ -450,11 +570,21 @@ void KvCache::write_from_device(Stream& stream, std::int64_t slot, std::int64_t 
   }
   for (std::int64_t h = 0; h < cfg_.num_kv_heads && row > 0; ++h) {
     const std::size_t off = head_offset(h);
-    detail::StreamAccess::copy_d2d(stream, kd + off, k.data().get() + std::size_t(h) * row, row * sizeof(float));
-    detail::StreamAccess::copy_d2d(stream, vd + off, v.data().get() + std::size_t(h) * row, row * sizeof(float));
+    detail::StreamAccess::copy_d2d(stream, kd + off, k.data().get() + std::size_t(h) * row, row * sizeof(T));
+    detail::StreamAccess::copy_d2d(stream, vd + off, v.data().get() + std::size_t(h) * row, row * sizeof(T));
   }
   imported(slot, layer, count);
 }
+template void KvCache::write_from_device(Stream&, std::int64_t, std::int64_t, const Buffer<float>&,
+                                         const Buffer<float>&, std::int64_t);
+template void KvCache::write_from_device(Stream&, std::int64_t, std::int64_t, const Buffer<half>&,
+                                         const Buffer<half>&, std::int64_t);
+template void KvCache::write_from_device(Stream&, std::int64_t, std::int64_t, const Buffer<bfloat16>&,
+                                         const Buffer<bfloat16>&, std::int64_t);
+template void KvCache::write_from_device(Stream&, std::int64_t, std::int64_t, const Buffer<fp8_e4m3>&,
+                                         const Buffer<fp8_e4m3>&, std::int64_t);
+template void KvCache::write_from_device(Stream&, std::int64_t, std::int64_t, const Buffer<fp8_e5m2>&,
+                                         const Buffer<fp8_e5m2>&, std::int64_t);
 
 // The host state after an import of `count` tokens into `layer` of `slot`.
 void KvCache::imported(std::int64_t slot, std::int64_t layer, std::int64_t count) {
@@ -490,7 +620,7 @@ void KvCache::grow(Stream& stream, std::int64_t new_slots) {
   if (new_slots == cfg_.slots) return;
   KvCacheConfig nc = cfg_;
   nc.slots = new_slots;
-  const auto per_layer = layer_elems(nc, w);
+  const auto per_layer = words_of(layer_elems(nc, w), nc.format);
   std::vector<Buffer<float>> nk, nv;  // allocate everything first: an OOM changes nothing
   allocate_layers(per_layer, nk, nv, "growing a KvCache to " + std::to_string(new_slots) + " slots: K and V of " +
                                          std::to_string(cfg_.num_layers) + " layers, " +

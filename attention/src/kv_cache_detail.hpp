@@ -55,11 +55,22 @@ inline std::uint64_t token_elems(std::string_view where, const KvCacheConfig& c,
                                  std::string_view shape) {
   return checked_product({std::uint64_t(c.slots), std::uint64_t(heads), std::uint64_t(c.head_dim)}, where, shape);
 }
-inline void check_token_buffer(std::string_view where, std::string_view name, const Buffer<float>& b,
+template <class T>
+void check_token_buffer(std::string_view where, std::string_view name, const Buffer<T>& b,
                                Stream& s, std::uint64_t elems, std::string_view shape) {
   detail::check_on(where, name, b, s);
   detail::check_size(where, name, b, elems, shape);
 }
+
+// flash_decoding's use of the cache's host state (Note [layer lengths] in kv_cache.cpp).
+struct KvCacheAccess {
+  static std::vector<std::int32_t> checked_positions(const KvCache& c, std::string_view where, std::int64_t layer,
+                                                     std::span<const std::int64_t> positions) {
+    return c.checked_positions(where, layer, positions);
+  }
+  static void appended(KvCache& c, std::int64_t layer, const std::vector<std::int32_t>& pos) { c.appended(layer, pos); }
+  static void appended_on_device(KvCache& c, std::int64_t layer) { c.appended_on_device(layer); }
+};
 
 // Per-slot positions for a launch: in its parameters for up to kInlineRows slots (Note [inline
 // positions]; `ints` null), else staged in the stream's scratch or `ws` (`inline_ints.count` 0);

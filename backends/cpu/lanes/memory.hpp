@@ -221,6 +221,28 @@ class LaneMemory {
   Quad<Lanes<T>> load4(const T* base, O&& off) const {
     return load4(base, std::forward<O>(off), true);
   }
+  // Four consecutive codes of a storage format per thread, each widened to float by the
+  // format's conversion (masked-off lanes: zeros, nothing read).
+  template <class S, LaneExpr O, class M>
+    requires is_format_v<S>
+  Quad<Lanes<float>> load4(const S* base, O&& off, M&& mask) const {
+    Quad<Lanes<float>> q;
+    const auto& o = wrap<std::int32_t>(std::forward<O>(off));
+    const auto& m = wrap<bool>(std::forward<M>(mask));
+    float* out[4] = {q.x.data(), q.y.data(), q.z.data(), q.w.data()};
+    for (int c = 0; c < PW / kL; ++c) {
+      alignas(64) std::int32_t offs[kL], act[kL];
+      stage_lanes(o.eval(c), m.eval(c), offs, act);
+      for (int k = 0; k < 4; ++k)
+        for (int i = 0; i < kL; ++i) out[k][c * kL + i] = act[i] ? ::lockstep::to_float(base[offs[i] + k]) : 0.0f;
+    }
+    return q;
+  }
+  template <class S, LaneExpr O>
+    requires is_format_v<S>
+  Quad<Lanes<float>> load4(const S* base, O&& off) const {
+    return load4(base, std::forward<O>(off), true);
+  }
   template <class T, LaneExpr O, class M>
   void store4(T* base, O&& off, const Quad<Lanes<T>>& q, M&& mask) const {
     const auto& o = wrap<std::int32_t>(std::forward<O>(off));

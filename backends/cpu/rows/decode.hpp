@@ -10,18 +10,18 @@ struct DecodeRows {
   static constexpr bool kRowMajorDecode = true;
   using Form = kernels::DecodeRowForm<RowSimd, PW / 32>;
 
-  template <int G, int D, int kChunk>
-  void decode_scores(float* S, const float* rows, int nrow, const float* fresh, int live,
-                     const float* const (&q)[G], float scale, const float* vrows) const {
+  template <int G, int D, int kChunk, class R>
+  void decode_scores(float* S, const R* rows, int nrow, const float* fresh, int live,
+                     const float* const (&q)[G], float scale, const R* vrows) const {
     Form::template decode_scores<G, D, kChunk>(S, rows, nrow, fresh, live, q, scale, vrows);
   }
   template <int G, int kChunk>
   void decode_softmax(const float* S, float* P, float* const (&ml)[G]) const {
     Form::template decode_softmax<G, kChunk>(S, P, ml);
   }
-  template <int G, int D, int kChunk>
-  void decode_values(const float* P, const float* rows, int nrow, const float* fresh, int live,
-                     float* const (&out)[G], const float* next) const {
+  template <int G, int D, int kChunk, class R>
+  void decode_values(const float* P, const R* rows, int nrow, const float* fresh, int live,
+                     float* const (&out)[G], const R* next) const {
     Form::template decode_values<G, D, kChunk>(P, rows, nrow, fresh, live, out, next);
   }
 };

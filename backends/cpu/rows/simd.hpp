@@ -18,6 +18,46 @@ struct RowSimd {
   template <class D>
   using Vec = hn::Vec<D>;
 
+  // Lanes of d from p, widened from a storage format by its conversion (lockstep/formats.hpp):
+  // F16C's for half, with a NaN code giving the canonical NaN as the format's own conversion
+  // does; a shift for bfloat16; a table of the 256 codes for fp8.
+  template <class D>
+  static LS_INLINE hn::Vec<D> LoadWiden(D d, const float* p) {
+    return hn::LoadU(d, p);
+  }
+  template <class D>
+  static LS_INLINE hn::Vec<D> LoadWiden(D d, const ::lockstep::bfloat16* p) {
+    const hn::Rebind<std::uint16_t, D> d16;
+    const hn::RebindToUnsigned<D> du;
+    return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, reinterpret_cast<const std::uint16_t*>(p)))));
+  }
+  template <class D>
+  static LS_INLINE hn::Vec<D> LoadWiden(D d, const ::lockstep::half* p) {
+    const hn::Rebind<hwy::float16_t, D> dh;
+    const auto v = hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
+    return hn::IfThenElse(hn::IsNaN(v), hn::BitCast(d, hn::Set(hn::RebindToUnsigned<D>(), 0x7fffffffu)), v);
+  }
+  template <class D, class S>
+    requires(sizeof(S) == 1)
+  static LS_INLINE hn::Vec<D> LoadWiden(D d, const S* p) {
+    const hn::Rebind<std::uint8_t, D> d8;
+    const hn::RebindToSigned<D> di;
+    const auto idx = hn::BitCast(di, hn::PromoteTo(hn::RebindToUnsigned<D>(), hn::LoadU(d8, reinterpret_cast<const std::uint8_t*>(p))));
+    return hn::GatherIndex(d, code_table<S>(), idx);
+  }
+  // The 256 codes of an 8-bit format as floats.
+  template <class S>
+  static const float* code_table() {
+    struct Table {
+      alignas(64) float v[256];
+      Table() {
+        for (int c = 0; c < 256; ++c) v[c] = ::lockstep::to_float(S{static_cast<std::uint8_t>(c)});
+      }
+    };
+    static const Table t;
+    return t.v;
+  }
+
   // 0, 1, 2, ... as int lanes (LS_IOTA).
   static LS_INLINE hn::Vec<DI> Iota() { return LS_IOTA(); }
 

@@ -1,6 +1,8 @@
 #pragma once
 // CudaExec's loads, stores and asynchronous copies (cp.async, L2 policies and prefetches).
 
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -33,11 +35,11 @@ struct CudaMemory {
   // float to the format, by the formats' own conversions (the CPU device runs the same code).
   template <class S, std::enable_if_t<is_format_v<S>, int> = 0>
   __device__ __forceinline__ float load(const S* base, int off) const {
-    return to_float(base[off]);
+    return widen(base[off]);
   }
   template <class S, std::enable_if_t<is_format_v<S>, int> = 0>
   __device__ __forceinline__ float load(const S* base, int off, bool m, float fallback) const {
-    return m ? to_float(base[off]) : fallback;
+    return m ? widen(base[off]) : fallback;
   }
   template <class S, std::enable_if_t<is_format_v<S>, int> = 0>
   __device__ __forceinline__ void store(S* base, int off, float v, bool m = true) const {
@@ -56,6 +58,29 @@ struct CudaMemory {
     const float4 t = *reinterpret_cast<const float4*>(base + off);
     return {t.x, t.y, t.z, t.w};
   }
+  // Four consecutive codes of a storage format (8 or 4 bytes, aligned as their offset, a
+  // multiple of 4), each widened to float (widen: CUDA's conversions, which tools/gpu/formats.cu
+  // holds equal to lockstep/formats.hpp's over every code).
+  template <class S, std::enable_if_t<is_format_v<S>, int> = 0>
+  __device__ __forceinline__ Quad<float> load4(const S* base, int off, bool m = true) const {
+    if (!m) return {0.0f, 0.0f, 0.0f, 0.0f};
+    if constexpr (sizeof(S) == 2) {
+      const uint2 t = *reinterpret_cast<const uint2*>(base + off);
+      return {widen(S{static_cast<std::uint16_t>(t.x & 0xffffu)}), widen(S{static_cast<std::uint16_t>(t.x >> 16)}),
+              widen(S{static_cast<std::uint16_t>(t.y & 0xffffu)}), widen(S{static_cast<std::uint16_t>(t.y >> 16)})};
+    } else {
+      const unsigned t = *reinterpret_cast<const unsigned*>(base + off);
+      return {widen(S{static_cast<std::uint8_t>(t & 0xffu)}), widen(S{static_cast<std::uint8_t>((t >> 8) & 0xffu)}),
+              widen(S{static_cast<std::uint8_t>((t >> 16) & 0xffu)}), widen(S{static_cast<std::uint8_t>(t >> 24)})};
+    }
+  }
+  __device__ __forceinline__ static float widen(half h) { return __half2float(__ushort_as_half(h.bits)); }
+  __device__ __forceinline__ static float widen(bfloat16 b) { return __uint_as_float(std::uint32_t(b.bits) << 16); }
+  __device__ __forceinline__ static float widen(fp8_e4m3 v) {
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(v.bits), __NV_E4M3);
+    return __half2float(__half(h));
+  }
+  __device__ __forceinline__ static float widen(fp8_e5m2 v) { return widen(half{static_cast<std::uint16_t>(v.bits << 8)}); }
   __device__ __forceinline__ void store4(float* base, int off, const Quad<float>& q,
                                          bool m = true) const {
     if (m) *reinterpret_cast<float4*>(base + off) = make_float4(q.x, q.y, q.z, q.w);

@@ -167,6 +167,36 @@ LOCKSTEP_FORMAT_HD S from_float(float f) {
   else if constexpr (std::is_same_v<S, fp8_e4m3>) return to_fp8_e4m3(f);
   else return to_fp8_e5m2(f);
 }
+// A format as a value, for what is chosen at run time (a KV cache's storage, a call's tensors).
+// The codes are the kernels' (DecodeParams::act_format and the like).
+enum class Format : std::uint8_t { f32 = 0, f16 = 1, bf16 = 2, fp8_e4m3 = 3, fp8_e5m2 = 4 };
+template <class S>
+constexpr Format format_of() {
+  if constexpr (std::is_same_v<S, half>) return Format::f16;
+  else if constexpr (std::is_same_v<S, bfloat16>) return Format::bf16;
+  else if constexpr (std::is_same_v<S, fp8_e4m3>) return Format::fp8_e4m3;
+  else if constexpr (std::is_same_v<S, fp8_e5m2>) return Format::fp8_e5m2;
+  else {
+    static_assert(std::is_same_v<S, float>, "format_of: float or a storage format");
+    return Format::f32;
+  }
+}
+// Bytes per element.
+constexpr unsigned format_bytes(Format f) {
+  return f == Format::f32 ? 4u : (f == Format::f16 || f == Format::bf16) ? 2u : 1u;
+}
+// The name in messages: "float", "half", "bfloat16", "fp8_e4m3", "fp8_e5m2".
+constexpr const char* format_name(Format f) {
+  switch (f) {
+    case Format::f16: return "half";
+    case Format::bf16: return "bfloat16";
+    case Format::fp8_e4m3: return "fp8_e4m3";
+    case Format::fp8_e5m2: return "fp8_e5m2";
+    default: return "float";
+  }
+}
+constexpr bool is_fp8(Format f) { return f == Format::fp8_e4m3 || f == Format::fp8_e5m2; }
+
 // The format's name in messages ("half", "bfloat16", "fp8_e4m3", "fp8_e5m2"; "float").
 template <class S>
 constexpr const char* format_name() {

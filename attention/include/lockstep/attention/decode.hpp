@@ -34,6 +34,10 @@ struct DecodeOptions {
   // flash_decoding with device positions only: one int32 on the device that a skipped slot
   // raises (see that call); nullptr: not reported.
   Buffer<std::int32_t>* status = nullptr;
+  // incremental_attention over fp8 caches only: [2, num_kv_heads] floats on the stream's device,
+  // K's scales then V's (the cache holds x / scale; Note [decode formats]). Required there,
+  // refused elsewhere (a KvCache holds its own).
+  const Buffer<float>* kv_scales = nullptr;
 };
 
 // The workspace bytes incremental_attention needs for any seq_len of `shape`.
@@ -45,15 +49,21 @@ std::uint64_t flash_decoding_workspace_bytes(const KvCacheConfig& config);
 // num_heads / num_kv_heads. q [num_heads, head_dim]; caches [num_kv_heads, max_len, head_dim]; out
 // [num_heads, head_dim]. seq_len == 0 gives zeros. Tokens at or after seq_len are never read.
 // Bitwise equal to flash_decoding of the same sequence (Note [fixed split size]).
-void incremental_attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k_cache,
-                           const Buffer<float>& v_cache, std::int64_t seq_len,
-                           Buffer<float>& out, const DecodeShape& shape,
-                           const DecodeOptions& options = {});
+// Formats (docs/api.md, "Formats"): q and out T (float, half or bfloat16), the caches C (float,
+// half, bfloat16, fp8_e4m3 or fp8_e5m2; fp8 with options.kv_scales). Defined for every such pair.
+template <class T, class C>
+void incremental_attention(Stream& stream, const Buffer<T>& q, const Buffer<C>& k_cache,
+                           const Buffer<C>& v_cache, std::int64_t seq_len, Buffer<T>& out,
+                           const DecodeShape& shape, const DecodeOptions& options = {});
 
 // cache[h, pos, :] = src[h * head_dim .. +head_dim) for every kv head: one position's K or V,
-// src interleaved [num_kv_heads * head_dim], cache [num_kv_heads, max_len, head_dim].
-void kv_cache_scatter(Stream& stream, const Buffer<float>& src, std::int64_t pos, Buffer<float>& cache,
-                      const DecodeShape& shape);
+// src interleaved [num_kv_heads * head_dim], cache [num_kv_heads, max_len, head_dim]. src T
+// (float, half or bfloat16), the cache C (any cache format), each value stored as
+// from_float<C>(x / scale[h]) with `scale` ([num_kv_heads] on the device: fp8 caches only, and
+// required there), x rounded to C without.
+template <class T, class C>
+void kv_cache_scatter(Stream& stream, const Buffer<T>& src, std::int64_t pos, Buffer<C>& cache,
+                      const DecodeShape& shape, const Buffer<float>* scale = nullptr);
 
 // Flash-Decoding over every slot of `cache` (docs/api.md): writes k_new / v_new into `layer` at
 // `positions` (as KvCache::append), then out = split-K attention of q over each slot's tokens.
@@ -64,10 +74,11 @@ void kv_cache_scatter(Stream& stream, const Buffer<float>& src, std::int64_t pos
 // the merge is small and the chunk kernel does it (Note [folded merge]); up to 128
 // slots' positions travel in the kernel parameters (Note [inline positions]), more are copied
 // to the device first.
-void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,
-                    const Buffer<float>& k_new, const Buffer<float>& v_new,
-                    std::span<const std::int64_t> positions, Buffer<float>& out,
-                    const DecodeOptions& options = {});
+// q, k_new, v_new and out: T, float, half or bfloat16, over a cache of any format.
+template <class T>
+void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<T>& q,
+                    const Buffer<T>& k_new, const Buffer<T>& v_new, std::span<const std::int64_t> positions,
+                    Buffer<T>& out, const DecodeOptions& options = {});
 
 // Flash-Decoding with the positions in device memory (Note [device positions] in
 // kernels/decode.hpp): the same kernels and bits as the call above, enqueued as the same one or two
@@ -83,9 +94,9 @@ void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Bu
 // (InvalidArgument, nothing enqueued). The first call on a stream sizes the stream's scratch for
 // max_len (none with options.workspace), and the stream's counters; later calls allocate
 // nothing: run one call on a stream before capturing it (docs/api.md, "Workspace").
-void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<float>& q,
-                    const Buffer<float>& k_new, const Buffer<float>& v_new,
-                    const Buffer<std::int32_t>& positions, Buffer<float>& out,
-                    const DecodeOptions& options = {});
+template <class T>
+void flash_decoding(Stream& stream, KvCache& cache, std::int64_t layer, const Buffer<T>& q,
+                    const Buffer<T>& k_new, const Buffer<T>& v_new, const Buffer<std::int32_t>& positions,
+                    Buffer<T>& out, const DecodeOptions& options = {});
 
 }  // namespace lockstep

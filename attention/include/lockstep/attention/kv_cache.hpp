@@ -2,7 +2,8 @@
 // A device-resident KV cache for batched decoding (docs/api.md, "The KV cache"). Attention over
 // it, flash_decoding, is declared in lockstep/attention/decode.hpp.
 //
-// Per layer, K and V are [slots, num_kv_heads, max_len, head_dim] fp32. Every slot holds one
+// Per layer, K and V are [slots, num_kv_heads, max_len, head_dim] in the cache's format (float,
+// half, bfloat16, fp8 e4m3 or e5m2; docs/api.md, "Formats"). Every slot holds one
 // sequence with its own length (shared by all layers). Lengths, done flags and the slot count are
 // host state, updated when an operation is enqueued (the device work itself is ordered on the
 // stream). Every operation validates first: on any error nothing is enqueued and no state
@@ -16,10 +17,14 @@
 #include <vector>
 
 #include "lockstep/buffer.hpp"
+#include "lockstep/formats.hpp"
 
 namespace lockstep {
 
 struct DecodeOptions;  // lockstep/attention/decode.hpp
+namespace detail {
+struct KvCacheAccess;  // attention/src/kv_cache_detail.hpp
+}
 
 struct KvCacheConfig {
   std::int64_t num_layers = 1;
@@ -28,6 +33,11 @@ struct KvCacheConfig {
   std::int64_t head_dim = 128;    // 32, 64, 96, 128 or 256
   std::int64_t max_len = 1;       // tokens per slot
   std::int64_t slots = 1;         // sequences (any number in [1, 2^31 - 1] that fits in memory)
+  // What K and V are stored as. An fp8 cache stores x / scale per (layer, kv head), for K and
+  // for V (Note [decode formats]): k_scales and v_scales [num_layers * num_kv_heads], each finite
+  // and > 0; empty: every scale 1. Other formats take no scales (both empty).
+  Format format = Format::f32;
+  std::vector<float> k_scales, v_scales;
 };
 
 
@@ -54,10 +64,17 @@ class KvCache {
   // lengths] in kv_cache.cpp; docs/api.md).
   std::int64_t length(std::int64_t slot, std::int64_t layer) const;
 
-  // Device memory held: exactly 2 * layers * slots * kv_heads * max_len * head_dim * 4 bytes.
+  Format format() const noexcept { return cfg_.format; }
+  // Device memory held: exactly 2 * layers * slots * kv_heads * max_len * head_dim * e bytes, e
+  // the format's bytes per element, and for an fp8 cache its scales: 2 * layers * kv_heads * 4.
   std::uint64_t bytes() const noexcept;
-  // 2 * kv_heads * head_dim * 4: what one token costs in one layer.
+  // 2 * kv_heads * head_dim * e: what one token costs in one layer.
   std::uint64_t bytes_per_token_per_layer() const noexcept;
+  // An fp8 cache's scales of `layer` ([num_kv_heads] each, finite and > 0), enqueued on `stream`:
+  // the calls after it read the new scales (tokens already stored keep their codes, which the new
+  // scales then scale). Not fp8: InvalidArgument.
+  void set_scales(Stream& stream, std::int64_t layer, std::span<const float> k_scales,
+                  std::span<const float> v_scales);
 
   // Writes one token's K and V, [rows, kv_heads, head_dim] with rows == slots(), into `layer` at
   // positions[s] of every slot s that is not done, in one launch. A position is either the slot's
@@ -65,17 +82,20 @@ class KvCache {
   // length - 1 in a layer that does not hold it yet (length(s, layer) == length - 1: another
   // layer appended it in this step). Past max_len, or out of order (a token written twice in a
   // layer, a layer left behind): InvalidArgument, nothing written.
-  void append(Stream& stream, std::int64_t layer, const Buffer<float>& k_new,
-              const Buffer<float>& v_new, std::span<const std::int64_t> positions);
+  // k_new and v_new: float, half or bfloat16 (T), stored in the cache's format.
+  template <class T>
+  void append(Stream& stream, std::int64_t layer, const Buffer<T>& k_new, const Buffer<T>& v_new,
+              std::span<const std::int64_t> positions);
 
   // Copies slot `src_slot` of `src` (all layers, its tokens) into slot `slot` with its length and
   // each layer's, not done (device to device; e.g. a prefill cache into a batch slot).
-  // Geometry must match except max_len and slots.
+  // Geometry and format (with an fp8 cache's scales) must match except max_len and slots.
   void copy_slot_from(Stream& stream, std::int64_t slot, const KvCache& src,
                       std::int64_t src_slot = 0);
 
   // Writes tokens [0, count) of `layer` in `slot` from host memory [kv_heads, count, head_dim]
-  // (k and v) and sets the slot's length to count, not done (e.g. importing a prefill). Import
+  // (k and v, floats stored in the cache's format as an append stores them) and sets the slot's
+  // length to count, not done (e.g. importing a prefill). Import
   // every layer with the same count, one call after another: the first call of such a run makes
   // the other layers hold nothing (their tokens were another sequence's), and a layer left with
   // fewer tokens refuses the next append until it is written. A call after a complete run (every
@@ -84,8 +104,11 @@ class KvCache {
                        std::span<const float> k, std::span<const float> v, std::int64_t count);
   // The same from device buffers on the cache's device (k and v [kv_heads, count, head_dim], e.g.
   // a heads-first prefill's K and V of one sequence): device-to-device copies, no host round trip.
-  void write_from_device(Stream& stream, std::int64_t slot, std::int64_t layer, const Buffer<float>& k,
-                         const Buffer<float>& v, std::int64_t count);
+  // The buffers hold the cache's format (float for an f32 cache; another element type is
+  // InvalidArgument naming it).
+  template <class T>
+  void write_from_device(Stream& stream, std::int64_t slot, std::int64_t layer, const Buffer<T>& k,
+                         const Buffer<T>& v, std::int64_t count);
 
   // Forgets a slot's tokens (length 0, not done) / every slot's.
   void reset(std::int64_t slot);
@@ -104,17 +127,33 @@ class KvCache {
   // `stream`). new_slots >= slots().
   void grow(Stream& stream, std::int64_t new_slots);
 
-  // The layer's K and V buffers (for kernels and tests).
+  // The layer's K and V storage (for kernels and tests): floats for an f32 cache; for another
+  // format its codes, packed into 4-byte words (k_as and v_as give them typed).
   const Buffer<float>& k(std::int64_t layer) const;
   const Buffer<float>& v(std::int64_t layer) const;
+  // The layer's K and V as codes of C, which must be the cache's format (InvalidArgument
+  // otherwise): a view that does not own the memory.
+  template <class C>
+  Buffer<C> k_as(std::int64_t layer) const {
+    return view_as<C>(k(layer), "KvCache::k_as");
+  }
+  template <class C>
+  Buffer<C> v_as(std::int64_t layer) const {
+    return view_as<C>(v(layer), "KvCache::v_as");
+  }
+  // An fp8 cache's scales on the device, [num_layers, 2, num_kv_heads] (K's, then V's, per
+  // layer); empty for other formats.
+  const Buffer<float>& scales() const noexcept { return scales_; }
 
  private:
-  friend void flash_decoding(Stream&, KvCache&, std::int64_t, const Buffer<float>&,
-                             const Buffer<float>&, const Buffer<float>&,
-                             std::span<const std::int64_t>, Buffer<float>&, const DecodeOptions&);
-  friend void flash_decoding(Stream&, KvCache&, std::int64_t, const Buffer<float>&,
-                             const Buffer<float>&, const Buffer<float>&, const Buffer<std::int32_t>&,
-                             Buffer<float>&, const DecodeOptions&);
+  friend struct detail::KvCacheAccess;  // flash_decoding's positions and host state
+  template <class C>
+  Buffer<C> view_as(const Buffer<float>& words, std::string_view where) const {
+    if (format_of<C>() != cfg_.format) throw_bad_view(where, format_name(format_of<C>()));
+    return Buffer<C>::wrap(device_, reinterpret_cast<C*>(words.data().get()),
+                           words.size_bytes() / sizeof(C));
+  }
+  [[noreturn]] void throw_bad_view(std::string_view where, std::string_view asked) const;
   // The checks every call makes (inline: k() and v() run them several times per decode call);
   // the errors are thrown out of line.
   void check_valid(std::string_view where, std::string_view name = "cache") const {
@@ -149,7 +188,8 @@ class KvCache {
 
   std::shared_ptr<Device> device_;
   KvCacheConfig cfg_;
-  std::vector<Buffer<float>> k_, v_;
+  std::vector<Buffer<float>> k_, v_;  // 4-byte words of the format's codes
+  Buffer<float> scales_;              // fp8: [layers, 2, kv_heads]
   std::vector<std::int64_t> len_;
   std::vector<bool> done_;
   std::vector<std::int64_t> layer_len_;  // [slots, num_layers]: tokens each layer holds

@@ -21,6 +21,15 @@
 
 namespace lockstep::kernels {
 
+// The registered decode chunk kernels of cache format C (the float ones are listed below).
+#define LOCKSTEP_DECODE_CHUNKS(C)                                                                  \
+  DecodeChunk<32, 1, 1, 4, C>, DecodeChunk<32, 2, 1, 4, C>, DecodeChunk<32, 4, 1, 4, C>,           \
+      DecodeChunk<32, 8, 1, 4, C>, DecodeChunk<64, 1, 1, 4, C>, DecodeChunk<64, 2, 1, 4, C>,       \
+      DecodeChunk<64, 4, 1, 4, C>, DecodeChunk<64, 8, 1, 4, C>, DecodeChunk<96, 1, 1, 4, C>,       \
+      DecodeChunk<96, 2, 1, 4, C>, DecodeChunk<96, 4, 1, 4, C>, DecodeChunk<128, 1, 2, 3, C>,      \
+      DecodeChunk<128, 2, 1, 4, C>, DecodeChunk<128, 4, 1, 4, C>, DecodeChunk<256, 1, 1, 4, C>,    \
+      DecodeChunk<256, 2, 1, 4, C>
+
 template <class... Ks>
 struct KernelList {
   static constexpr int size = sizeof...(Ks);
@@ -28,7 +37,9 @@ struct KernelList {
 
 using AllKernels = KernelList<
     Fill32, SoftmaxRows, Scale, Copy3D, Transpose, Gemm, MathEval, ReadSum, ReadTiles, FmaPeak,
-    GemmTensorCore, ScaleMask, KvScatter, Rope, Add,
+    GemmTensorCore, ScaleMask, KvScatter<>, Rope, Add,
+    // Note [decode formats]: the append into each cache format
+    KvScatter<half>, KvScatter<bfloat16>, KvScatter<fp8_e4m3>, KvScatter<fp8_e5m2>,
     // float to each storage format and back (ops::convert)
     Convert<float, half>, Convert<float, bfloat16>, Convert<float, fp8_e4m3>, Convert<float, fp8_e5m2>,
     Convert<half, float>, Convert<bfloat16, float>, Convert<fp8_e4m3, float>, Convert<fp8_e5m2, float>,
@@ -40,6 +51,9 @@ using AllKernels = KernelList<
     DecodeChunk<96, 1, 1, 4>, DecodeChunk<96, 2, 1, 4>, DecodeChunk<96, 4, 1, 4>,
     DecodeChunk<128, 1, 2, 3>, DecodeChunk<128, 2, 1, 4>, DecodeChunk<128, 4, 1, 4>,
     DecodeChunk<256, 1, 1, 4>, DecodeChunk<256, 2, 1, 4>,
+    // the same for each cache format but float (Note [decode formats])
+    LOCKSTEP_DECODE_CHUNKS(half), LOCKSTEP_DECODE_CHUNKS(bfloat16), LOCKSTEP_DECODE_CHUNKS(fp8_e4m3),
+    LOCKSTEP_DECODE_CHUNKS(fp8_e5m2),
     DecodeMerge<32>, DecodeMerge<64>, DecodeMerge<96>, DecodeMerge<128>, DecodeMerge<256>,
     DecodeMerge<128, 32, 4, 1>,  // short rows (few merge blocks): Note [merge schedule]
     DecodeMerge<128, 2>, DecodeMerge<128, 4>,  // 2- and 4-chunk merge batches of short rows

@@ -130,9 +130,10 @@ struct DecodeChunkBound<true, N> {
 // wave, so that its reads queue while other blocks still stream, measured slower on an H100
 // (B = 1 L = 32768: 0.0948 ms with the last block prefetching, 0.117 with all, 0.0941 with
 // none): the ring of NS tiles in flight per block is what the kernel keeps.
-template <int D, int G, int RB, int NS>
+// C: the cache's format (Note [decode formats] in params.hpp); the ring holds its codes.
+template <int D, int G, int RB, int NS, class C = float>
 struct DecodeChunk
-    : DecodeChunkBound<(NS == 4 && G >= 4 && D != 96), decode_chunk_blocks_per_sm(D, G)> {
+    : DecodeChunkBound<(NS == 4 && G >= 4 && D != 96 && std::is_same_v<C, float>), decode_chunk_blocks_per_sm(D, G)> {
   static_assert(D % 32 == 0 && D <= 256, "head_dim: a multiple of 32, at most 256");
   static_assert(G * D <= 512, "accumulators per thread: G * D / 8 <= 64");
   static constexpr const char* kName = "decode_chunk";
@@ -151,9 +152,12 @@ struct DecodeChunk
   static_assert(NS >= 2, "async stages: at least 2 (Note [async tiles])");
   static constexpr int kTileRows = 16 * RB;
   static constexpr int kTiles = kDecodeChunk / kTileRows;  // K tiles, then as many V tiles
-  static_assert((kTileRows * D / 4) % kThreads == 0, "a tile is whole 16-byte copies per thread");
-  static constexpr std::size_t kSharedBytes =
-      (2 * G * kDecodeChunk + kWarps * G * D + NS * kTileRows * D) * sizeof(float) + 96;
+  using Cache = C;
+  static_assert(std::is_same_v<C, float> || is_format_v<C>, "a cache format");
+  static constexpr int kRowWords = D * int(sizeof(C)) / 4;  // 4-byte words per cache row
+  static constexpr int kTileWords = kTileRows * kRowWords;
+  static constexpr int kPieces = kTileWords / 4;  // 16-byte copies per tile
+  static constexpr bool kWholeCopies = kPieces % kThreads == 0;
   using Params = DecodeParams;
 
   // Starts the copy of tile j (K tiles 0 .. kTiles - 1, then V) into ring slot j % NS; rows at or
@@ -161,29 +165,56 @@ struct DecodeChunk
   // commits one group per step and async_wait<NS - 1> always means "tile j has landed".
   // Note [fused append]: the tile that holds row nrow (>= 0) takes that row from kn (K) or vn
   // (V), the others from the cache, by two copies with disjoint lanes; its rows past nrow are
-  // past the length (nrow is the row's last token) and left unwritten, never read.
+  // past the length (nrow is the row's last token) and left unwritten, never read. Where the new
+  // token's format is not the cache's (Note [decode formats]), its row is quantized and stored
+  // into the slot by plain stores instead (ks, vs: K's and V's scales, or 0 for none); they are
+  // visible with the copies after the same async_wait and sync.
   template <class X>
-  LOCKSTEP_HD static void issue_tile(X& x, float* ring, const float* kb, const float* vb, int j,
-                                     int live, int nrow, const float* kn, const float* vn, std::uint64_t policy) {
+  LOCKSTEP_HD static void issue_tile(X& x, float* ring, const C* kb, const C* vb, int j, int live, int nrow,
+                                     const void* kn, const void* vn, int act_format, float ks, float vs,
+                                     std::uint64_t policy) {
+    using F = typename X::template Lanes<float>;
+    using I = typename X::template Lanes<lane_int>;
+    using B = typename X::template Lanes<bool>;
     if (j < 2 * kTiles) {
-      const float* src = j < kTiles ? kb : vb;
+      const float* src = reinterpret_cast<const float*>(j < kTiles ? kb : vb);
       const int row0 = (j % kTiles) * kTileRows;
-      float* dst = ring + (j % NS) * kTileRows * D;
+      float* dst = ring + (j % NS) * kTileWords;
       if (nrow >= row0 && nrow < row0 + kTileRows) {  // block-uniform
-        const float* fresh = j < kTiles ? kn : vn;
-        const int a = (nrow - row0) * (D / 4);  // the new row's first 16-byte piece
+        const void* fresh = j < kTiles ? kn : vn;
+        constexpr int kRowPieces = kRowWords / 4;
+        const int a = (nrow - row0) * kRowPieces;  // the new row's first 16-byte piece
+        const bool direct = std::is_same_v<C, float> && act_format == kActF32;
         LOCKSTEP_UNROLL
-        for (int v0 = 0; v0 < kTileRows * D / 4; v0 += kThreads) {
-          const auto v = x.thread() + v0;
-          x.copy4_async_some(dst, v * 4, src, v * 4 + row0 * D, v < a);
-          x.copy4_async_some(dst, v * 4, fresh, (v - a) * 4, (v >= a) & (v < a + D / 4));
+        for (int v0 = 0; v0 < kPieces; v0 += kThreads) {
+          const I v = x.thread() + v0;
+          const B in = v < kPieces;
+          x.copy4_async_some(dst, v * 4, src, v * 4 + row0 * kRowWords, in & (v < a));
+          if (direct)
+            x.copy4_async_some(dst, v * 4, static_cast<const float*>(fresh), (v - a) * 4,
+                               in & (v >= a) & (v < a + kRowPieces));
+        }
+        if (!direct) {
+          const float s = j < kTiles ? ks : vs;
+          C* row = reinterpret_cast<C*>(dst) + (nrow - row0) * D;
+          for (int d0 = 0; d0 < D; d0 += kThreads) {
+            const I d = x.thread() + d0;
+            const B ok = d < D;
+            F val = load_act(x, fresh, act_format, d, ok);
+            if (s != 0.0f) val = val / s;
+            x.store(row, d, val, ok);
+          }
         }
       } else {
-        const int lim = (live - row0) * (D / 4);  // 16-byte pieces of the tile's live rows
+        const int lim = (live - row0) * (kRowWords / 4);  // 16-byte pieces of the tile's live rows
         LOCKSTEP_UNROLL
-        for (int v0 = 0; v0 < kTileRows * D / 4; v0 += kThreads) {
-          const auto v = x.thread() + v0;
-          x.copy4_async_stream(dst, v * 4, src, v * 4 + row0 * D, v < lim, policy);  // Note [streamed tiles]
+        for (int v0 = 0; v0 < kPieces; v0 += kThreads) {
+          const I v = x.thread() + v0;
+          if constexpr (kWholeCopies) {
+            x.copy4_async_stream(dst, v * 4, src, v * 4 + row0 * kRowWords, v < lim, policy);  // Note [streamed tiles]
+          } else {
+            x.copy4_async_some(dst, v * 4, src, v * 4 + row0 * kRowWords, (v < kPieces) & (v < lim));
+          }
         }
       }
     }
@@ -199,23 +230,60 @@ struct DecodeChunk
   }
 
   // Note [row-major decode]: the chunk's phases on the CPU device, row by row
-  // (decode/rows.hpp).
+  // (decode/rows.hpp). q of another format than float is widened first, and the new token's row
+  // (t == nrow) is given as the floats of the codes the cache holds (Note [decode formats]).
   template <class X>
   static void chunk_rows(X& x, const Params& p, float* S, float* P, int r, int h0, int chunk,
-                         const float* kb, const float* vb, int live, int nrow, const float* kn,
-                         const float* vn) {
+                         const C* kb, const C* vb, int live, int nrow, const void* kn,
+                         const void* vn, float scale, float ks, float vs) {
     const float* q[G];
     float* po[G];
     float* ml[G];
+    alignas(64) float qw[G][D];
+    alignas(64) float fresh[2][D];
     for (int g = 0; g < G; ++g) {
       const std::int64_t head = std::int64_t{r} * p.H + h0 + g;
-      q[g] = p.q + head * D;
+      if (p.act_format == kActF32) {
+        q[g] = static_cast<const float*>(p.q) + head * D;
+      } else {
+        for (int d = 0; d < D; ++d) qw[g][d] = act_value(p.q, p.act_format, head * D + d);
+        q[g] = qw[g];
+      }
       po[g] = p.part_o + (head * p.max_chunks + chunk) * D;
       ml[g] = p.part_ml + (head * p.max_chunks + chunk) * 2;
     }
-    x.template decode_scores<G, D, kDecodeChunk>(S, kb, nrow, kn, live, q, p.scale, vb);
+    const float* fk = nullptr;
+    const float* fv = nullptr;
+    if (nrow >= 0) {
+      if (std::is_same_v<C, float> && p.act_format == kActF32) {
+        fk = static_cast<const float*>(kn);
+        fv = static_cast<const float*>(vn);
+      } else {
+        for (int d = 0; d < D; ++d) {
+          fresh[0][d] = stored_value(act_value(kn, p.act_format, d), ks);
+          fresh[1][d] = stored_value(act_value(vn, p.act_format, d), vs);
+        }
+        fk = fresh[0];
+        fv = fresh[1];
+      }
+    }
+    x.template decode_scores<G, D, kDecodeChunk>(S, kb, nrow, fk, live, q, scale, vb);
     x.template decode_softmax<G, kDecodeChunk>(S, P, ml);
-    x.template decode_values<G, D, kDecodeChunk>(P, vb, nrow, vn, live, po, kb + kDecodeChunk * D);
+    x.template decode_values<G, D, kDecodeChunk>(P, vb, nrow, fv, live, po, kb + kDecodeChunk * D);
+  }
+  // One activation value as float (host code of the CPU device).
+  static float act_value(const void* base, int fmt, std::int64_t i) {
+    if (fmt == kActF16) return to_float(static_cast<const half*>(base)[i]);
+    if (fmt == kActBF16) return to_float(static_cast<const bfloat16*>(base)[i]);
+    return static_cast<const float*>(base)[i];
+  }
+  // The value the cache holds for x (its code, widened), scale s or 0 for none.
+  static float stored_value(float v, float s) {
+    if constexpr (std::is_same_v<C, float>) {
+      return v;
+    } else {
+      return to_float(from_float<C>(s != 0.0f ? v / s : v));
+    }
   }
 
   // The work of chunk block c (Note [one grid]: also a block of DecodeOneGrid). Out of line on
@@ -228,11 +296,11 @@ struct DecodeChunk
     using F = typename X::template Lanes<float>;
     using I = typename X::template Lanes<lane_int>;
     using B = typename X::template Lanes<bool>;
-    using Q4 = decltype(x.load4(p.k, x.lane(), x.lane() < 0));
+    using Q4 = decltype(x.load4(static_cast<const C*>(p.k), x.lane(), x.lane() < 0));
     float* S = x.template shared<float>(G * kDecodeChunk);   // scores
     float* P = x.template shared<float>(G * kDecodeChunk);   // exp(score - chunk max)
     float* O = x.template shared<float>(kWarps * G * D);     // per-warp partial outputs
-    float* ring = x.template shared<float>(NS * kTileRows * D);  // Note [async tiles]
+    float* ring = x.template shared<float>(ring_words());  // Note [async tiles]
     const std::uint64_t policy = x.l2_policy(p.kv_l2_policy);  // Note [streamed tiles]
     const int by = c.y;
     const int group = p.H / p.Hkv;
@@ -243,6 +311,10 @@ struct DecodeChunk
     const I lane = x.lane();
     const I l8 = lane & 7;                 // lane within the 8 lanes that share a row
     const I row_in_iter = x.warp() * 4 + (lane >> 3);  // 16 rows per block iteration
+    // Note [decode formats]: an fp8 cache's scales of this kv head (0: none), K's in the scores.
+    const float ks = p.kv_scales != nullptr ? x.load_uniform(p.kv_scales + hk) : 0.0f;
+    const float vs = p.kv_scales != nullptr ? x.load_uniform(p.kv_scales + p.Hkv + hk) : 0.0f;
+    const float scale = p.kv_scales != nullptr ? p.scale * ks : p.scale;
 
     int merge_r = -1;  // Note [folded merge]: the row this block merges, if any
     for (int r = c.z; r < p.rows; r += c.gz) {
@@ -262,25 +334,25 @@ struct DecodeChunk
       }
       const int slot = p.slots != nullptr ? x.load_uniform(p.slots + r) : r;
       const std::int64_t kv_off = slot * p.slot_stride + hk * p.head_stride + std::int64_t{t0} * D;
-      const float* kb = p.k + kv_off;
-      const float* vb = p.v + kv_off;
+      const C* kb = static_cast<const C*>(p.k) + kv_off;
+      const C* vb = static_cast<const C*>(p.v) + kv_off;
       const int live = static_cast<int>(imin(len - t0, kDecodeChunk));
       // Note [fused append]: this chunk ends the row, so it holds the new token, row live - 1,
       // which its tiles take from k_new / v_new.
       const bool appends = p.k_new != nullptr && t0 + live == len;
       [[maybe_unused]] const int nrow = appends ? live - 1 : -1;
       const std::int64_t new_off = (std::int64_t{r} * p.Hkv + hk) * D;
-      [[maybe_unused]] const float* kn = appends ? p.k_new + new_off : nullptr;
-      [[maybe_unused]] const float* vn = appends ? p.v_new + new_off : nullptr;
+      [[maybe_unused]] const void* kn = appends ? act_at(p.k_new, p.act_format, new_off) : nullptr;
+      [[maybe_unused]] const void* vn = appends ? act_at(p.v_new, p.act_format, new_off) : nullptr;
       // Note [row-major decode]: the CPU's path reads the rows where they are, without the ring.
       const bool row_major = row_major_decode<X>(x);
       if (!row_major) {
         if constexpr (RolledFirstTiles) {  // Note [streamed tiles]: DecodeOneGrid's blocks
           LOCKSTEP_NO_UNROLL
-          for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live, nrow, kn, vn, policy);
+          for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live, nrow, kn, vn, p.act_format, ks, vs, policy);
         } else {
           LOCKSTEP_UNROLL
-          for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live, nrow, kn, vn, policy);
+          for (int j = 0; j < NS; ++j) issue_tile(x, ring, kb, vb, j, live, nrow, kn, vn, p.act_format, ks, vs, policy);
         }
       }
       if (appends && by % subgroups == 0) {  // one block per kv head writes the cache
@@ -288,14 +360,18 @@ struct DecodeChunk
         for (int d0 = 0; d0 < D; d0 += kThreads) {
           const I d = x.thread() + d0;
           const B ok = d < D;
-          x.store(p.k_append + dst, d, x.load(kn, d, ok, 0.0f), ok);
-          x.store(p.v_append + dst, d, x.load(vn, d, ok, 0.0f), ok);
+          F kv = load_act(x, kn, p.act_format, d, ok);
+          F vv = load_act(x, vn, p.act_format, d, ok);
+          if (ks != 0.0f) kv = kv / ks;
+          if (vs != 0.0f) vv = vv / vs;
+          x.store(static_cast<C*>(p.k_append) + dst, d, kv, ok);
+          x.store(static_cast<C*>(p.v_append) + dst, d, vv, ok);
         }
       }
 
       if constexpr (row_major_decode_v<X>) {
         if (row_major) {
-          chunk_rows(x, p, S, P, r, h0, chunk, kb, vb, live, nrow, kn, vn);
+          chunk_rows(x, p, S, P, r, h0, chunk, kb, vb, live, nrow, kn, vn, scale, ks, vs);
           if (counter != nullptr && finish_row(x, p, counter)) merge_r = r;
           continue;
         }
@@ -306,14 +382,19 @@ struct DecodeChunk
       typename X::template Lanes<float> qv[G][kQuads][4];
       LOCKSTEP_UNROLL
       for (int g = 0; g < G; ++g) {
-        const float* qrow = p.q + (std::int64_t{r} * p.H + h0 + g) * D;
-        LOCKSTEP_UNROLL
-        for (int qd = 0; qd < kQuads; ++qd) {
-          auto t = x.load4(qrow, (l8 + qd * 8) * 4);
+        const std::int64_t q0 = (std::int64_t{r} * p.H + h0 + g) * D;
+        const auto put = [&](int qd, const auto& t) {
           qv[g][qd][0] = t.x;
           qv[g][qd][1] = t.y;
           qv[g][qd][2] = t.z;
           qv[g][qd][3] = t.w;
+        };
+        LOCKSTEP_UNROLL
+        for (int qd = 0; qd < kQuads; ++qd) {  // Note [decode formats]: a block-uniform branch
+          const I off = (l8 + qd * 8) * 4;
+          if (p.act_format == kActF16) put(qd, x.load4(static_cast<const half*>(p.q) + q0, off));
+          else if (p.act_format == kActBF16) put(qd, x.load4(static_cast<const bfloat16*>(p.q) + q0, off));
+          else put(qd, x.load4(static_cast<const float*>(p.q) + q0, off));
         }
       }
 
@@ -324,7 +405,7 @@ struct DecodeChunk
         // first).
         x.template async_wait<NS - 1>();
         x.sync();
-        const float* kt = ring + (it / kTileRows % NS) * kTileRows * D;
+        const C* kt = reinterpret_cast<const C*>(ring + (it / kTileRows % NS) * kTileWords);
         const int kt_row0 = it;
         Q4 kq[kRowBatch][kQuads];
         LOCKSTEP_UNROLL
@@ -353,12 +434,12 @@ struct DecodeChunk
           }
           LOCKSTEP_UNROLL
           for (int g = 0; g < G; ++g) {
-            const F s = x.template warp_sum<8>(dot[g]) * p.scale;
+            const F s = x.template warp_sum<8>(dot[g]) * scale;
             x.store(S, tl + g * kDecodeChunk, x.select(ok, s, -kInf), l8 == 0);
           }
         }
         x.sync();  // every warp is done with the slot before it is refilled
-        issue_tile(x, ring, kb, vb, it / kTileRows + NS, live, nrow, kn, vn, policy);
+        issue_tile(x, ring, kb, vb, it / kTileRows + NS, live, nrow, kn, vn, p.act_format, ks, vs, policy);
       }
       x.sync();
 
@@ -398,7 +479,7 @@ struct DecodeChunk
       for (int it = 0; it < kDecodeChunk; it += 16 * kRowBatch) {
         x.template async_wait<NS - 1>();
         x.sync();
-        const float* vt = ring + ((kTiles + it / kTileRows) % NS) * kTileRows * D;
+        const C* vt = reinterpret_cast<const C*>(ring + ((kTiles + it / kTileRows) % NS) * kTileWords);
         const int vt_row0 = it;
         Q4 vq[kRowBatch][kQuads];
         F pg[kRowBatch][G];
@@ -424,7 +505,7 @@ struct DecodeChunk
               acc[g][qd][3] = x.fma(pg[b][g], vq[b][qd].w, acc[g][qd][3]);
             }
         x.sync();
-        issue_tile(x, ring, kb, vb, kTiles + it / kTileRows + NS, live, nrow, kn, vn, policy);
+        issue_tile(x, ring, kb, vb, kTiles + it / kTileRows + NS, live, nrow, kn, vn, p.act_format, ks, vs, policy);
       }
       // The 4 row groups of a warp (lanes l8, l8 + 8, l8 + 16, l8 + 24), then the 4 warps.
       // Note [epilogue reduce-scatter]: element (g, qd, j) of the warp's sum is
@@ -486,14 +567,23 @@ struct DecodeChunk
     }
   }
 
+  // The ring, in floats: NS tiles, and room for the folded merge's arrays (Note [folded merge]).
+  static constexpr std::size_t ring_words() {
+    const std::size_t tiles = std::size_t{NS} * kTileWords;
+    return tiles > DecodeMerge<D, (D / 16 / G > 1 ? D / 16 / G : 1)>::kCarvedFloats
+               ? tiles
+               : DecodeMerge<D, (D / 16 / G > 1 ? D / 16 / G : 1)>::kCarvedFloats;
+  }
+  static constexpr std::size_t kSharedBytes =
+      (2 * G * kDecodeChunk + kWarps * G * D + ring_words()) * sizeof(float) + 96;
+
   // Note [folded merge]: the merge that the last chunk block of a (row, block y) runs.
   // Its batch: the G heads' partials of a one-batch row are loaded together (G * MB * 4 = D / 4
   // floats per thread), so the merge waits for one round trip, not G. (A batch of 16 / G, 64
   // floats, made the head_dim-64 kernel 96 registers instead of 64 and whisper-tiny 6% slower.)
   using FoldMerge = DecodeMerge<D, (D / 16 / G > 1 ? D / 16 / G : 1)>;
   static_assert(FoldMerge::kThreads == kThreads && FoldMerge::kSlices == 1, "a merge block is a chunk block");
-  static_assert(FoldMerge::kCarvedFloats <= std::size_t{NS} * kTileRows * D,
-                "the merge's shared arrays fit in the ring");
+
 
   // Signals the row's counter (Note [block signals]); with p.fold (Note [folded merge]), returns
   // whether this block brought it to max_chunks and so merges the row.

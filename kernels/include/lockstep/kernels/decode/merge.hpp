@@ -181,7 +181,9 @@ struct DecodeMerge {
     const B first = t < kLanes;  // group 0's threads combine the groups and write out
     const float* ml = p.part_ml + base * p.max_chunks * 2;
     const float* po = p.part_o + base * p.max_chunks * D;
-    float* out = p.out + base * D;
+    // Note [decode formats]: the output in act_format, times V's scale of an fp8 cache.
+    const bool scaled = p.kv_scales != nullptr;
+    const float vs = scaled ? x.load_uniform(p.kv_scales + p.Hkv + (base % p.H) / (p.H / p.Hkv)) : 1.0f;
     F m = -kInf;
     if (one_batch) {
       LOCKSTEP_UNROLL
@@ -246,7 +248,9 @@ struct DecodeMerge {
       F Ot = x.load(sm.o_part, dl + j, first, 0.0f);
       LOCKSTEP_UNROLL
       for (int k = 1; k < kGroups; ++k) Ot = Ot + x.load(sm.o_part, dl + (k * kSlice + j), first, 0.0f);
-      x.store(out, e + j, x.select(M == -kInf, 0.0f, Ot / Lt), first);
+      F o = Ot / Lt;
+      if (scaled) o = o * vs;
+      store_act(x, p.out, p.act_format, base * D, e + j, x.select(M == -kInf, 0.0f, o), first);
     }
     x.sync();  // red and the partials are reused by the next merge
   }

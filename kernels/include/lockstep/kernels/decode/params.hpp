@@ -19,6 +19,7 @@
 
 #include <type_traits>
 
+#include "lockstep/formats.hpp"
 #include "lockstep/kernels/hd.hpp"
 
 namespace lockstep::kernels {
@@ -37,19 +38,24 @@ struct InlineInts {
 };
 
 struct DecodeParams {
-  const float* q;               // [rows, H, D]
-  const float* k;               // cache base (a layer's K)
-  const float* v;               // cache base (a layer's V)
+  const void* q;                // [rows, H, D] in act_format
+  const void* k;                // cache base (a layer's K), in the chunk kernel's cache format
+  const void* v;                // cache base (a layer's V)
   const std::int32_t* lengths;  // [rows] tokens to attend (+ length_bias); null: every row uses `length`
   const std::int32_t* slots;    // [rows] cache slot of each row; null: row r uses slot r
   float* part_o;                // [rows, H, max_chunks, D]
   float* part_ml;               // [rows, H, max_chunks, 2]: chunk max, chunk sum
-  float* out;                   // [rows, H, D]
+  void* out;                    // [rows, H, D] in act_format
   std::int64_t slot_stride;     // elements between slots
   std::int64_t head_stride;     // elements between kv heads (max_len * D)
   std::int32_t rows, H, Hkv, max_chunks;
   std::int32_t length;          // when lengths is null
-  float scale;                  // 1 / sqrt(D)
+  float scale;                  // 1 / sqrt(D); times K's scale per kv head with kv_scales
+  // Note [decode formats]: q, out, k_new and v_new are float (0), half (1) or bfloat16 (2)
+  // (lockstep::Format); kv_scales: null, or [2, Hkv] floats on the device, K's scales then V's
+  // (fp8 caches).
+  std::int32_t act_format;
+  const float* kv_scales;
   // Device-side positions (Note [device positions]): lengths[r] + length_bias tokens, and a
   // row whose length falls outside [0, max_len] attends nothing (zeros).
   std::int32_t length_bias;
@@ -68,10 +74,10 @@ struct DecodeParams {
   // row's last attended token (index length - 1) is taken from here, not from the cache, and
   // written into the cache (k_append, v_append: p.k and p.v, writable). status: null, or raised
   // to 1 + each row whose length falls outside [0, max_len] (as KvScatterParams::status).
-  const float* k_new;
-  const float* v_new;
-  float* k_append;
-  float* v_append;
+  const void* k_new;
+  const void* v_new;
+  void* k_append;
+  void* v_append;
   std::int32_t* status;
   InlineInts inline_lengths;  // when lengths is null and count > 0 (Note [inline positions])
   // Note [streamed tiles]: the L2 policy of the chunk kernel's K and V copies (kL2Unchanged,
@@ -126,6 +132,41 @@ LOCKSTEP_HD int row_length(X& x, const DecodeParams& p, int r) {
   if (p.lengths == nullptr && p.inline_lengths.count == 0) return p.length;
   const int len = raw_length(x, p, r);
   return (len < 0 || len > p.max_len) ? 0 : len;
+}
+
+// Note [decode formats]
+// The cache holds codes of one format C (float, half, bfloat16, fp8 e4m3 or e5m2: a template
+// parameter of the chunk and scatter kernels); q, out and the new tokens are float, half or
+// bfloat16 (act_format, read at run time where a row starts: a block-uniform branch outside the
+// loops over the cache). Arithmetic is float: a load widens a code exactly, a store rounds once.
+// An fp8 cache holds x / s per kv head (s: K's or V's scale, kv_scales): the append stores
+// from_float<C>(x / s) (one IEEE division, then the format's rounding), and attention applies s
+// where it costs one multiplication per row and head instead of one per element: the scores are
+// (q . k_code) * (scale * s_k), the output (sum p v_code / l) * s_v. Equal to dequantizing each
+// code (code * s) in exact arithmetic; in float, each product is rounded in another place, the
+// same place on both backends. Without scales (float, half and bfloat16 caches) no multiplication
+// is made, so those formats' bits are those of widened codes.
+inline constexpr int kActF32 = 0, kActF16 = 1, kActBF16 = 2;
+
+// An activation value (q, k_new, v_new) at base[off] as float, base in format fmt.
+template <class X, class I, class B>
+LOCKSTEP_HD typename X::template Lanes<float> load_act(X& x, const void* base, int fmt, const I& off, const B& ok) {
+  typename X::template Lanes<float> v;
+  if (fmt == kActF16) v = x.load(static_cast<const half*>(base), off, ok, 0.0f);
+  else if (fmt == kActBF16) v = x.load(static_cast<const bfloat16*>(base), off, ok, 0.0f);
+  else v = x.load(static_cast<const float*>(base), off, ok, 0.0f);
+  return v;
+}
+// Stores v at base[off] (+ elem0 elements) rounded to format fmt.
+template <class X, class I, class F, class B>
+LOCKSTEP_HD void store_act(X& x, void* base, int fmt, std::int64_t elem0, const I& off, const F& v, const B& ok) {
+  if (fmt == kActF16) x.store(static_cast<half*>(base) + elem0, off, v, ok);
+  else if (fmt == kActBF16) x.store(static_cast<bfloat16*>(base) + elem0, off, v, ok);
+  else x.store(static_cast<float*>(base) + elem0, off, v, ok);
+}
+// The base of an activation array at element elem0, for pointer arithmetic in its format.
+LOCKSTEP_HD const void* act_at(const void* base, int fmt, std::int64_t elem0) {
+  return static_cast<const char*>(base) + elem0 * (fmt == kActF32 ? 4 : 2);
 }
 
 // A block's coordinates in its (chunk) grid: its own block index, or the one its ticket gives in

@@ -32,9 +32,11 @@ struct DecodeRowForm {
   // that decode_values, which visits them 16 rows apart, does not wait on the DRAM (without it
   // the GQA-4 decode at L=16384 took 19.4 ms instead of 9.9; prefetching K 16 KB ahead as well
   // made it 5% slower).
-  template <int G, int D, int kChunk>
-  static void decode_scores(float* S, const float* rows, int nrow, const float* fresh, int live,
-                            const float* const (&q)[G], float scale, const float* vrows) {
+  // Rows of another format than float (R: Note [decode formats]) are widened as they are loaded
+  // (Simd::LoadWiden, the formats' conversions); `fresh` is always floats.
+  template <int G, int D, int kChunk, class R>
+  static void decode_scores(float* S, const R* rows, int nrow, const float* fresh, int live,
+                            const float* const (&q)[G], float scale, const R* vrows) {
     static_assert(D % 32 == 0);
     constexpr int kQ = D / 32;
     const typename Simd::template FixedTag<float, 8> d8;
@@ -44,9 +46,9 @@ struct DecodeRowForm {
     // element j of every lane, in the slot order 0, 2, 4, 6 | 1, 3, 5, 7, which in-block
     // shuffles reach (a de-interleave into lane order would cross the 128-bit blocks). The
     // butterflies below read the lanes in this order.
-    const auto quads = [&](const float* p, V8 (&k)[4]) {
-      const V8 a0 = Simd::LoadU(d8, p), a1 = Simd::LoadU(d8, p + 8), a2 = Simd::LoadU(d8, p + 16),
-               a3 = Simd::LoadU(d8, p + 24);
+    const auto quads = [&](const auto* p, V8 (&k)[4]) {
+      const V8 a0 = Simd::LoadWiden(d8, p), a1 = Simd::LoadWiden(d8, p + 8), a2 = Simd::LoadWiden(d8, p + 16),
+               a3 = Simd::LoadWiden(d8, p + 24);
       const auto x0 = Simd::BitCast(dd, Simd::InterleaveLower(d8, a0, a1));  // l0 l2 (j0 j1) | l1 l3
       const auto x1 = Simd::BitCast(dd, Simd::InterleaveUpper(d8, a0, a1));  // (j2 j3)
       const auto y0 = Simd::BitCast(dd, Simd::InterleaveLower(d8, a2, a3));  // l4 l6 | l5 l7
@@ -62,13 +64,15 @@ struct DecodeRowForm {
     for (int g = 0; g < G; ++g)
       for (int qd = 0; qd < kQ; ++qd) quads(q[g] + qd * 32, qt[g][qd]);
     for (int t = 0; t < live; ++t) {
-      const float* kr = t == nrow ? fresh : rows + std::int64_t{t} * D;
-      for (int b = 0; b < D; b += 16) __builtin_prefetch(vrows + std::int64_t{t} * D + b, 0, 2);
+      const R* kr = rows + std::int64_t{t} * D;
+      constexpr int kLine = 64 / int(sizeof(R));  // elements per 64-byte line
+      for (int b = 0; b < D; b += kLine) __builtin_prefetch(vrows + std::int64_t{t} * D + b, 0, 2);
       V8 dot[G];
       for (int g = 0; g < G; ++g) dot[g] = Simd::Zero(d8);
       for (int qd = 0; qd < kQ; ++qd) {
         V8 k[4];
-        quads(kr + qd * 32, k);
+        if (t == nrow) quads(fresh + qd * 32, k);
+        else quads(kr + qd * 32, k);
         for (int g = 0; g < G; ++g)
           dot[g] = Simd::MulAdd(qt[g][qd][3], k[3],
                               Simd::MulAdd(qt[g][qd][2], k[2],
@@ -174,9 +178,9 @@ struct DecodeRowForm {
   // runs next: blocks are taken in order, chunk fastest) into the L2 cache, one 64-byte line per
   // step, so that the DRAM is busy while these products run from the L2 (without it the GQA-4
   // decode at L=16384 took 13-15% longer, alternating in one process).
-  template <int G, int D, int kChunk>
-  static void decode_values(const float* P, const float* rows, int nrow, const float* fresh, int live,
-                            float* const (&out)[G], const float* next) {
+  template <int G, int D, int kChunk, class R>
+  static void decode_values(const float* P, const R* rows, int nrow, const float* fresh, int live,
+                            float* const (&out)[G], const R* next) {
     static_assert(kChunk % 16 == 0 && kWarps == 4, "16 row groups: 4 per warp of 4 warps");
     constexpr int kW = kL < D ? kL : D;  // D is a multiple of 32 and kL a power of two <= 16
     constexpr int kV = kW < 16 ? 16 / kW : 1;  // vectors per step: a 64-byte line of each row
@@ -192,11 +196,13 @@ struct DecodeRowForm {
           for (int u = 0; u < kV; ++u) acc[g][u] = Simd::Zero(d);
         for (int t = rg; t < kChunk; t += 16) {
           __builtin_prefetch(next, 0, 2);  // never faults
-          next += 16;
+          next += 64 / int(sizeof(R));
           V v[kV];
-          if (t < live) {
-            const float* row = (t == nrow ? fresh : rows + std::int64_t{t} * D) + e0;
-            for (int u = 0; u < kV; ++u) v[u] = Simd::LoadU(d, row + u * kW);
+          if (t == nrow) {
+            for (int u = 0; u < kV; ++u) v[u] = Simd::LoadU(d, fresh + e0 + u * kW);
+          } else if (t < live) {
+            const R* row = rows + std::int64_t{t} * D + e0;
+            for (int u = 0; u < kV; ++u) v[u] = Simd::LoadWiden(d, row + u * kW);
           } else {
             for (int u = 0; u < kV; ++u) v[u] = Simd::Zero(d);
           }
