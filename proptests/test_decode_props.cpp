@@ -14,6 +14,7 @@
 #include "generators.hpp"
 #include "harness/harness.hpp"
 #include "harness/harness_decode.hpp"
+#include "harness/harness_decode_formats.hpp"
 #include "lockstep/attention/decode.hpp"
 #include "lockstep/attention/kv_cache.hpp"
 #include "lockstep/attention/rope.hpp"
@@ -131,6 +132,57 @@ RC_GTEST_PROP(Decode, BatchInvariance, ()) {
   for (const auto& dev : backends()) {
     const auto a = batch.decode(dev), b = alone.decode(dev), c = other.decode(dev);
     RC_LOG() << dev->id().str() << ": slot " << i << " vs alone, vs slot " << j << " of " << s2.slots << "\n";
+    RC_ASSERT(rows_equal(a, i, b, 0, row));
+    RC_ASSERT(rows_equal(a, i, c, j, row));
+  }
+}
+
+// Note [decode formats]: every pair of activation and cache formats against the oracle on the
+// values the cache holds, the codes against the conversions, CUDA == CPU and the portable SIMD
+// variant (the lane path) == the CPU's row form.
+RC_GTEST_PROP(Decode, FlashDecodingInFormats, ()) {
+  FormatWorldShape s;
+  s.world = world_gen();
+  s.world.layers = 1;
+  s.world.layer = 0;
+  s.act = Format(full_range(0, 3));
+  s.cache = Format(full_range(0, 5));
+  RC_TAG(format_name(s.act), format_name(s.cache));
+  const auto c = format_flash_case(s);
+  RC_LOG() << c->describe() << "\n";
+  const Verdict v = verify(*c, true, true);
+  RC_LOG() << v.failure << "\n";
+  RC_ASSERT(v.failure.empty());
+}
+
+// Batch invariance per format: a sequence's output bytes alone and among others.
+RC_GTEST_PROP(Decode, BatchInvarianceInFormats, ()) {
+  auto s = world_gen();
+  s.layers = 1;
+  s.layer = 0;
+  const Format act = Format(full_range(0, 3)), cache = Format(full_range(0, 5));
+  RC_TAG(format_name(act), format_name(cache));
+  const DecodeWorld batch(s);
+  const std::int64_t i = *rc::gen::inRange<std::int64_t>(0, s.slots);
+  RC_PRE(!batch.done[std::size_t(i)]);
+  DecodeWorldShape s1 = s;
+  s1.slots = 1;
+  DecodeWorld alone(s1);
+  put_sequence(batch, i, alone, 0);
+  DecodeWorldShape s2 = s;
+  s2.slots = s.slots + *rc::gen::inRange<std::int64_t>(0, 4);
+  s2.seed = s.seed ^ 0x5bd1e995u;
+  DecodeWorld other(s2);
+  other.scale = batch.scale;
+  std::int64_t j = full_range(0, s2.slots);
+  if (s2.slots > 1 && j == i) j = (i + 1) % s2.slots;
+  put_sequence(batch, i, other, j);
+  // fp8 scales come from the world's seed: the same for all three worlds.
+  alone.shape.seed = other.shape.seed = s.seed;
+  const std::size_t row = std::size_t(s.heads * s.dim);
+  for (const auto& dev : backends()) {
+    const auto a = format_flash_outputs(batch, act, cache, dev), b = format_flash_outputs(alone, act, cache, dev),
+               c = format_flash_outputs(other, act, cache, dev);
     RC_ASSERT(rows_equal(a, i, b, 0, row));
     RC_ASSERT(rows_equal(a, i, c, j, row));
   }

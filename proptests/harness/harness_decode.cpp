@@ -11,6 +11,7 @@
 #include "harness.hpp"
 #include "harness_cache.hpp"
 #include "harness_decode.hpp"
+#include "harness_decode_formats.hpp"
 #include "lockstep/attention/decode.hpp"
 #include "lockstep/attention/rope.hpp"
 #include "lockstep/kernels/math.hpp"
@@ -496,6 +497,21 @@ std::vector<KernelEntry> decode_entries() {
         [] { return flash_case(world(2, 4, 2, 256, 1300, {1299, 40}, {false, false}, 15)); },
         // 130 slots: more than kInlineRows (128), so the positions are copied to the device.
         [] { return flash_case(world(130, 2, 1, 32, 40, {}, {}, 16)); }},
+       true},
+      {"flash_decoding_formats",
+       [](std::mt19937_64& g) {
+         FormatWorldShape s;
+         s.world = draw_world(g, 5);
+         s.act = Format(std::uniform_int_distribution<int>(0, 2)(g));
+         s.cache = Format(std::uniform_int_distribution<int>(0, 4)(g));
+         s.world.seed = g();
+         return format_flash_case(s);
+       },
+       {[] {  // bfloat16 with an fp8 cache, 4 heads per block, 9 chunks
+          FormatWorldShape s;
+          s.world = world(5, 32, 2, 128, 2304, {2303, 1100, 256, 1, 2000}, {false, false, false, false, true}, 17);
+          return format_flash_case(s);
+        }},
        true},
       {"flash_decoding_device_positions",
        [](std::mt19937_64& g) {

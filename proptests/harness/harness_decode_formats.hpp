@@ -1,0 +1,28 @@
+#pragma once
+// Flash-Decoding in the formats (Note [decode formats] in kernels/decode/params.hpp): a decode
+// world (harness_decode.hpp) with q, out and the new tokens in float, half or bfloat16 and the
+// cache in any format; fp8 with scales per kv head drawn from the seed (not powers of two).
+#include <memory>
+#include <vector>
+
+#include "harness.hpp"
+#include "harness_decode.hpp"
+
+namespace lockstep::harness {
+
+struct FormatWorldShape {
+  DecodeWorldShape world;  // one layer is used
+  Format act = Format::bf16;
+  Format cache = Format::fp8_e4m3;
+};
+
+// out (widened) against the float64 oracle on the values the cache holds (its codes times the
+// scales) within the fp32 bound plus the output's rounding; then the cache's codes below each
+// slot's new length, exactly the conversions of x / scale.
+std::unique_ptr<Case> format_flash_case(const FormatWorldShape& s);
+
+// The widened outputs [slots, heads, dim] of flash_decoding over world w in these formats on dev.
+std::vector<float> format_flash_outputs(const DecodeWorld& w, Format act, Format cache,
+                                        const std::shared_ptr<Device>& dev);
+
+}  // namespace lockstep::harness
