@@ -1,6 +1,7 @@
 // `lockstep demo`, the main job: a small multi-layer GQA transformer decode loop (random weights)
 // over several sequence slots on the chosen device: projections (fp32 GEMM), RoPE, Flash-Decoding
-// against the KV cache, output projection and residual add. One slot finishes early (marked
+// against the KV cache (by default on bfloat16 activations over an fp8 e4m3 cache), output
+// projection and residual add. One slot finishes early (marked
 // done), and one speculative token per slot is appended and rolled back midway: that step's
 // output must have the bytes of the same step computed before the token was appended. The same
 // loop then runs on the CPU device and the final hidden states are compared bit for bit. Both runs
@@ -61,9 +62,19 @@ struct Result {
   std::int64_t tokens = 0;
 };
 
+// Attention's buffers in T: q, k, v from the fp32 projections converted to T, its output
+// converted back (T float: the projections' own buffers).
+template <class T>
+struct AttnIo {
+  Buffer<T> q, k, v, out;
+  AttnIo(const std::shared_ptr<Device>& dev, std::int64_t nq, std::int64_t nkv)
+      : q(dev, nq), k(dev, nkv), v(dev, nkv), out(dev, nq) {}
+};
+
 // `first`: the run being demonstrated (it also reports the speculative step); the reference run
 // prints its progress only.
-Result run_loop(const std::shared_ptr<Device>& dev, const Model& m, const Options& o, bool first) {
+template <class T>
+Result run_loop(const std::shared_ptr<Device>& dev, const Model& m, const Options& o, bool first, Format cache_format) {
   auto& st = dev->default_stream();
   const std::int64_t M = o.slots, Hd = m.hidden, Q = m.heads * m.dim, KV = m.kv_heads * m.dim;
   auto upload = [&](const std::vector<float>& h) {
@@ -85,7 +96,11 @@ Result run_loop(const std::shared_ptr<Device>& dev, const Model& m, const Option
   cfg.head_dim = m.dim;
   cfg.max_len = o.steps + 4;
   cfg.slots = M;
+  cfg.format = cache_format;
+  if (is_fp8(cache_format))
+    cfg.k_scales = cfg.v_scales = std::vector<float>(std::size_t(o.layers * m.kv_heads), 1.0f / 32.0f);
   KvCache cache(dev, cfg);
+  AttnIo<T> io(dev, M * Q, M * KV);
   Buffer<float> x(dev, std::size_t(M * Hd)), q(dev, std::size_t(M * Q)), k(dev, std::size_t(M * KV)),
       v(dev, std::size_t(M * KV)), attn(dev, std::size_t(M * Q)), proj(dev, std::size_t(M * Hd));
   const RopeConfig rc{m.heads, m.kv_heads, m.dim, 10000.0f, RopeStyle::kNeox};
@@ -102,7 +117,15 @@ Result run_loop(const std::shared_ptr<Device>& dev, const Model& m, const Option
       ops::gemm(st, x, wk[std::size_t(l)], k, 1, M, KV, Hd);
       ops::gemm(st, x, wv[std::size_t(l)], v, 1, M, KV, Hd);
       rope(st, &q, &k, positions, rc);
-      flash_decoding(st, cache, l, q, k, v, positions, attn);
+      if constexpr (std::is_same_v<T, float>) {
+        flash_decoding(st, cache, l, q, k, v, positions, attn);
+      } else {
+        ops::convert(st, q, io.q);
+        ops::convert(st, k, io.k);
+        ops::convert(st, v, io.v);
+        flash_decoding(st, cache, l, io.q, io.k, io.v, positions, io.out);
+        ops::convert(st, io.out, attn);
+      }
       ops::gemm(st, attn, wo[std::size_t(l)], proj, 1, M, Hd, Q);
       ops::add(st, proj, x);
     }
@@ -156,9 +179,24 @@ Result run_loop(const std::shared_ptr<Device>& dev, const Model& m, const Option
   return r;
 }
 
+Format parse_format(const std::string& name, bool cache) {
+  for (Format f : {Format::f32, Format::f16, Format::bf16, Format::fp8_e4m3, Format::fp8_e5m2})
+    if (name == format_name(f) && (cache || !is_fp8(f))) return f;
+  throw InvalidArgument("lockstep demo", cache ? "--cache" : "--activations", name,
+                        cache ? "float, half, bfloat16, fp8_e4m3 or fp8_e5m2" : "float, half or bfloat16");
+}
+
+Result run_in(Format act, const std::shared_ptr<Device>& dev, const Model& m, const Options& o, bool first,
+              Format cache) {
+  if (act == Format::f16) return run_loop<half>(dev, m, o, first, cache);
+  if (act == Format::bf16) return run_loop<bfloat16>(dev, m, o, first, cache);
+  return run_loop<float>(dev, m, o, first, cache);
+}
+
 }  // namespace
 
 int run(const std::string& device, const Options& o) {
+  const Format act = parse_format(o.activations, false), cache = parse_format(o.cache, true);
   auto dev = open(device);
   // The reference: the CPU device (for a CPU run, its portable SIMD variant).
   std::shared_ptr<Device> ref;
@@ -177,12 +215,15 @@ int run(const std::string& device, const Options& o) {
   const Model m = make_model(o);
   std::printf("  %d layers, %d slots, GQA %lld query / %lld kv heads x %lld, RoPE (NEOX), %d steps\n",
               o.layers, o.slots, (long long)m.heads, (long long)m.kv_heads, (long long)m.dim, o.steps);
+  std::printf("  attention in %s, KV cache in %s (%llu bytes per token and layer)\n", format_name(act),
+              format_name(cache),
+              (unsigned long long)(2 * m.kv_heads * m.dim * format_bytes(cache)));
   std::printf("  1. on %s:\n", dev->id().str().c_str());
-  Result a = run_loop(dev, m, o, true);  // not const: --inject-fault may flip a bit
+  Result a = run_in(act, dev, m, o, true, cache);  // not const: --inject-fault may flip a bit
   std::printf("    %lld tokens in %.3f s: %.0f tokens/s\n", (long long)a.tokens, a.seconds,
               double(a.tokens) / a.seconds);
   std::printf("  2. the same on %s, the reference:\n", ref->id().str().c_str());
-  const Result b = run_loop(ref, m, o, false);
+  const Result b = run_in(act, ref, m, o, false, cache);
   auto flip_first_bit = [](std::vector<float>& v) {
     if (v.empty()) return;
     std::uint32_t w;

@@ -137,6 +137,10 @@ int main(int argc, char** argv) {
   demo_cmd->add_option("--slots", demo_opts.slots, "sequences decoded together")->check(whole_number)->check(CLI::Range(1, 4096))->capture_default_str();
   demo_cmd->add_option("--steps", demo_opts.steps, "decode steps")->check(whole_number)->check(CLI::Range(1, 100000))->capture_default_str();
   demo_cmd->add_option("--seed", demo_opts.seed, "random weights and inputs")->check(seed_digits)->capture_default_str();
+  demo_cmd->add_option("--activations", demo_opts.activations, "attention's q, k, v and output: float, half, bfloat16")
+      ->check(CLI::IsMember({"float", "half", "bfloat16"}))->capture_default_str();
+  demo_cmd->add_option("--cache", demo_opts.cache, "the KV cache: float, half, bfloat16, fp8_e4m3, fp8_e5m2")
+      ->check(CLI::IsMember({"float", "half", "bfloat16", "fp8_e4m3", "fp8_e5m2"}))->capture_default_str();
   demo_cmd->add_option("--inject-fault", demo_opts.inject_fault)  // a self-test of the checks (demo.hpp)
       ->check(CLI::IsMember({"hidden", "rollback"}))
       ->group("");
@@ -152,6 +156,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"one-grid", "all"}))
       ->capture_default_str();
   // A knob rerun's (a child process of parity; apps/parity.cpp).
+  par_cmd->add_option("--formats", par.formats,
+                      "flash_decoding_formats' pair ACTIVATIONS/CACHE (e.g. half/fp8_e5m2), or any: drawn per case")
+      ->capture_default_str();
   par_cmd->add_option("--only", par.only)->group("");
   par_cmd->add_option("--expect-digests", par.expect_digests)->group("");
   par_cmd->add_option("--label", par.label)->group("");

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "harness/harness.hpp"
+#include "harness/harness_decode_formats.hpp"
 #include "lockstep/lockstep.hpp"
 
 extern char** environ;
@@ -105,7 +106,8 @@ int rerun_with(const Options& o, const std::vector<std::string>& set, const std:
     expect += (expect.empty() ? "" : ",") + n + "=" + hex;
   }
   std::vector<std::string> args = {"lockstep", "parity", "--device", o.device, "--cases", std::to_string(o.cases),
-                                    "--seed", std::to_string(o.seed), "--only", only, "--expect-digests", expect,
+                                    "--seed", std::to_string(o.seed), "--formats", o.formats, "--only", only,
+                                    "--expect-digests", expect,
                                     "--label", joined(set)};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -136,6 +138,20 @@ int rerun_with(const Options& o, const std::vector<std::string>& set, const std:
 
 int run(const Options& o) {
   const auto t0 = std::chrono::steady_clock::now();
+  if (o.formats == "any") {
+    harness::fix_decode_formats(std::nullopt);
+  } else {
+    const auto slash = o.formats.find('/');
+    const auto parse = [&](const std::string& n, bool cache) {
+      for (Format f : {Format::f32, Format::f16, Format::bf16, Format::fp8_e4m3, Format::fp8_e5m2})
+        if (n == format_name(f) && (cache || !is_fp8(f))) return f;
+      throw InvalidArgument("lockstep parity", "--formats", o.formats,
+                            "ACTIVATIONS/CACHE (float, half or bfloat16 / float, half, bfloat16, fp8_e4m3 or "
+                            "fp8_e5m2), or any");
+    };
+    if (slash == std::string::npos) parse("", false);
+    harness::fix_decode_formats(std::pair{parse(o.formats.substr(0, slash), false), parse(o.formats.substr(slash + 1), true)});
+  }
   const bool child = !o.label.empty();
   std::vector<std::shared_ptr<Device>> others;
   try {

@@ -12,6 +12,9 @@ struct Options {
   // The decode entries' reruns in child processes: "one-grid" (the Tuning decode.one_grid=1) or
   // "all" (every decode schedule set, apps/parity.cpp schedule_sets).
   std::string knob_reruns = "one-grid";
+  // The formats of the flash_decoding_formats entry's random cases, "ACTIVATIONS/CACHE" (e.g.
+  // "bfloat16/fp8_e4m3"), or "any": each case draws a pair.
+  std::string formats = "bfloat16/fp8_e4m3";
   // Internal (a knob rerun, a child process): only these entries (comma-separated), the
   // CPU bytes each must reproduce ("name=hex,..."), and a label for the table.
   std::string only, expect_digests, label;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <numeric>
 #include <sstream>
+#include <tuple>
 
 #include "harness.hpp"
 #include "harness_cache.hpp"
@@ -505,6 +506,7 @@ std::vector<KernelEntry> decode_entries() {
          s.act = Format(std::uniform_int_distribution<int>(0, 2)(g));
          s.cache = Format(std::uniform_int_distribution<int>(0, 4)(g));
          s.world.seed = g();
+         if (const auto f = fixed_decode_formats()) std::tie(s.act, s.cache) = *f;
          return format_flash_case(s);
        },
        {[] {  // bfloat16 with an fp8 cache, 4 heads per block, 9 chunks

@@ -242,6 +242,12 @@ class FormatFlashCase final : public Case {
 
 }  // namespace
 
+namespace {
+std::optional<std::pair<Format, Format>> g_fixed_formats;
+}
+void fix_decode_formats(std::optional<std::pair<Format, Format>> pair) { g_fixed_formats = pair; }
+std::optional<std::pair<Format, Format>> fixed_decode_formats() { return g_fixed_formats; }
+
 std::unique_ptr<Case> format_flash_case(const FormatWorldShape& s) { return std::make_unique<FormatFlashCase>(s); }
 
 std::vector<float> format_flash_outputs(const DecodeWorld& w, Format act, Format cache,

@@ -3,6 +3,8 @@
 // world (harness_decode.hpp) with q, out and the new tokens in float, half or bfloat16 and the
 // cache in any format; fp8 with scales per kv head drawn from the seed (not powers of two).
 #include <memory>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "harness.hpp"
@@ -20,6 +22,11 @@ struct FormatWorldShape {
 // scales) within the fp32 bound plus the output's rounding; then the cache's codes below each
 // slot's new length, exactly the conversions of x / scale.
 std::unique_ptr<Case> format_flash_case(const FormatWorldShape& s);
+
+// The pair of formats (activations, cache) that the flash_decoding_formats entry's random cases
+// take (lockstep parity --formats); unset: each case draws one.
+void fix_decode_formats(std::optional<std::pair<Format, Format>> pair);
+std::optional<std::pair<Format, Format>> fixed_decode_formats();
 
 // The widened outputs [slots, heads, dim] of flash_decoding over world w in these formats on dev.
 std::vector<float> format_flash_outputs(const DecodeWorld& w, Format act, Format cache,
