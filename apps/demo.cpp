@@ -116,13 +116,14 @@ Result run_loop(const std::shared_ptr<Device>& dev, const Model& m, const Option
       ops::gemm(st, x, wq[std::size_t(l)], q, 1, M, Q, Hd);
       ops::gemm(st, x, wk[std::size_t(l)], k, 1, M, KV, Hd);
       ops::gemm(st, x, wv[std::size_t(l)], v, 1, M, KV, Hd);
-      rope(st, &q, &k, positions, rc);
       if constexpr (std::is_same_v<T, float>) {
+        rope(st, &q, &k, positions, rc);
         flash_decoding(st, cache, l, q, k, v, positions, attn);
       } else {
         ops::convert(st, q, io.q);
         ops::convert(st, k, io.k);
         ops::convert(st, v, io.v);
+        rope(st, &io.q, &io.k, positions, rc);
         flash_decoding(st, cache, l, io.q, io.k, io.v, positions, io.out);
         ops::convert(st, io.out, attn);
       }

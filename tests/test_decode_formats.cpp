@@ -14,6 +14,8 @@
 
 #include "lockstep/attention/decode.hpp"
 #include "lockstep/attention/kv_cache.hpp"
+#include "lockstep/attention/ops.hpp"
+#include "lockstep/attention/rope.hpp"
 #include "support/attention.hpp"
 
 namespace lockstep::testing {
@@ -349,6 +351,65 @@ TEST_P(Attention, NonFiniteCacheValuesStayInTheirSlot) {
     }
     EXPECT_TRUE(slot0_nonfinite) << "the NaN should reach slot 0's output";
   }
+}
+
+// RoPE on half and bfloat16 buffers: each value widened, rotated in float, rounded once, so the
+// result is the float RoPE of the widened values, rounded.
+template <class T>
+void expect_rope_rounds_once(const std::shared_ptr<Device>& dev) {
+  SCOPED_TRACE(format_name(format_of<T>()));
+  Stream& st = dev->default_stream();
+  const std::int64_t rows = 5, H = 3, Hk = 2, D = 64;
+  Lcg rng{21};
+  const auto q = encode<T>(rng.floats(std::size_t(rows * H * D), 4.0f)), k = encode<T>(rng.floats(std::size_t(rows * Hk * D), 4.0f));
+  const std::vector<std::int64_t> pos{0, 7, 1000, 65535, 1 << 19};
+  for (RopeStyle style : {RopeStyle::kNorm, RopeStyle::kNeox}) {
+    const RopeConfig rc{H, Hk, D, 10000.0f, style};
+    Buffer<T> bq(dev, q.size()), bk(dev, k.size());
+    bq.copy_from_host(st, q);
+    bk.copy_from_host(st, k);
+    rope(st, &bq, &bk, pos, rc);
+    std::vector<float> fq(q.size()), fk(k.size());
+    for (std::size_t i = 0; i < q.size(); ++i) fq[i] = widen(q[i]);
+    for (std::size_t i = 0; i < k.size(); ++i) fk[i] = widen(k[i]);
+    Buffer<float> wq(dev, fq.size()), wk(dev, fk.size());
+    wq.copy_from_host(st, fq);
+    wk.copy_from_host(st, fk);
+    rope(st, &wq, &wk, pos, rc);
+    EXPECT_EQ(raw(bq.to_vector(st)), raw(encode<T>(wq.to_vector(st))));
+    EXPECT_EQ(raw(bk.to_vector(st)), raw(encode<T>(wk.to_vector(st))));
+  }
+}
+
+TEST_P(Attention, RopeInFormatsRoundsOnce) {
+  expect_rope_rounds_once<half>(dev);
+  expect_rope_rounds_once<bfloat16>(dev);
+}
+
+// The layout ops move 16-bit codes as they are, NaN payloads included; an odd head_dim is
+// Unsupported for them, with nothing written.
+TEST_P(Attention, LayoutOpsMoveHalfCodesAsTheyAre) {
+  const std::int64_t S = 5, H = 3, D = 6;
+  std::vector<half> in(std::size_t(S * H * D));
+  for (std::size_t i = 0; i < in.size(); ++i) in[i] = half{static_cast<std::uint16_t>(0x7c01 + 37 * i)};  // NaNs too
+  Buffer<half> a(dev, in.size()), b(dev, in.size()), c(dev, in.size()), e(dev, std::size_t(S * D));
+  a.copy_from_host(s(), in);
+  ops::interleaved_to_batched(s(), a, b, S, H, D);
+  ops::batched_to_interleaved(s(), b, c, S, H, D);
+  const auto hb = b.to_vector(s()), hc = c.to_vector(s());
+  for (std::int64_t t = 0; t < S; ++t)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t d = 0; d < D; ++d)
+        ASSERT_EQ(hb[std::size_t((h * S + t) * D + d)].bits, in[std::size_t((t * H + h) * D + d)].bits);
+  EXPECT_EQ(raw(hc), raw(in));
+  ops::extract_head(s(), a, e, S, H, D, 2);
+  const auto he = e.to_vector(s());
+  for (std::int64_t t = 0; t < S; ++t)
+    for (std::int64_t d = 0; d < D; ++d) ASSERT_EQ(he[std::size_t(t * D + d)].bits, in[std::size_t((t * H + 2) * D + d)].bits);
+  Buffer<bfloat16> odd(dev, std::size_t(S * H * 5)), odd_out(dev, std::size_t(S * H * 5));
+  odd_out.copy_from_host(s(), std::vector<bfloat16>(odd_out.size(), bfloat16{0x1234}));
+  EXPECT_THROW(ops::interleaved_to_batched(s(), odd, odd_out, S, H, 5), Unsupported);
+  for (const auto& x : odd_out.to_vector(s())) ASSERT_EQ(x.bits, 0x1234);
 }
 
 TEST_P(Attention, CacheFormatsReportTheirBytes) {

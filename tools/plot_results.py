@@ -33,6 +33,11 @@ TARGETS = {
                           "at least 65% of the fp32 fma ceiling (50% on the CPU device)", "%"),
     "prefill_exact_vs_torch_fp32": ("Prefill, Exact fp32: speed against PyTorch's fp32 kernel",
                                     "reported (PyTorch's kernel runs on tensor cores)", "x"),
+    "decode_formats_read": ("Decode, bf16 and fp16 caches: share of the read ceiling",
+                            "at least 93% of the read ceiling (80% of a paired read on the CPU device)", "%"),
+    "decode_bf16_vs_torch": ("Decode, bf16 cache: speed against PyTorch's fastest bf16 SDPA decode",
+                             "at least 1.0x (K and V read once by the peer)", "x"),
+    "decode_fp8_vs_bf16": ("Decode, fp8 e4m3 cache: time against the bf16 cache", "at most 0.6x", None),
     "softmax": ("Softmax: share of the copy ceiling", "at least 85% of the copy ceiling "
                 "(70% of the read ceiling on the CPU device)", "%"),
     "layout": ("Layout kernels: share of the copy ceiling", "at least 85% of the copy ceiling", "%"),
@@ -40,7 +45,7 @@ TARGETS = {
 REPORTED = {"decode_vs_torch_fp32": "decode", "decode_host_eager": "host time of an eager decode call",
             "prefill_tc_vs_cudnn": "prefill, TensorCore", "prefill_exact_vs_torch_fp32": "prefill, Exact"}
 PLOTTED = ("decode_read", "prefill_tc_vs_fa2", "prefill_exact_fma", "softmax", "layout")
-SHORT = {"flash_decoding": "flash_decoding", "incremental_attention": "incremental",
+SHORT = {"flash_decoding": "flash_decoding", "flash_decoding_formats": "flash_decoding", "incremental_attention": "incremental",
          "attention_fused_tensor_core": "", "attention_fused_exact": "", "softmax_rows": "",
          "flash_decoding_graph_step": ""}
 COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#b07aa1")

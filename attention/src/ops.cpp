@@ -174,8 +174,8 @@ void add(Stream& stream, const Buffer<float>& x, Buffer<float>& y) {
 }
 
 namespace {
-void check_layout(std::string_view w, Stream& stream, const Buffer<float>& in,
-                  const Buffer<float>& out, std::int64_t seq_len, std::int64_t num_heads,
+template <class T>
+void check_layout(std::string_view w, Stream& stream, const Buffer<T>& in, const Buffer<T>& out, std::int64_t seq_len, std::int64_t num_heads,
                   std::int64_t head_dim, std::uint64_t in_elems, std::uint64_t out_elems) {
   detail::check_nonneg(w, "seq_len", seq_len);
   detail::check_positive(w, "num_heads", num_heads);
@@ -193,10 +193,27 @@ void check_layout(std::string_view w, Stream& stream, const Buffer<float>& in,
   detail::check_size(w, "out", out, out_elems, "seq_len * num_heads * head_dim" + std::string(out_elems < in_elems ? " / num_heads" : ""));
   detail::check_no_overlap(w, "out", out, "in", in);
 }
+// The copy in 4-byte words: a 16-bit element type moves its codes two at a time (head_dim even),
+// so that the bytes are moved as they are (no conversion, NaN payloads kept).
+template <class T>
+void copy_elems(std::string_view w, Stream& s, const T* in, T* out, std::int64_t A, std::int64_t B, std::int64_t C,
+                std::int64_t ia, std::int64_t ib, std::int64_t oa, std::int64_t ob) {
+  if constexpr (sizeof(T) == 4) {
+    detail::launch_copy3d(s, reinterpret_cast<const float*>(in), reinterpret_cast<float*>(out), A, B, C, ia, ib, oa, ob);
+  } else {
+    static_assert(sizeof(T) == 2, "float, half or bfloat16");
+    if (C % 2 != 0)
+      throw Unsupported(w, "head_dim", std::to_string(C), std::string("even for ") + format_name(format_of<T>()) +
+                                                             " buffers (the copy moves pairs of codes)");
+    detail::launch_copy3d(s, reinterpret_cast<const float*>(in), reinterpret_cast<float*>(out), A, B, C / 2, ia / 2,
+                          ib / 2, oa / 2, ob / 2);
+  }
+}
 }  // namespace
 
-void interleaved_to_batched(Stream& stream, const Buffer<float>& in, Buffer<float>& out,
-                            std::int64_t seq_len, std::int64_t num_heads, std::int64_t head_dim) {
+template <class T>
+void interleaved_to_batched(Stream& stream, const Buffer<T>& in, Buffer<T>& out, std::int64_t seq_len,
+                            std::int64_t num_heads, std::int64_t head_dim) {
   constexpr std::string_view w = "interleaved_to_batched";
   const auto n = checked_product({std::uint64_t(std::max<std::int64_t>(seq_len, 0)),
                                   std::uint64_t(std::max<std::int64_t>(num_heads, 0)),
@@ -204,12 +221,13 @@ void interleaved_to_batched(Stream& stream, const Buffer<float>& in, Buffer<floa
                                  w, "seq_len * num_heads * head_dim");
   check_layout(w, stream, in, out, seq_len, num_heads, head_dim, n, n);
   if (n == 0) return;  // (and num_heads * head_dim below may not fit when seq_len is 0)
-  detail::launch_copy3d(stream, in.data().get(), out.data().get(), num_heads, seq_len, head_dim, head_dim,
+  copy_elems(w, stream, in.data().get(), out.data().get(), num_heads, seq_len, head_dim, head_dim,
                         num_heads * head_dim, seq_len * head_dim, head_dim);
 }
 
-void batched_to_interleaved(Stream& stream, const Buffer<float>& in, Buffer<float>& out,
-                            std::int64_t seq_len, std::int64_t num_heads, std::int64_t head_dim) {
+template <class T>
+void batched_to_interleaved(Stream& stream, const Buffer<T>& in, Buffer<T>& out, std::int64_t seq_len,
+                            std::int64_t num_heads, std::int64_t head_dim) {
   constexpr std::string_view w = "batched_to_interleaved";
   const auto n = checked_product({std::uint64_t(std::max<std::int64_t>(seq_len, 0)),
                                   std::uint64_t(std::max<std::int64_t>(num_heads, 0)),
@@ -217,11 +235,12 @@ void batched_to_interleaved(Stream& stream, const Buffer<float>& in, Buffer<floa
                                  w, "seq_len * num_heads * head_dim");
   check_layout(w, stream, in, out, seq_len, num_heads, head_dim, n, n);
   if (n == 0) return;  // (and num_heads * head_dim below may not fit when seq_len is 0)
-  detail::launch_copy3d(stream, in.data().get(), out.data().get(), num_heads, seq_len, head_dim, seq_len * head_dim,
+  copy_elems(w, stream, in.data().get(), out.data().get(), num_heads, seq_len, head_dim, seq_len * head_dim,
                         head_dim, head_dim, num_heads * head_dim);
 }
 
-void extract_head(Stream& stream, const Buffer<float>& in, Buffer<float>& out, std::int64_t seq_len,
+template <class T>
+void extract_head(Stream& stream, const Buffer<T>& in, Buffer<T>& out, std::int64_t seq_len,
                   std::int64_t num_heads, std::int64_t head_dim, std::int64_t head) {
   constexpr std::string_view w = "extract_head";
   const auto n = checked_product({std::uint64_t(std::max<std::int64_t>(seq_len, 0)),
@@ -231,11 +250,12 @@ void extract_head(Stream& stream, const Buffer<float>& in, Buffer<float>& out, s
   check_layout(w, stream, in, out, seq_len, num_heads, head_dim, n, n / std::uint64_t(std::max<std::int64_t>(num_heads, 1)));
   LOCKSTEP_CHECK_ARG(head >= 0 && head < num_heads, w, "head", head, "in [0, num_heads) = [0, " + std::to_string(num_heads) + ")");
   if (n == 0) return;  // (and num_heads * head_dim below may not fit when seq_len is 0)
-  detail::launch_copy3d(stream, in.data().get() + head * head_dim, out.data().get(), 1, seq_len, head_dim, 0,
+  copy_elems(w, stream, in.data().get() + head * head_dim, out.data().get(), 1, seq_len, head_dim, 0,
                         num_heads * head_dim, 0, head_dim);
 }
 
-void copy_head_back(Stream& stream, const Buffer<float>& in, Buffer<float>& out,
+template <class T>
+void copy_head_back(Stream& stream, const Buffer<T>& in, Buffer<T>& out,
                     std::int64_t seq_len, std::int64_t num_heads, std::int64_t head_dim, std::int64_t head) {
   constexpr std::string_view w = "copy_head_back";
   const auto n = checked_product({std::uint64_t(std::max<std::int64_t>(seq_len, 0)),
@@ -245,9 +265,23 @@ void copy_head_back(Stream& stream, const Buffer<float>& in, Buffer<float>& out,
   check_layout(w, stream, in, out, seq_len, num_heads, head_dim, n / std::uint64_t(std::max<std::int64_t>(num_heads, 1)), n);
   LOCKSTEP_CHECK_ARG(head >= 0 && head < num_heads, w, "head", head, "in [0, num_heads) = [0, " + std::to_string(num_heads) + ")");
   if (n == 0) return;  // (and num_heads * head_dim below may not fit when seq_len is 0)
-  detail::launch_copy3d(stream, in.data().get(), out.data().get() + head * head_dim, 1, seq_len, head_dim, 0,
+  copy_elems(w, stream, in.data().get(), out.data().get() + head * head_dim, 1, seq_len, head_dim, 0,
                         head_dim, 0, num_heads * head_dim);
 }
+
+#define LOCKSTEP_LAYOUT(T)                                                                            \
+  template void interleaved_to_batched(Stream&, const Buffer<T>&, Buffer<T>&, std::int64_t, std::int64_t,   \
+                                       std::int64_t);                                                       \
+  template void batched_to_interleaved(Stream&, const Buffer<T>&, Buffer<T>&, std::int64_t, std::int64_t,   \
+                                       std::int64_t);                                                       \
+  template void extract_head(Stream&, const Buffer<T>&, Buffer<T>&, std::int64_t, std::int64_t, std::int64_t, \
+                             std::int64_t);                                                                 \
+  template void copy_head_back(Stream&, const Buffer<T>&, Buffer<T>&, std::int64_t, std::int64_t, std::int64_t, \
+                               std::int64_t);
+LOCKSTEP_LAYOUT(float)
+LOCKSTEP_LAYOUT(half)
+LOCKSTEP_LAYOUT(bfloat16)
+#undef LOCKSTEP_LAYOUT
 
 void transpose(Stream& stream, const Buffer<float>& in, Buffer<float>& out, std::int64_t batch,
                std::int64_t rows, std::int64_t cols) {

@@ -15,8 +15,10 @@
 
 namespace lockstep {
 
-void rope(Stream& stream, Buffer<float>* q, Buffer<float>* k, std::span<const std::int64_t> positions,
-          const RopeConfig& c) {
+namespace {
+template <class T>
+void rope_in(Stream& stream, Buffer<T>* q, Buffer<T>* k, std::span<const std::int64_t> positions,
+             const RopeConfig& c) {
   constexpr std::string_view w = "rope";
   detail::check_enum(w, "config.style", c.style, {RopeStyle::kNorm, RopeStyle::kNeox}, "RopeStyle::kNorm or kNeox");
   detail::check_positive(w, "head_dim", c.head_dim);
@@ -51,6 +53,7 @@ void rope(Stream& stream, Buffer<float>* q, Buffer<float>* k, std::span<const st
   kernels::RopeParams p{};
   p.q = q ? q->data().get() : nullptr;
   p.k = k ? k->data().get() : nullptr;
+  p.act_format = static_cast<std::int32_t>(format_of<T>());
   p.positions = st.ints;
   p.rows = static_cast<std::int32_t>(rows);
   p.Hq = static_cast<std::int32_t>(q ? c.num_heads : 0);
@@ -62,6 +65,20 @@ void rope(Stream& stream, Buffer<float>* q, Buffer<float>* k, std::span<const st
   const Dim3 grid{static_cast<std::uint32_t>(std::max(p.Hq, p.Hk)),
                   static_cast<std::uint32_t>(std::min<std::int64_t>(rows, 65535)), 2};
   launch<kernels::Rope>(stream, grid, 0, p);
+}
+}  // namespace
+
+void rope(Stream& stream, Buffer<float>* q, Buffer<float>* k, std::span<const std::int64_t> positions,
+          const RopeConfig& c) {
+  rope_in(stream, q, k, positions, c);
+}
+void rope(Stream& stream, Buffer<half>* q, Buffer<half>* k, std::span<const std::int64_t> positions,
+          const RopeConfig& c) {
+  rope_in(stream, q, k, positions, c);
+}
+void rope(Stream& stream, Buffer<bfloat16>* q, Buffer<bfloat16>* k, std::span<const std::int64_t> positions,
+          const RopeConfig& c) {
+  rope_in(stream, q, k, positions, c);
 }
 
 }  // namespace lockstep

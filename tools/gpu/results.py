@@ -26,6 +26,9 @@ GOALS = {
     "decode_vs_cudnn_fp16": {"cuda": {"ratio_min": 1.0}},
     "decode_vs_torch_fp32": {"cuda": None},
     "decode_host_graph": {"cuda": {"figure_max": 1.0}},
+    "decode_formats_read": {"cuda": {"ratio_min": 0.93}, "cpu": {"ratio_min": 0.80}},
+    "decode_bf16_vs_torch": {"cuda": {"ratio_min": 1.0}},
+    "decode_fp8_vs_bf16": {"cuda": {"figure_max": 0.6}},
     "decode_host_eager": {"cuda": None},
     "prefill_tc_vs_fa2": {"cuda": {"ratio_min": 1.0}},
     "prefill_tc_vs_cudnn": {"cuda": None},
@@ -167,6 +170,42 @@ def entries(call, meta):
             if call.cuda and host and name == "flash_decoding":
                 out.append(entry("decode_host_eager", call, name, shape, median(host), "us per call", None,
                                  [], t, "host time per eager call, launches included", m_bench, host))
+        elif name == "flash_decoding_formats" and first.get("bytes", 0) >= LONG_DECODE_BYTES // 4:
+            # Note [decode formats]: shape "B=... L=... ACT/CACHE"; the peers' shape is the prefix.
+            base, _, formats = shape.rpartition(" ")
+            cache = formats.split("/")[-1]
+            gbps = median(call.series(key, "GBps"))
+            paired = call.series(key, "paired_read_fraction")
+            if cache in ("bfloat16", "half"):
+                if paired:
+                    against = {"name": "native read of the same K and V, paired", "figure": None, "unit": "GB/s"}
+                    out.append(entry("decode_formats_read", call, name, shape, gbps, "GB/s", against, paired,
+                                     t, "median of the calls", m_bench))
+                elif call.series(key, "frac_read_ceiling"):
+                    against = {"name": "read ceiling", "figure": round(call.ceiling("read_GBps"), 1), "unit": "GB/s"}
+                    out.append(entry("decode_formats_read", call, name, shape, gbps, "GB/s", against,
+                                     call.series(key, "frac_read_ceiling"), t, "device time, stream kept busy",
+                                     m_bench))
+                if call.cuda and cache == "bfloat16":
+                    best, label = None, None
+                    for backend in ("cudnn", "flash", "efficient"):
+                        p = peer(call, "decode", "bf16", backend, base)
+                        if p and (best is None or median(p) < median(best)):
+                            best, label = p, backend
+                    if best:
+                        against = {"name": f"PyTorch's fastest bf16 SDPA decode ({label})",
+                                   "figure": round(median(best), 5), "unit": "ms"}
+                        out.append(entry("decode_bf16_vs_torch", call, name, shape, t, "ms", against,
+                                         [median(best) / x for x in ms], t, "device time, stream kept busy, both",
+                                         m_peers))
+            elif cache.startswith("fp8") and call.cuda:
+                twin = (name, base + " " + formats.split("/")[0] + "/bfloat16")
+                bf = call.series(twin, "median_ms")
+                if bf:
+                    against = {"name": "lockstep with a bfloat16 cache", "figure": round(median(bf), 5), "unit": "ms"}
+                    out.append(entry("decode_fp8_vs_bf16", call, name, shape, t / median(bf), "x the bf16 time",
+                                     against, [], t, "device time, stream kept busy, both", m_bench,
+                                     [x / median(bf) for x in ms]))
         elif name == "flash_decoding_graph_step":
             host = call.series(key, "host_us_per_attention_call")
             if host:

@@ -33,19 +33,24 @@ void convert(Stream& stream, const Buffer<fp8_e5m2>& in, Buffer<float>& out);
 // y[i] += x[i] for every element (same size).
 void add(Stream& stream, const Buffer<float>& x, Buffer<float>& y);
 
+// The layout calls move elements of T = float, half or bfloat16 as they are (the bytes; a 16-bit T
+// needs an even head_dim).
 // [seq_len, num_heads * head_dim] (interleaved) -> [num_heads, seq_len, head_dim] (batched).
-void interleaved_to_batched(Stream& stream, const Buffer<float>& in, Buffer<float>& out,
-                            std::int64_t seq_len, std::int64_t num_heads, std::int64_t head_dim);
+template <class T>
+void interleaved_to_batched(Stream& stream, const Buffer<T>& in, Buffer<T>& out, std::int64_t seq_len,
+                            std::int64_t num_heads, std::int64_t head_dim);
 // [num_heads, seq_len, head_dim] -> [seq_len, num_heads * head_dim].
-void batched_to_interleaved(Stream& stream, const Buffer<float>& in, Buffer<float>& out,
-                            std::int64_t seq_len, std::int64_t num_heads, std::int64_t head_dim);
+template <class T>
+void batched_to_interleaved(Stream& stream, const Buffer<T>& in, Buffer<T>& out, std::int64_t seq_len,
+                            std::int64_t num_heads, std::int64_t head_dim);
 // out [seq_len, head_dim] = head `head` of in [seq_len, num_heads * head_dim].
-void extract_head(Stream& stream, const Buffer<float>& in, Buffer<float>& out, std::int64_t seq_len,
+template <class T>
+void extract_head(Stream& stream, const Buffer<T>& in, Buffer<T>& out, std::int64_t seq_len,
                   std::int64_t num_heads, std::int64_t head_dim, std::int64_t head);
 // Head `head` of out [seq_len, num_heads * head_dim] = in [seq_len, head_dim]; the other heads are untouched.
-void copy_head_back(Stream& stream, const Buffer<float>& in, Buffer<float>& out,
-                    std::int64_t seq_len, std::int64_t num_heads, std::int64_t head_dim, std::int64_t head);
-
+template <class T>
+void copy_head_back(Stream& stream, const Buffer<T>& in, Buffer<T>& out, std::int64_t seq_len,
+                    std::int64_t num_heads, std::int64_t head_dim, std::int64_t head);
 // out[b] = in[b]^T for in [batch, rows, cols] -> out [batch, cols, rows].
 void transpose(Stream& stream, const Buffer<float>& in, Buffer<float>& out, std::int64_t batch,
                std::int64_t rows, std::int64_t cols);

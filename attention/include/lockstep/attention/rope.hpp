@@ -5,6 +5,7 @@
 #include <span>
 
 #include "lockstep/buffer.hpp"
+#include "lockstep/formats.hpp"
 
 namespace lockstep {
 
@@ -16,7 +17,13 @@ struct RopeConfig {
   float theta = 10000.0f;
   RopeStyle style = RopeStyle::kNorm;
 };
+// q and k in float, half or bfloat16 (one type for both): each value widened, rotated in float,
+// and rounded once to the buffer's format.
 void rope(Stream& stream, Buffer<float>* q, Buffer<float>* k, std::span<const std::int64_t> positions,
+          const RopeConfig& config);
+void rope(Stream& stream, Buffer<half>* q, Buffer<half>* k, std::span<const std::int64_t> positions,
+          const RopeConfig& config);
+void rope(Stream& stream, Buffer<bfloat16>* q, Buffer<bfloat16>* k, std::span<const std::int64_t> positions,
           const RopeConfig& config);
 
 }  // namespace lockstep

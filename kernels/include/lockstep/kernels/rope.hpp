@@ -7,6 +7,7 @@
 // give the same bits. The pair arithmetic does not depend on the style: NEOX of a vector equals
 // NORM of its interleaved permutation, bit for bit.
 
+#include "lockstep/kernels/decode/params.hpp"
 #include "lockstep/kernels/hd.hpp"
 
 namespace lockstep::kernels {
@@ -17,8 +18,9 @@ namespace lockstep::kernels {
 inline constexpr std::int64_t kRopeMaxPosition = std::int64_t{1} << 20;
 
 struct RopeParams {
-  float* q;                      // [rows, Hq, D] (may be null)
-  float* k;                      // [rows, Hk, D] (may be null)
+  void* q;                       // [rows, Hq, D] (may be null), in act_format
+  void* k;                       // [rows, Hk, D] (may be null)
+  std::int32_t act_format;       // float, half or bfloat16 (Note [decode formats]): loads widen, stores round
   const std::int32_t* positions; // [rows]
   std::int32_t rows, Hq, Hk, D;
   std::int32_t neox;             // 0: NORM, 1: NEOX
@@ -39,14 +41,14 @@ struct Rope {
     using I = typename X::template Lanes<lane_int>;
     using B = typename X::template Lanes<bool>;
     const bool is_k = x.block_z() == 1;
-    float* base = is_k ? p.k : p.q;
+    void* base = is_k ? p.k : p.q;
     const int heads = is_k ? p.Hk : p.Hq;
     const int h = x.block_x();
     if (base == nullptr || h >= heads) return;
     const int half = p.D / 2;
     for (int r = x.block_y(); r < p.rows; r += x.grid_y()) {
       const int pos = x.load_uniform(p.positions + r);
-      float* v = base + (std::int64_t{r} * heads + h) * p.D;
+      const std::int64_t v0 = (std::int64_t{r} * heads + h) * p.D;
       for (int i0 = 0; i0 < half; i0 += kThreads) {
         const I i = x.thread() + i0;
         const B ok = i < half;
@@ -55,9 +57,10 @@ struct Rope {
         const F freq = x.exp2(-(x.to_float(i * 2) * p.inv_d) * p.log2_theta);
         const F angle = freq * static_cast<float>(pos);
         const F c = x.cos(angle), s = x.sin(angle);
-        const F a = x.load(v, ia, ok, 0.0f), b = x.load(v, ib, ok, 0.0f);
-        x.store(v, ia, a * c - b * s, ok);
-        x.store(v, ib, a * s + b * c, ok);
+        const void* v = act_at(base, p.act_format, v0);
+        const F a = load_act(x, v, p.act_format, ia, ok), b = load_act(x, v, p.act_format, ib, ok);
+        store_act(x, base, p.act_format, v0, ia, a * c - b * s, ok);
+        store_act(x, base, p.act_format, v0, ib, a * s + b * c, ok);
       }
     }
   }
