@@ -44,8 +44,10 @@ float act_round(float x, Format a) {
   if (a == Format::bf16) return to_float(to_bfloat16(x));
   return x;
 }
-// Half an ulp of the activation format, relative.
+// Half an ulp of the activation format, relative; and half its smallest subnormal step, the
+// rounding error of a value below its normal range.
 double act_unit(Format a) { return a == Format::f16 ? 0x1p-11 : a == Format::bf16 ? 0x1p-8 : 0x1p-24; }
+double act_tiny(Format a) { return a == Format::f16 ? 0x1p-25 : a == Format::bf16 ? 0x1p-134 : 0x1p-150; }
 
 template <class T>
 std::vector<T> encode(const std::vector<float>& x) {
@@ -215,7 +217,7 @@ class FormatFlashCase final : public Case {
         for (std::int64_t d = 0; d < D; ++d) {
           const double rv = ref.out[std::size_t(d)];
           const double b = attention_bound_fp32(ref.pv_mag[std::size_t(d)], ref.qk_mag[0], n, D) * (1 + ua) +
-                           ua * std::fabs(rv);
+                           ua * std::fabs(rv) + act_tiny(s_.act);
           const float got = r.out[o + std::size_t(d)];
           const double err = std::fabs(double(got) - rv);
           rep.max_ulp = std::max(rep.max_ulp, ulp_distance(got, rv));
