@@ -412,6 +412,39 @@ TEST_P(Attention, LayoutOpsMoveHalfCodesAsTheyAre) {
   for (const auto& x : odd_out.to_vector(s())) ASSERT_EQ(x.bits, 0x1234);
 }
 
+// Note [softmax in formats]: softmax over half and bfloat16 rows is the float softmax of the
+// widened rows, rounded once, at every row length (the register path, the long-row path) and for
+// a row of -inf only (zeros).
+template <class T>
+void expect_softmax_rounds_once(const std::shared_ptr<Device>& dev) {
+  SCOPED_TRACE(format_name(format_of<T>()));
+  Stream& st = dev->default_stream();
+  Lcg rng{5};
+  for (std::int64_t n : {1, 7, 100, 1024, 1500, 5000}) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    const std::int64_t rows = 9;
+    auto x = rng.floats(std::size_t(rows * n), 20.0f);
+    for (std::int64_t i = 0; i < n; ++i) x[std::size_t(3 * n + i)] = -std::numeric_limits<float>::infinity();
+    const auto codes = encode<T>(x);
+    std::vector<float> wide(codes.size());
+    for (std::size_t i = 0; i < codes.size(); ++i) wide[i] = widen(codes[i]);
+    Buffer<T> in(dev, codes.size()), out(dev, codes.size());
+    in.copy_from_host(st, codes);
+    ops::softmax_rows(st, in, out, rows, n);
+    Buffer<float> fin(dev, wide.size()), fout(dev, wide.size());
+    fin.copy_from_host(st, wide);
+    ops::softmax_rows(st, fin, fout, rows, n);
+    EXPECT_EQ(raw(out.to_vector(st)), raw(encode<T>(fout.to_vector(st))));
+    ops::softmax_rows(st, in, in, rows, n);  // in place
+    EXPECT_EQ(raw(in.to_vector(st)), raw(encode<T>(fout.to_vector(st))));
+  }
+}
+
+TEST_P(Attention, SoftmaxInFormatsRoundsOnce) {
+  expect_softmax_rounds_once<half>(dev);
+  expect_softmax_rounds_once<bfloat16>(dev);
+}
+
 TEST_P(Attention, CacheFormatsReportTheirBytes) {
   for (Format f : {Format::f32, Format::f16, Format::bf16, Format::fp8_e4m3, Format::fp8_e5m2}) {
     KvCacheConfig c{.num_layers = 3, .num_heads = 8, .num_kv_heads = 2, .head_dim = 64, .max_len = 10, .slots = 4};

@@ -8,13 +8,16 @@
 #include <string_view>
 
 #include "lockstep/device.hpp"
+#include "lockstep/formats.hpp"
 
 namespace lockstep::detail {
 
 // A grid dimension for v blocks, or InvalidArgument when v exceeds `limit`.
 std::uint32_t grid_dim(std::int64_t v, std::string_view where, std::string_view what, std::int64_t limit);
 
-void launch_softmax(Stream& s, const float* in, float* out, std::int64_t rows, std::int64_t n);
+// T: float, half or bfloat16 (instantiated in ops.cpp).
+template <class T>
+void launch_softmax(Stream& s, const T* in, T* out, std::int64_t rows, std::int64_t n);
 void launch_scale(Stream& s, const float* in, float* out, std::int64_t n, float scale);
 // out[a*oa + b*ob + c] = in[a*ia + b*ib + c].
 void launch_copy3d(Stream& s, const float* in, float* out, std::int64_t A, std::int64_t B,

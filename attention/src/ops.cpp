@@ -15,15 +15,19 @@ std::uint32_t grid_dim(std::int64_t v, std::string_view where, std::string_view 
   return static_cast<std::uint32_t>(std::max<std::int64_t>(v, 1));
 }
 
-void launch_softmax(Stream& s, const float* in, float* out, std::int64_t rows, std::int64_t n) {
-  using K = kernels::SoftmaxRows;
+template <class T>
+void launch_softmax(Stream& s, const T* in, T* out, std::int64_t rows, std::int64_t n) {
+  using K = kernels::SoftmaxRows<T>;
   if (rows == 0) return;
   check_fits(std::uint64_t(n) * K::kRowsPerBlock, kMaxLaneOffset, "softmax_rows",
              "8 * n (row length)");
   const auto gx = grid_dim(kernels::ceil_div(rows, K::kRowsPerBlock), "softmax_rows",
                            "ceil(rows / 8)", 0x7fffffff);
-  launch<K>(s, Dim3{gx, 1, 1}, 0, K::Params{in, out, rows, n});
+  launch<K>(s, Dim3{gx, 1, 1}, 0, typename K::Params{in, out, rows, n});
 }
+template void launch_softmax(Stream&, const float*, float*, std::int64_t, std::int64_t);
+template void launch_softmax(Stream&, const half*, half*, std::int64_t, std::int64_t);
+template void launch_softmax(Stream&, const bfloat16*, bfloat16*, std::int64_t, std::int64_t);
 
 void launch_scale(Stream& s, const float* in, float* out, std::int64_t n, float scale) {
   using K = kernels::Scale;
@@ -113,8 +117,8 @@ void launch_scale_mask(Stream& s, const float* in, float* out, std::int64_t batc
 
 namespace ops {
 
-void softmax_rows(Stream& stream, const Buffer<float>& in, Buffer<float>& out, std::int64_t rows,
-                  std::int64_t n) {
+template <class T>
+void softmax_rows(Stream& stream, const Buffer<T>& in, Buffer<T>& out, std::int64_t rows, std::int64_t n) {
   constexpr std::string_view w = "softmax_rows";
   detail::check_nonneg(w, "rows", rows);
   detail::check_positive(w, "n", n);
@@ -126,6 +130,9 @@ void softmax_rows(Stream& stream, const Buffer<float>& in, Buffer<float>& out, s
   detail::check_in_place_or_distinct(w, "out", out, "in", in);
   detail::launch_softmax(stream, in.data().get(), out.data().get(), rows, n);
 }
+template void softmax_rows(Stream&, const Buffer<float>&, Buffer<float>&, std::int64_t, std::int64_t);
+template void softmax_rows(Stream&, const Buffer<half>&, Buffer<half>&, std::int64_t, std::int64_t);
+template void softmax_rows(Stream&, const Buffer<bfloat16>&, Buffer<bfloat16>&, std::int64_t, std::int64_t);
 
 void scale(Stream& stream, const Buffer<float>& in, Buffer<float>& out, float s) {
   constexpr std::string_view w = "scale";

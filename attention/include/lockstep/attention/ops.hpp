@@ -10,9 +10,11 @@
 
 namespace lockstep::ops {
 
-// out[r, :] = softmax(in[r, :]) for `rows` rows of length n (row-major, in == out allowed).
-void softmax_rows(Stream& stream, const Buffer<float>& in, Buffer<float>& out, std::int64_t rows,
-                  std::int64_t n);
+// out[r, :] = softmax(in[r, :]) for `rows` rows of length n (row-major, in == out allowed). T:
+// float, half or bfloat16; with half and bfloat16 each value is widened, the arithmetic is the
+// float softmax's, and each output rounded once.
+template <class T>
+void softmax_rows(Stream& stream, const Buffer<T>& in, Buffer<T>& out, std::int64_t rows, std::int64_t n);
 
 // out[i] = in[i] * scale for every element (same size; in == out allowed).
 void scale(Stream& stream, const Buffer<float>& in, Buffer<float>& out, float scale);

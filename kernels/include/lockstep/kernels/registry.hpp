@@ -36,7 +36,7 @@ struct KernelList {
 };
 
 using AllKernels = KernelList<
-    Fill32, SoftmaxRows, Scale, Copy3D, Transpose, Gemm, MathEval, ReadSum, ReadTiles, FmaPeak,
+    Fill32, SoftmaxRows<>, SoftmaxRows<half>, SoftmaxRows<bfloat16>, Scale, Copy3D, Transpose, Gemm, MathEval, ReadSum, ReadTiles, FmaPeak,
     GemmTensorCore, ScaleMask, KvScatter<>, Rope, Add,
     // Note [decode formats]: the append into each cache format
     KvScatter<half>, KvScatter<bfloat16>, KvScatter<fp8_e4m3>, KvScatter<fp8_e5m2>,

@@ -13,6 +13,9 @@
 // Edge cases: a row of only -inf gives zeros (the max is -inf, and exp(-inf - -inf) would be NaN);
 // a NaN anywhere in a row makes that row all NaN and no other; +inf in a row gives NaN.
 
+#include <type_traits>
+
+#include "lockstep/formats.hpp"
 #include "lockstep/kernels/hd.hpp"
 
 namespace lockstep::kernels {
@@ -42,21 +45,31 @@ namespace lockstep::kernels {
 // writes a kernel's arithmetic a second time, beside it (Note [row forms] in row_form.hpp).
 LOCKSTEP_FLAG_TRAIT(has_row_major_softmax, kRowMajorSoftmax)  // hd.hpp
 
+// T: the rows' element type, float, half or bfloat16 (Note [decode formats]: loads widen, the
+// output is rounded once).
+template <class T = float>
 struct SoftmaxRowsParams {
-  const float* in;
-  float* out;
+  const T* in;
+  T* out;
   std::int64_t rows;
   std::int64_t n;  // row length, 1 <= n; rows are contiguous
 };
 
+// Note [softmax in formats]: with half or bfloat16 rows, the CPU device computes each exponential
+// twice as the GPU does (keeping it in a 16-bit `out` would round it) and has no row form; the
+// arithmetic and its order are the float kernel's, so the output is the float softmax of the
+// widened row, rounded once (tested).
+template <class T = float>
 struct SoftmaxRows {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, half> || std::is_same_v<T, bfloat16>,
+                "softmax rows: float, half or bfloat16");
   static constexpr const char* kName = "softmax_rows";
   static constexpr int kThreads = 256;
   static constexpr int kRowsPerBlock = kThreads / kWarpSize;
   static constexpr int kCachedMax = 1024;  // rows up to this length are held in registers
   static constexpr int kBatch = 8;         // loads in flight per lane on the GPU's long rows
   static constexpr bool kWarpIndependent = true;  // a row per warp, nothing shared (hd.hpp)
-  using Params = SoftmaxRowsParams;
+  using Params = SoftmaxRowsParams<T>;
 
   template <class X>
   LOCKSTEP_HD static void run(X& x, const Params& p) {
@@ -66,9 +79,9 @@ struct SoftmaxRows {
     const std::int64_t row0 = std::int64_t{x.block_x()} * kRowsPerBlock;
     const int live = static_cast<int>(imin(p.rows - row0, kRowsPerBlock));
     const int n = static_cast<int>(p.n);
-    const float* in = p.in + row0 * p.n;
-    float* out = p.out + row0 * p.n;
-    if constexpr (has_row_major_softmax<X>::value) {
+    const T* in = p.in + row0 * p.n;
+    T* out = p.out + row0 * p.n;
+    if constexpr (has_row_major_softmax<X>::value && std::is_same_v<T, float>) {
       if (x.row_major_softmax()) {  // Note [row-major softmax]
         x.softmax_rows(in, out, n, live);
         return;
@@ -117,7 +130,7 @@ struct SoftmaxRows {
 
     const B empty = m == -kInf;  // all -inf (or a padding-only lane group)
     F s = 0.0f;
-    if constexpr (X::kIsCpu) {
+    if constexpr (X::kIsCpu && std::is_same_v<T, float>) {
       // Note [softmax exponentials once]: the CPU device keeps each exponential in `out` (the
       // row's own elements, each written and read back by the lane that computed it; `out` is
       // `in` itself or does not overlap it) and divides it there, where the GPU recomputes it.
@@ -171,7 +184,7 @@ struct SoftmaxRows {
   // Note [batched loads]: each lane's kBatch values from j0 on, every load issued before any is
   // used (lanes past the row hold -inf and read nothing).
   template <class X, class F, class I, class B>
-  LOCKSTEP_HD static void load_batch(X& x, F (&v)[kBatch], const float* in, const I& base, const I& lane,
+  LOCKSTEP_HD static void load_batch(X& x, F (&v)[kBatch], const T* in, const I& base, const I& lane,
                                      const B& row_ok, int n, int j0) {
     LOCKSTEP_UNROLL
     for (int k = 0; k < kBatch; ++k) {
