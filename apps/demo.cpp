@@ -8,6 +8,7 @@
 // print their progress as they go.
 
 #include "demo.hpp"
+#include "format_names.hpp"
 
 #include <chrono>
 #include <cmath>
@@ -181,8 +182,7 @@ Result run_loop(const std::shared_ptr<Device>& dev, const Model& m, const Option
 }
 
 Format parse_format(const std::string& name, bool cache) {
-  for (Format f : {Format::f32, Format::f16, Format::bf16, Format::fp8_e4m3, Format::fp8_e5m2})
-    if (name == format_name(f) && (cache || !is_fp8(f))) return f;
+  if (const auto f = format_named(name); f && (cache || !is_fp8(*f))) return *f;
   throw InvalidArgument("lockstep demo", cache ? "--cache" : "--activations", name,
                         cache ? "float, half, bfloat16, fp8_e4m3 or fp8_e5m2" : "float, half or bfloat16");
 }

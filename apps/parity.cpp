@@ -7,6 +7,7 @@
 // CPU bytes must equal this run's. This file is the driver only; the cases live in the harness.
 
 #include "parity.hpp"
+#include "format_names.hpp"
 
 #include <spawn.h>
 #include <sys/wait.h>
@@ -143,8 +144,7 @@ int run(const Options& o) {
   } else {
     const auto slash = o.formats.find('/');
     const auto parse = [&](const std::string& n, bool cache) {
-      for (Format f : {Format::f32, Format::f16, Format::bf16, Format::fp8_e4m3, Format::fp8_e5m2})
-        if (n == format_name(f) && (cache || !is_fp8(f))) return f;
+      if (const auto f = format_named(n); f && (cache || !is_fp8(*f))) return *f;
       throw InvalidArgument("lockstep parity", "--formats", o.formats,
                             "ACTIVATIONS/CACHE (float, half or bfloat16 / float, half, bfloat16, fp8_e4m3 or "
                             "fp8_e5m2), or any");

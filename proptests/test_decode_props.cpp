@@ -99,9 +99,14 @@ RC_GTEST_PROP(Decode, FlashDecoding, ()) {
   RC_ASSERT(v.failure.empty());
 }
 
-RC_GTEST_PROP(Decode, BatchInvariance, ()) {
-  auto s = world_gen();
-  const DecodeWorld batch(s);
+// The batch-invariance properties' worlds: sequence i of a batch, alone in a one-slot world, and
+// at slot j of a larger world of other random sequences.
+struct InvarianceWorlds {
+  DecodeWorld batch, alone, other;
+  std::int64_t i, j;
+};
+InvarianceWorlds invariance_worlds(const DecodeWorldShape& s) {
+  DecodeWorld batch(s);
   const std::int64_t i = *rc::gen::inRange<std::int64_t>(0, s.slots);
   RC_PRE(!batch.done[std::size_t(i)]);
   // Alone in a one-slot cache.
@@ -119,6 +124,13 @@ RC_GTEST_PROP(Decode, BatchInvariance, ()) {
   std::int64_t j = full_range(0, s2.slots);
   if (s2.slots > 1 && j == i) j = (i + 1) % s2.slots;
   put_sequence(batch, i, other, j);
+  return {std::move(batch), std::move(alone), std::move(other), i, j};
+}
+
+RC_GTEST_PROP(Decode, BatchInvariance, ()) {
+  const auto s = world_gen();
+  const auto [batch, alone, other, i, j] = invariance_worlds(s);
+  const std::int64_t others = other.shape.slots;
   const std::size_t row = std::size_t(s.heads * s.dim);
   // Coverage (printed by RapidCheck): the sequence's chunks against its batches' longest.
   std::int64_t longest = 0;
@@ -127,11 +139,11 @@ RC_GTEST_PROP(Decode, BatchInvariance, ()) {
   const std::int64_t mine = chunks_of(batch.lengths[std::size_t(i)] + 1);
   RC_CLASSIFY(mine > 1, "the sequence spans several chunks");
   RC_CLASSIFY(chunks_of(longest) > mine, "its batch has more chunks than it");
-  RC_CLASSIFY(s2.slots > 128, "more than 128 slots");
+  RC_CLASSIFY(others > 128, "more than 128 slots");
   RC_CLASSIFY(j != i, "at another slot index");
   for (const auto& dev : backends()) {
     const auto a = batch.decode(dev), b = alone.decode(dev), c = other.decode(dev);
-    RC_LOG() << dev->id().str() << ": slot " << i << " vs alone, vs slot " << j << " of " << s2.slots << "\n";
+    RC_LOG() << dev->id().str() << ": slot " << i << " vs alone, vs slot " << j << " of " << others << "\n";
     RC_ASSERT(rows_equal(a, i, b, 0, row));
     RC_ASSERT(rows_equal(a, i, c, j, row));
   }
@@ -162,21 +174,7 @@ RC_GTEST_PROP(Decode, BatchInvarianceInFormats, ()) {
   s.layer = 0;
   const Format act = Format(full_range(0, 3)), cache = Format(full_range(0, 5));
   RC_TAG(format_name(act), format_name(cache));
-  const DecodeWorld batch(s);
-  const std::int64_t i = *rc::gen::inRange<std::int64_t>(0, s.slots);
-  RC_PRE(!batch.done[std::size_t(i)]);
-  DecodeWorldShape s1 = s;
-  s1.slots = 1;
-  DecodeWorld alone(s1);
-  put_sequence(batch, i, alone, 0);
-  DecodeWorldShape s2 = s;
-  s2.slots = s.slots + *rc::gen::inRange<std::int64_t>(0, 4);
-  s2.seed = s.seed ^ 0x5bd1e995u;
-  DecodeWorld other(s2);
-  other.scale = batch.scale;
-  std::int64_t j = full_range(0, s2.slots);
-  if (s2.slots > 1 && j == i) j = (i + 1) % s2.slots;
-  put_sequence(batch, i, other, j);
+  auto [batch, alone, other, i, j] = invariance_worlds(s);
   // fp8 scales come from the world's seed: the same for all three worlds.
   alone.shape.seed = other.shape.seed = s.seed;
   const std::size_t row = std::size_t(s.heads * s.dim);

@@ -16,25 +16,14 @@
 #include "lockstep/attention/kv_cache.hpp"
 #include "lockstep/attention/ops.hpp"
 #include "lockstep/attention/rope.hpp"
+#include "harness/harness_decode_formats.hpp"
 #include "support/attention.hpp"
 
 namespace lockstep::testing {
 namespace {
 
-template <class T>
-std::vector<T> encode(const std::vector<float>& x) {
-  std::vector<T> out(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    if constexpr (std::is_same_v<T, float>) out[i] = x[i];
-    else out[i] = from_float<T>(x[i]);
-  }
-  return out;
-}
-template <class T>
-float widen(T v) {
-  if constexpr (std::is_same_v<T, float>) return v;
-  else return to_float(v);
-}
+using harness::encode;
+using harness::widen;
 template <class T>
 std::vector<std::uint8_t> raw(const std::vector<T>& v) {
   std::vector<std::uint8_t> b(v.size() * sizeof(T));

@@ -75,24 +75,19 @@ KvCache::KvCache(std::shared_ptr<Device> device, const KvCacheConfig& c) : devic
   allocate_layers(per_layer, k_, v_, "a KvCache: K and V of " + std::to_string(c.num_layers) +
                                          " layers, " + std::to_string(per_layer * 4) + " bytes each");
   if (is_fp8(c.format)) {
-    std::vector<float> host(2 * nscales, 1.0f);
+    // Empty scales are 1; the device holds them as [layers, 2, kv_heads] (K's, then V's).
+    if (cfg_.k_scales.empty()) cfg_.k_scales.assign(nscales, 1.0f);
+    if (cfg_.v_scales.empty()) cfg_.v_scales.assign(nscales, 1.0f);
     const std::size_t Hk = std::size_t(c.num_kv_heads);
-    for (std::size_t l = 0; l < std::size_t(c.num_layers); ++l)
-      for (std::size_t h = 0; h < Hk; ++h) {
-        if (!c.k_scales.empty()) host[l * 2 * Hk + h] = c.k_scales[l * Hk + h];
-        if (!c.v_scales.empty()) host[l * 2 * Hk + Hk + h] = c.v_scales[l * Hk + h];
-      }
+    std::vector<float> host(2 * nscales);
+    for (std::size_t l = 0; l < std::size_t(c.num_layers); ++l) {
+      std::copy_n(cfg_.k_scales.begin() + std::ptrdiff_t(l * Hk), Hk, host.begin() + std::ptrdiff_t(l * 2 * Hk));
+      std::copy_n(cfg_.v_scales.begin() + std::ptrdiff_t(l * Hk), Hk, host.begin() + std::ptrdiff_t(l * 2 * Hk + Hk));
+    }
     scales_ = Buffer<float>(device_, host.size());
     Stream& s = device_->default_stream();
     scales_.copy_from_host(s, host);
     s.synchronize();
-    cfg_.k_scales.assign(host.size() / 2, 1.0f);
-    cfg_.v_scales.assign(host.size() / 2, 1.0f);
-    for (std::size_t l = 0; l < std::size_t(c.num_layers); ++l)
-      for (std::size_t h = 0; h < Hk; ++h) {
-        cfg_.k_scales[l * Hk + h] = host[l * 2 * Hk + h];
-        cfg_.v_scales[l * Hk + h] = host[l * 2 * Hk + Hk + h];
-      }
   }
   try {  // the host state: slots x layers entries
     len_.assign(std::size_t(c.slots), 0);

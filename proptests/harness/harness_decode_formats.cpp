@@ -49,24 +49,6 @@ float act_round(float x, Format a) {
 double act_unit(Format a) { return a == Format::f16 ? 0x1p-11 : a == Format::bf16 ? 0x1p-8 : 0x1p-24; }
 double act_tiny(Format a) { return a == Format::f16 ? 0x1p-25 : a == Format::bf16 ? 0x1p-134 : 0x1p-150; }
 
-template <class T>
-std::vector<T> encode(const std::vector<float>& x) {
-  std::vector<T> out(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    if constexpr (std::is_same_v<T, float>) out[i] = x[i];
-    else out[i] = from_float<T>(x[i]);
-  }
-  return out;
-}
-template <class T>
-std::vector<float> widen(const std::vector<T>& x) {
-  std::vector<float> out(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    if constexpr (std::is_same_v<T, float>) out[i] = x[i];
-    else out[i] = to_float(x[i]);
-  }
-  return out;
-}
 // A layer's codes as integer values (floats for an f32 cache).
 template <class C>
 std::vector<float> codes(Stream& st, const Buffer<C>& b) {

@@ -4,6 +4,7 @@
 // cache in any format; fp8 with scales per kv head drawn from the seed (not powers of two).
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -11,6 +12,28 @@
 #include "harness_decode.hpp"
 
 namespace lockstep::harness {
+
+// Host values as T (float, or a storage format rounded by its conversion), and back.
+template <class T>
+std::vector<T> encode(const std::vector<float>& x) {
+  std::vector<T> out(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if constexpr (std::is_same_v<T, float>) out[i] = x[i];
+    else out[i] = from_float<T>(x[i]);
+  }
+  return out;
+}
+template <class T>
+float widen(T v) {
+  if constexpr (std::is_same_v<T, float>) return v;
+  else return to_float(v);
+}
+template <class T>
+std::vector<float> widen(const std::vector<T>& x) {
+  std::vector<float> out(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) out[i] = widen(x[i]);
+  return out;
+}
 
 struct FormatWorldShape {
   DecodeWorldShape world;  // one layer is used
