@@ -292,22 +292,25 @@ std::vector<Result> mha(Context& ctx, std::int64_t B, std::int64_t S, std::int64
 
 // S query rows over Skv keys (S when Skv < 0; causal bottom-right aligned); invariant:
 // AttentionOptions::batch_invariant (false: small grids split keys, Note [split keys]).
+// T: q, k, v and out in float, half or bfloat16 (Exact: Note [exact formats]).
+template <class T = float>
 Result fused(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t S, std::int64_t D, bool causal,
              bool tc = false, std::int64_t Skv = -1, bool invariant = true) {
   if (Skv < 0) Skv = S;
   const std::size_t n = std::size_t(B * H * S * D), nkv = std::size_t(B * H * Skv * D);
-  auto q = random_buffer(ctx.dev, n, 31, -1.0f, 1.0f), k = random_buffer(ctx.dev, nkv, 32, -1.0f, 1.0f),
-       v = random_buffer(ctx.dev, nkv, 33, -1.0f, 1.0f);
-  Buffer<float> out(ctx.dev, n);
+  auto q = random_as<T>(ctx, n, 31), k = random_as<T>(ctx, nkv, 32), v = random_as<T>(ctx, nkv, 33);
+  Buffer<T> out(ctx.dev, n);
   AttentionOptions o;
   o.causal = causal;
   o.precision = tc ? AttentionPrecision::kTensorCore : AttentionPrecision::kExact;
   o.batch_invariant = invariant;
   Result r;
-  r.name = tc ? "attention_fused_tensor_core" : "attention_fused_exact";
+  constexpr bool kFloat = std::is_same_v<T, float>;
+  r.name = std::string(tc ? "attention_fused_tensor_core" : "attention_fused_exact") + (kFloat ? "" : "_formats");
   r.shape = "B=" + std::to_string(B) + " H=" + std::to_string(H) + " L=" + std::to_string(S) +
             (Skv != S ? " Lkv=" + std::to_string(Skv) : std::string()) + " D=" + std::to_string(D) +
-            (causal ? " causal" : "") + (invariant ? "" : " batch_invariant=false");
+            (causal ? " causal" : "") + (invariant ? "" : " batch_invariant=false") +
+            (kFloat ? std::string() : std::string(" ") + format_name<T>());
   const auto call = [&] { attention(ctx.stream(), q, k, v, out, AttentionShape{B, H, H, S, Skv, D}, o); };
   r.median_ms = median_ms(*ctx.dev, ctx.stream(), call, ctx.quick ? 0 : 1, std::max(1, ctx.reps / 4));
   // The stream kept busy when the start event is recorded: the device's time without this call's
@@ -319,7 +322,7 @@ Result fused(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t S, std::
                        : Skv == S ? double(S) * double(S) / 2.0
                                   : double(S) * double(Skv - S) + double(S) * double(S + 1) / 2.0;
   r.flops = 4.0 * double(B) * double(H) * pairs * double(D);
-  r.bytes = 4.0 * double(2 * n + 2 * nkv);
+  r.bytes = double(sizeof(T)) * double(2 * n + 2 * nkv);
   r.note = tc ? "2 launches (K, V to fp16; the fused kernel: wgmma on sm_90a builds at head_dim 64 and 128, else mma.sync m16n8k16; S, P, O in registers; at head_dim 64 with large grids the first launch packs one kv head and the fused kernel's packing blocks the rest), fp32 accumulation and softmax, FlashAttention-2 schedule; FLOPs halved when causal"
              : "strict fp32 SIMT, FlashAttention-2 schedule; FLOPs halved when causal";
   // The H200's dense fp16 tensor-core peak, 763 TFLOP/s (the vendor's figure), not measured here.
@@ -430,6 +433,28 @@ std::vector<Bench> attention_benches() {
                rs.push_back(fused(ctx, 1, 4, 1024, 128, false));
              }
            }
+         }
+         return rs;
+       }},
+      {"attention_fused_formats",
+       [](Context& ctx) {
+         // Note [exact formats]: Exact on bfloat16 q, k, v and out, at attention_fused's shapes;
+         // TensorCore on half inputs (Note [tensor-core formats]), FA2's own input type.
+         std::vector<Result> rs;
+         if (ctx.quick) {
+           rs.push_back(fused<bfloat16>(ctx, 1, 2, 64, 64, true));
+           rs.push_back(fused<half>(ctx, 1, 2, 64, 64, true, true));
+         } else if (ctx.cuda) {
+           rs.push_back(fused<bfloat16>(ctx, 1, 6, 1500, 64, false));
+           rs.push_back(fused<bfloat16>(ctx, 4, 32, 4096, 128, false));
+           rs.push_back(fused<bfloat16>(ctx, 16, 16, 1024, 64, true));
+           rs.push_back(fused<half>(ctx, 1, 6, 1500, 64, false, true));
+           rs.push_back(fused<half>(ctx, 4, 32, 4096, 128, false, true));
+           rs.push_back(fused<half>(ctx, 4, 32, 4096, 128, true, true));
+           rs.push_back(fused<half>(ctx, 16, 16, 1024, 64, true, true));
+         } else {
+           rs.push_back(fused<bfloat16>(ctx, 1, 6, 1500, 64, false));
+           rs.push_back(fused<half>(ctx, 1, 4, 1024, 128, false));
          }
          return rs;
        }},

@@ -216,6 +216,28 @@ RC_GTEST_PROP(Attention, FusedExact, ()) {
   check(*fused_case(s));
 }
 
+// Note [exact formats]: q, k, v and out in half or bfloat16, float arithmetic: CUDA against the
+// CPU device bitwise, and the float64 oracle on the rounded inputs within the fp32 bound plus
+// the output's one rounding; with split keys (batch_invariant = false) in one case in three.
+RC_GTEST_PROP(Attention, FusedExactInFormats, ()) {
+  FusedCaseShape s;
+  s.act = *rc::gen::element(Format::f16, Format::bf16);
+  s.dim = *rc::gen::element<std::int64_t>(32, 64, 96, 128, 256);
+  s.batch = full_range(1, 2);
+  s.kv_heads = full_range(1, 3);
+  s.heads = s.kv_heads * full_range(1, 3);
+  s.seq_q = *exact_tile_size_gen(150);
+  s.seq_kv = *rc::gen::oneOf(rc::gen::just(s.seq_q), exact_tile_size_gen(600));
+  s.causal = *rc::gen::arbitrary<bool>();
+  s.interleaved = *rc::gen::arbitrary<bool>();
+  s.batch_invariant = *rc::gen::element(true, true, false);
+  s.q_scale = q_scale_gen();
+  s.seed = *rc::gen::arbitrary<std::uint64_t>();
+  RC_CLASSIFY(s.act == Format::f16, "half");
+  RC_CLASSIFY(!s.batch_invariant, "split keys");
+  check(*fused_case(s));
+}
+
 RC_GTEST_PROP(Attention, FusedTensorCore, ()) {
   FusedCaseShape s;
   s.dim = *rc::gen::element<std::int64_t>(32, 64, 96, 128, 256);

@@ -46,7 +46,7 @@ REPORTED = {"decode_vs_torch_fp32": "decode", "decode_host_eager": "host time of
             "prefill_tc_vs_cudnn": "prefill, TensorCore", "prefill_exact_vs_torch_fp32": "prefill, Exact"}
 PLOTTED = ("decode_read", "prefill_tc_vs_fa2", "prefill_exact_fma", "softmax", "layout")
 SHORT = {"flash_decoding": "flash_decoding", "flash_decoding_formats": "flash_decoding", "incremental_attention": "incremental",
-         "attention_fused_tensor_core": "", "attention_fused_exact": "", "softmax_rows": "",
+         "attention_fused_tensor_core": "", "attention_fused_exact": "", "attention_fused_exact_formats": "", "attention_fused_tensor_core_formats": "", "softmax_rows": "",
          "flash_decoding_graph_step": ""}
 COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#b07aa1")
 

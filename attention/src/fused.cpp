@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "checks.hpp"
 #include "fused_plan.hpp"
+#include "lockstep/formats.hpp"
 #include "lockstep/kernels/launch.hpp"
 
 namespace lockstep {
@@ -126,9 +128,9 @@ std::uint64_t attention_workspace_bytes(const Device& device, const AttentionSha
       .workspace_bytes;
 }
 
-void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
-               const Buffer<float>& v, Buffer<float>& out, const AttentionShape& sh,
-               const AttentionOptions& o) {
+template <class T>
+void attention(Stream& stream, const Buffer<T>& q, const Buffer<T>& k, const Buffer<T>& v, Buffer<T>& out,
+               const AttentionShape& sh, const AttentionOptions& o) {
   constexpr std::string_view w = "attention";
   check_attention_shape(w, sh);
   const std::int64_t D = sh.head_dim;
@@ -141,6 +143,9 @@ void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
   if (tensor_core && !stream.device().caps().tensor_cores &&
       stream.device().id().kind == DeviceKind::kCuda)
     throw Unsupported(w, "precision", "TensorCore", "a CUDA device with tensor cores (this build targets sm_90)");
+  if (tensor_core && std::is_same_v<T, bfloat16>)  // Note [tensor-core formats]; docs/api.md, "Formats"
+    throw Unsupported(w, "precision", std::string("TensorCore with ") + format_name<T>() + " q, k and v",
+                      "TensorCore with float or half inputs; Exact (or Auto) with bfloat16");
   LOCKSTEP_CHECK_ARG(sh.batch <= 65535, w, "batch", sh.batch, "<= 65535");
   LOCKSTEP_CHECK_ARG(sh.num_heads <= 65535, w, "num_heads", sh.num_heads, "<= 65535");
   LOCKSTEP_CHECK_ARG(sh.seq_q <= 0x7fffffff, w, "seq_q", sh.seq_q, "<= 2147483647");
@@ -178,7 +183,7 @@ void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
   if (o.tuning != nullptr) o.tuning->check(w);
   const Tuning& tuning = detail::tuning_for(stream, o.tuning);
   detail::check_workspace(w, o.workspace, stream, 0);
-  for (const auto& [name, b] : {std::pair<const char*, const Buffer<float>*>{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}})
+  for (const auto& [name, b] : {std::pair<const char*, const Buffer<T>*>{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}})
     detail::check_workspace_apart(w, o.workspace, name, *b);
   if (o.lse != nullptr) detail::check_workspace_apart(w, o.workspace, "lse", *o.lse);
   kernels::FusedAttentionParams p{};
@@ -201,6 +206,7 @@ void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
   p.k = k.data().get();
   p.v = v.data().get();
   p.out = out.data().get();
+  p.act_format = static_cast<std::int32_t>(format_of<T>());  // kernels/act.hpp: 0, 1, 2
   p.lse = o.lse ? o.lse->data().get() : nullptr;
   p.B = static_cast<std::int32_t>(sh.batch);
   p.H = static_cast<std::int32_t>(sh.num_heads);
@@ -225,5 +231,12 @@ void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
   }
   LOCKSTEP_ASSERT(stream.launches() - launches_before == std::uint64_t(pl.launches), "fused plan: launches");
 }
+
+template void attention(Stream&, const Buffer<float>&, const Buffer<float>&, const Buffer<float>&, Buffer<float>&,
+                        const AttentionShape&, const AttentionOptions&);
+template void attention(Stream&, const Buffer<half>&, const Buffer<half>&, const Buffer<half>&, Buffer<half>&,
+                        const AttentionShape&, const AttentionOptions&);
+template void attention(Stream&, const Buffer<bfloat16>&, const Buffer<bfloat16>&, const Buffer<bfloat16>&,
+                        Buffer<bfloat16>&, const AttentionShape&, const AttentionOptions&);
 
 }  // namespace lockstep

@@ -19,10 +19,11 @@ std::uint32_t grid_dim(std::int64_t v, std::string_view where, std::string_view 
 template <class T>
 void launch_softmax(Stream& s, const T* in, T* out, std::int64_t rows, std::int64_t n);
 void launch_scale(Stream& s, const float* in, float* out, std::int64_t n, float scale);
-// out[a*oa + b*ob + c] = in[a*ia + b*ib + c].
-void launch_copy3d(Stream& s, const float* in, float* out, std::int64_t A, std::int64_t B,
+// out[a*oa + b*ob + c] = in[a*ia + b*ib + c], floats; with in_format / out_format (kernels/act.hpp:
+// 0 float, 1 half, 2 bfloat16) each value widened, then rounded once to the output's format.
+void launch_copy3d(Stream& s, const void* in, void* out, std::int64_t A, std::int64_t B,
                    std::int64_t C, std::int64_t ia, std::int64_t ib, std::int64_t oa,
-                   std::int64_t ob);
+                   std::int64_t ob, int in_format = 0, int out_format = 0);
 void launch_transpose(Stream& s, const float* in, float* out, std::int64_t batch, std::int64_t R,
                       std::int64_t C);
 void launch_gemm(Stream& s, const float* a, const float* b, float* c, std::int64_t batch,

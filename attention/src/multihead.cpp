@@ -4,6 +4,7 @@
 #include <string>
 
 #include "checks.hpp"
+#include "lockstep/formats.hpp"
 #include "launchers.hpp"
 
 namespace lockstep {
@@ -41,10 +42,12 @@ std::uint64_t multihead_attention_workspace_bytes(const MhaShape& shape, const M
                      "workspace bytes");
 }
 
-void multihead_attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
-                         const Buffer<float>& v, Buffer<float>& out, const MhaShape& shape,
-                         const MhaOptions& options) {
+template <class T>
+void multihead_attention(Stream& stream, const Buffer<T>& q, const Buffer<T>& k, const Buffer<T>& v, Buffer<T>& out,
+                         const MhaShape& shape, const MhaOptions& options) {
   constexpr std::string_view w = "multihead_attention";
+  // q, k and v are widened by the first copies, out rounded once by the last (kernels/act.hpp).
+  const int act = static_cast<int>(format_of<T>());
   detail::check_nonneg(w, "seq_len", shape.seq_len);
   detail::check_positive(w, "num_heads", shape.num_heads);
   detail::check_positive(w, "head_dim", shape.head_dim);
@@ -67,7 +70,7 @@ void multihead_attention(Stream& stream, const Buffer<float>& q, const Buffer<fl
   detail::check_no_overlap(w, "out", out, "v", v);
   const float scale = detail::softmax_scale(w, options.scale, shape.head_dim);
   detail::check_workspace(w, options.workspace, stream, 0);
-  for (const auto& [name, b] : {std::pair<const char*, const Buffer<float>*>{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}})
+  for (const auto& [name, b] : {std::pair<const char*, const Buffer<T>*>{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}})
     detail::check_workspace_apart(w, options.workspace, name, *b);
   [[maybe_unused]] const auto scores = checked_product({std::uint64_t(H), std::uint64_t(S), std::uint64_t(S)}, w,
                                       "num_heads * seq_len * seq_len");
@@ -113,15 +116,15 @@ void multihead_attention(Stream& stream, const Buffer<float>& q, const Buffer<fl
   if (rep.impl == MhaImpl::kBatched) {
     // Workspace: Q, K, V, K^T, O batched [H, S, D] and the scores [H, S, S].
     float *qb = ws, *kb = qb + n, *vb = kb + n, *kt = vb + n, *ob = kt + n, *sc = ob + n;
-    detail::launch_copy3d(stream, q.data().get(), qb, H, S, D, D, H * D, S * D, D);
-    detail::launch_copy3d(stream, k.data().get(), kb, H, S, D, D, H * D, S * D, D);
-    detail::launch_copy3d(stream, v.data().get(), vb, H, S, D, D, H * D, S * D, D);
+    detail::launch_copy3d(stream, q.data().get(), qb, H, S, D, D, H * D, S * D, D, act, 0);
+    detail::launch_copy3d(stream, k.data().get(), kb, H, S, D, D, H * D, S * D, D, act, 0);
+    detail::launch_copy3d(stream, v.data().get(), vb, H, S, D, D, H * D, S * D, D, act, 0);
     detail::launch_transpose(stream, kb, kt, H, S, D);
     gemm(stream, rep.score_gemm, qb, kt, sc, H, S, S, D);
     detail::launch_scale_mask(stream, sc, sc, H, S, S, scale, options.causal);
     detail::launch_softmax(stream, sc, sc, H * S, S);
     gemm(stream, rep.value_gemm, sc, vb, ob, H, S, D, S);
-    detail::launch_copy3d(stream, ob, out.data().get(), S, H, D, D, S * D, H * D, D);
+    detail::launch_copy3d(stream, ob, out.data().get(), S, H, D, D, S * D, H * D, D, 0, act);
     rep.launches = 9;
     if (options.report != nullptr) *options.report = rep;
     return;
@@ -130,18 +133,25 @@ void multihead_attention(Stream& stream, const Buffer<float>& q, const Buffer<fl
   const std::uint64_t sd = std::uint64_t(S * D);
   float *qh = ws, *kh = qh + sd, *vh = kh + sd, *kt = vh + sd, *oh = kt + sd, *sc = oh + sd;
   for (std::int64_t h = 0; h < H; ++h) {
-    detail::launch_copy3d(stream, q.data().get() + h * D, qh, 1, S, D, 0, H * D, 0, D);
-    detail::launch_copy3d(stream, k.data().get() + h * D, kh, 1, S, D, 0, H * D, 0, D);
-    detail::launch_copy3d(stream, v.data().get() + h * D, vh, 1, S, D, 0, H * D, 0, D);
+    detail::launch_copy3d(stream, q.data().get() + h * D, qh, 1, S, D, 0, H * D, 0, D, act, 0);
+    detail::launch_copy3d(stream, k.data().get() + h * D, kh, 1, S, D, 0, H * D, 0, D, act, 0);
+    detail::launch_copy3d(stream, v.data().get() + h * D, vh, 1, S, D, 0, H * D, 0, D, act, 0);
     detail::launch_transpose(stream, kh, kt, 1, S, D);
     gemm(stream, rep.score_gemm, qh, kt, sc, 1, S, S, D);
     detail::launch_scale_mask(stream, sc, sc, 1, S, S, scale, options.causal);
     detail::launch_softmax(stream, sc, sc, S, S);
     gemm(stream, rep.value_gemm, sc, vh, oh, 1, S, D, S);
-    detail::launch_copy3d(stream, oh, out.data().get() + h * D, 1, S, D, 0, D, 0, H * D);
+    detail::launch_copy3d(stream, oh, out.data().get() + h * D, 1, S, D, 0, D, 0, H * D, 0, act);
     rep.launches += 9;
   }
   if (options.report != nullptr) *options.report = rep;
 }
+
+template void multihead_attention(Stream&, const Buffer<float>&, const Buffer<float>&, const Buffer<float>&,
+                                  Buffer<float>&, const MhaShape&, const MhaOptions&);
+template void multihead_attention(Stream&, const Buffer<half>&, const Buffer<half>&, const Buffer<half>&,
+                                  Buffer<half>&, const MhaShape&, const MhaOptions&);
+template void multihead_attention(Stream&, const Buffer<bfloat16>&, const Buffer<bfloat16>&, const Buffer<bfloat16>&,
+                                  Buffer<bfloat16>&, const MhaShape&, const MhaOptions&);
 
 }  // namespace lockstep

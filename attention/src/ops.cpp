@@ -37,9 +37,9 @@ void launch_scale(Stream& s, const float* in, float* out, std::int64_t n, float 
   launch<K>(s, Dim3{gx, 1, 1}, 0, K::Params{in, out, n, scale});
 }
 
-void launch_copy3d(Stream& s, const float* in, float* out, std::int64_t A, std::int64_t B,
+void launch_copy3d(Stream& s, const void* in, void* out, std::int64_t A, std::int64_t B,
                    std::int64_t C, std::int64_t ia, std::int64_t ib, std::int64_t oa,
-                   std::int64_t ob) {
+                   std::int64_t ob, int in_format, int out_format) {
   using K = kernels::Copy3D;
   if (A == 0 || B == 0 || C == 0) return;
   check_fits(std::uint64_t(ib) * K::kRowsPerBlock + std::uint64_t(C), kMaxLaneOffset, "copy3d",
@@ -51,7 +51,7 @@ void launch_copy3d(Stream& s, const float* in, float* out, std::int64_t A, std::
   const std::int64_t gy = std::min<std::int64_t>(A, 65535);
   const auto gz = grid_dim(kernels::ceil_div(A, gy), "copy3d", "ceil(A / 65535)", 65535);
   launch<K>(s, Dim3{gx, static_cast<std::uint32_t>(gy), gz}, 0,
-            K::Params{in, out, A, B, C, ia, ib, oa, ob});
+            K::Params{in, out, A, B, C, ia, ib, oa, ob, in_format, out_format});
 }
 
 void launch_transpose(Stream& s, const float* in, float* out, std::int64_t batch, std::int64_t R,

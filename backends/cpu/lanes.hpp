@@ -43,6 +43,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "lockstep/error.hpp"
 #include "lockstep/formats.hpp"

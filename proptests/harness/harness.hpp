@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/formats.hpp"
 #include "lockstep/lockstep.hpp"
 
 namespace lockstep::harness {
@@ -220,6 +221,9 @@ struct FusedCaseShape {
   // online softmax or a split merge that forgot to subtract its running max turns into inf or NaN.
   float q_scale = 1.0f;
   bool batch_invariant = true;  // AttentionOptions::batch_invariant (false: Note [split keys])
+  // q, k, v and out in f32, f16 or bf16 (Exact only: Note [exact formats]); the inputs are drawn,
+  // rounded to the format, and the oracle attends the rounded values.
+  Format act = Format::f32;
   std::uint64_t seed = 0;
 };
 // attention() with precision Exact or TensorCore (and the log-sum-exp appended to the output).

@@ -314,6 +314,7 @@ std::vector<KernelEntry> attention_entries() {
 
 // --- fused attention (prefill) ------------------------------------------------------------------
 #include "lockstep/attention/fused.hpp"
+#include "harness_decode_formats.hpp"  // encode, widen
 
 namespace lockstep::harness {
 namespace {
@@ -331,6 +332,11 @@ class FusedCase final : public Case {
             for (std::int64_t d = 0; d < s.dim; ++d)
               k_[at(b, h, j, s.kv_heads, s.seq_kv) + std::size_t(d)] *= 1.0f + s.key_ramp * float(j);
     }
+    for (auto* x : {&q_, &k_, &v_})  // the values the call receives
+      for (float& e : *x) {
+        if (s.act == Format::f16) e = to_float(to_half(e));
+        if (s.act == Format::bf16) e = to_float(to_bfloat16(e));
+      }
   }
   std::string describe() const override {
     return std::string("attention (fused, ") + (s_.tensor_core ? "tensor core" : "exact") + ") B=" + std::to_string(s_.batch) + " H=" + std::to_string(s_.heads) +
@@ -340,16 +346,30 @@ class FusedCase final : public Case {
            (s_.key_ramp != 0.0f ? " key ramp " + std::to_string(s_.key_ramp) : std::string()) +
            (s_.q_scale != 1.0f ? " q_scale " + std::to_string(s_.q_scale) : std::string()) +
            (s_.batch_invariant ? std::string() : " batch_invariant=false") +
+           (s_.act != Format::f32 ? std::string(" in ") + format_name(s_.act) : std::string()) +
            (scale_ != 0.0f ? " scale " + std::to_string(scale_) : std::string());
   }
   Run run(const std::shared_ptr<Device>& dev) const override {
+    switch (s_.act) {
+      case Format::f16: return run_as<half>(dev);
+      case Format::bf16: return run_as<bfloat16>(dev);
+      default: return run_as<float>(dev);
+    }
+  }
+  template <class T>
+  Run run_as(const std::shared_ptr<Device>& dev) const {
     auto& st = dev->default_stream();
-    Buffer<float> q(dev, q_.size()), k(dev, k_.size()), v(dev, v_.size()), o(dev, q_.size()),
-        lse(dev, std::size_t(s_.batch * s_.heads * s_.seq_q));
-    q.copy_from_host(st, q_);
-    k.copy_from_host(st, k_);
-    v.copy_from_host(st, v_);
-    poison(st, o);
+    Buffer<T> q(dev, q_.size()), k(dev, k_.size()), v(dev, v_.size()), o(dev, q_.size());
+    Buffer<float> lse(dev, std::size_t(s_.batch * s_.heads * s_.seq_q));
+    q.copy_from_host(st, encode<T>(q_));
+    k.copy_from_host(st, encode<T>(k_));
+    v.copy_from_host(st, encode<T>(v_));
+    constexpr float kMarker = 12345.0f;  // no output reaches it (|v| <= 1)
+    if constexpr (std::is_same_v<T, float>) {
+      poison(st, o);
+    } else {
+      o.copy_from_host(st, encode<T>(std::vector<float>(q_.size(), kMarker)));
+    }
     poison(st, lse);
     AttentionOptions opt;
     opt.causal = s_.causal;
@@ -359,7 +379,13 @@ class FusedCase final : public Case {
     opt.batch_invariant = s_.batch_invariant;
     if (scale_ != 0.0f) opt.scale = scale_;
     attention(st, q, k, v, o, AttentionShape{s_.batch, s_.heads, s_.kv_heads, s_.seq_q, s_.seq_kv, s_.dim}, opt);
-    Run r = collect(st, o);
+    Run r;
+    if constexpr (std::is_same_v<T, float>) {
+      r = collect(st, o);
+    } else {
+      r.out = widen(o.to_vector(st));
+      r.unwritten = std::size_t(std::count(r.out.begin(), r.out.end(), widen(from_float<T>(kMarker))));
+    }
     const Run rl = collect(st, lse);
     r.out.insert(r.out.end(), rl.out.begin(), rl.out.end());
     r.unwritten += rl.unwritten;
@@ -388,8 +414,12 @@ class FusedCase final : public Case {
               s_.causal ? std::clamp<std::int64_t>(i + 1 + s_.seq_kv - s_.seq_q, 0, s_.seq_kv) : s_.seq_kv;
           for (std::int64_t d = 0; d < D; ++d) {
             const std::size_t o = at(b, h, i, s_.heads, s_.seq_q) + std::size_t(d), e = std::size_t(i * D + d);
-            const double bound = s_.tensor_core ? attention_bound_tc(ref.pv_mag[e], ref.qk_mag[std::size_t(i)], visible, D)
-                                                : attention_bound_fp32(ref.pv_mag[e], ref.qk_mag[std::size_t(i)], visible, D);
+            double bound = s_.tensor_core ? attention_bound_tc(ref.pv_mag[e], ref.qk_mag[std::size_t(i)], visible, D)
+                                          : attention_bound_fp32(ref.pv_mag[e], ref.qk_mag[std::size_t(i)], visible, D);
+            if (s_.act != Format::f32) {  // then the output's one rounding (Note [exact formats])
+              const double ua = s_.act == Format::f16 ? 0x1p-11 : 0x1p-8;
+              bound = bound * (1 + ua) + ua * std::fabs(ref.out[e]) + (s_.act == Format::f16 ? 0x1p-25 : 0x1p-134);
+            }
             account(rep, o, r.out[o], ref.out[e], visible == 0 ? 0.0 : bound);
           }
           const float got = r.out[lse0 + std::size_t((b * s_.heads + h) * s_.seq_q + i)];
@@ -420,8 +450,9 @@ class FusedCase final : public Case {
 std::unique_ptr<Case> fused_case(const FusedCaseShape& s) { return std::make_unique<FusedCase>(s); }
 
 std::vector<KernelEntry> fused_entries() {
-  auto draw = [](std::mt19937_64& g, bool tc) {
+  auto draw = [](std::mt19937_64& g, bool tc, Format act = Format::f32) {
     FusedCaseShape s;
+    s.act = act;
     s.dim = draw_head_dim(g);
     s.batch = std::uniform_int_distribution<std::int64_t>(1, 2)(g);
     s.kv_heads = std::uniform_int_distribution<std::int64_t>(1, 2)(g);
@@ -456,6 +487,12 @@ std::vector<KernelEntry> fused_entries() {
             // tiles, S = 3; 8 over 11 at head_dim 128, S = 2.
             fixed(1, 4, 130, 900, 64, true, false, false, 33, false),
             fixed(1, 4, 100, 700, 128, false, true, false, 34, false)}},
+          {"attention_fused_exact_formats",  // Note [exact formats]: half or bfloat16
+           [draw](std::mt19937_64& g) {
+             const Format act = std::uniform_int_distribution<int>(0, 1)(g) != 0 ? Format::bf16 : Format::f16;
+             return draw(g, false, act);
+           },
+           {}},
           {"attention_fused_tensor_core",
            [draw](std::mt19937_64& g) { return draw(g, true); },
            // 17 x 32 = 544 blocks of 128 rows >= 2 x 2 x 132: FusedAttentionTensorCore<128, 2>

@@ -211,15 +211,20 @@ def entries(call, meta):
             if host:
                 out.append(entry("decode_host_graph", call, name, shape, median(host), "us per attention call",
                                  None, [], t, "host time of a graph replay / layers", m_bench, host))
-        elif name == "attention_fused_tensor_core" and call.cuda:
-            graph_fa2 = peer(call, "graph", "fp16", "flash", shape)
+        elif name in ("attention_fused_tensor_core", "attention_fused_tensor_core_formats") and call.cuda:
+            pshape = shape  # the peers' shape: half inputs' rows carry a format suffix
+            if name.endswith("_formats"):
+                if not shape.endswith(" half"):
+                    continue
+                pshape = shape[:-len(" half")]
+            graph_fa2 = peer(call, "graph", "fp16", "flash", pshape)
             busy = call.series(key, "busy_stream_ms")
             for target, backend in (("prefill_tc_vs_fa2", "flash"), ("prefill_tc_vs_cudnn", "cudnn")):
                 if graph_fa2 and busy:
-                    p, mine, timing = peer(call, "graph", "fp16", backend, shape), busy, \
+                    p, mine, timing = peer(call, "graph", "fp16", backend, pshape), busy, \
                         "device time (stream kept busy) against CUDA-graph replays"
                 else:
-                    p, mine, timing = peer(call, "prefill", "fp16", backend, shape), ms, \
+                    p, mine, timing = peer(call, "prefill", "fp16", backend, pshape), ms, \
                         "idle stream, host enqueue included, both"
                 if not p:
                     continue
@@ -230,7 +235,7 @@ def entries(call, meta):
                 ratios = [(p[i] if pair else median(p)) / x for i, x in enumerate(mine)]
                 out.append(entry(target, call, name, shape, median(mine), "ms", against, ratios,
                                  median(mine), timing, m_peers))
-        elif name == "attention_fused_exact" and "batch_invariant=false" not in shape:
+        elif name in ("attention_fused_exact", "attention_fused_exact_formats") and "batch_invariant=false" not in shape:
             scale, unit = (1e3, "TFLOP/s") if call.cuda else (1.0, "GFLOP/s")
             rate = median(call.series(key, "GFLOPs")) / scale
             against = {"name": "fma ceiling", "figure": round(call.ceiling("fma_GFLOPs") / scale, 2),
@@ -238,7 +243,7 @@ def entries(call, meta):
             out.append(entry("prefill_exact_fma", call, name, shape, rate, unit, against,
                              call.series(key, "frac_fma_ceiling"), t,
                              "idle stream" if call.cuda else "median of the calls", m_bench))
-            if call.cuda:
+            if call.cuda and name == "attention_fused_exact":
                 busy = call.series(key, "busy_stream_ms")
                 p = peer(call, "graph", "fp32", "efficient", shape)
                 mine, timing = busy, "device time (stream kept busy) against CUDA-graph replays"

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "lockstep/buffer.hpp"
+#include "lockstep/formats.hpp"
 #include "lockstep/tuning.hpp"
 
 namespace lockstep {
@@ -52,8 +53,11 @@ std::uint64_t attention_workspace_bytes(const Device& device, const AttentionSha
 
 // q [.., seq_q, ..], k and v [.., seq_kv, ..] with num_kv_heads heads, out like q. A fully masked row
 // gives zeros (and log-sum-exp -inf); seq_q == 0 writes nothing.
-void attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
-               const Buffer<float>& v, Buffer<float>& out, const AttentionShape& shape,
-               const AttentionOptions& options = {});
+// T: float, half or bfloat16, one type for q, k, v and out (docs/api.md, "Formats"). In half and
+// bfloat16 the arithmetic is float's: the call gives the float call's bytes on the widened inputs,
+// rounded once to T (lse stays float). TensorCore takes float or half (bfloat16: Unsupported).
+template <class T>
+void attention(Stream& stream, const Buffer<T>& q, const Buffer<T>& k, const Buffer<T>& v, Buffer<T>& out,
+               const AttentionShape& shape, const AttentionOptions& options = {});
 
 }  // namespace lockstep

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "lockstep/buffer.hpp"
+#include "lockstep/formats.hpp"
 
 namespace lockstep {
 
@@ -50,8 +51,12 @@ struct MhaOptions {
 // The workspace bytes multihead_attention needs for this shape and options.
 std::uint64_t multihead_attention_workspace_bytes(const MhaShape& shape, const MhaOptions& options = {});
 
-void multihead_attention(Stream& stream, const Buffer<float>& q, const Buffer<float>& k,
-                         const Buffer<float>& v, Buffer<float>& out, const MhaShape& shape,
-                         const MhaOptions& options = {});
+// T: float, half or bfloat16, one type for q, k, v and out. The products, the softmax and every
+// temporary are float's (the workspace's bytes do not depend on T): the first copies widen q, k
+// and v exactly, the last rounds out once, so a 16-bit call gives the float call's bytes on the
+// widened inputs, rounded.
+template <class T>
+void multihead_attention(Stream& stream, const Buffer<T>& q, const Buffer<T>& k, const Buffer<T>& v, Buffer<T>& out,
+                         const MhaShape& shape, const MhaOptions& options = {});
 
 }  // namespace lockstep

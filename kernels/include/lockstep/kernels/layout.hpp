@@ -2,19 +2,22 @@
 // Layout kernels: strided 3-D copies (interleaved <-> batched head layouts, extract one head,
 // copy one head back) and the batched 2-D transpose. Pure data movement: bitwise by construction.
 
-#include "lockstep/kernels/hd.hpp"
+#include "lockstep/kernels/act.hpp"
 
 namespace lockstep::kernels {
 
 // out[a*oa + b*ob + c] = in[a*ia + b*ib + c] for a < A, b < B, c < C (the last dimension is
 // contiguous on both sides). Grid: x over B in groups of 8 rows (one warp per row), y and z
-// over A (a = y + z * gridDim.y).
+// over A (a = y + z * gridDim.y). Elements are floats, or with in_format / out_format
+// (kernels/act.hpp) half or bfloat16 on either side: each value widened exactly, then rounded
+// once to the output's format (multi-head attention's format copies).
 struct Copy3DParams {
-  const float* in;
-  float* out;
+  const void* in;
+  void* out;
   std::int64_t A, B, C;
   std::int64_t ia, ib;
   std::int64_t oa, ob;
+  std::int32_t in_format = kActF32, out_format = kActF32;
 };
 
 struct Copy3D {
@@ -32,11 +35,22 @@ struct Copy3D {
     if (a >= p.A) return;  // block-uniform
     const std::int64_t b0 = std::int64_t{x.block_x()} * kRowsPerBlock;
     const int live = static_cast<int>(imin(p.B - b0, kRowsPerBlock));
-    const float* in = p.in + a * p.ia + b0 * p.ib;
-    float* out = p.out + a * p.oa + b0 * p.ob;
     const int C = static_cast<int>(p.C);
     const I lane = x.lane();
     const B row_ok = x.warp() < live;
+    if (p.in_format != kActF32 || p.out_format != kActF32) {  // block-uniform: widen, round once
+      const void* in = act_at(p.in, p.in_format, a * p.ia + b0 * p.ib);
+      void* out = act_at(p.out, p.out_format, a * p.oa + b0 * p.ob);
+      const I in_row = x.warp() * static_cast<int>(p.ib) + lane;
+      const I out_row = x.warp() * static_cast<int>(p.ob) + lane;
+      for (int c = 0; c < C; c += kWarpSize) {
+        const B ok = row_ok & (lane < C - c);
+        store_act(x, out, p.out_format, 0, out_row + c, load_act(x, in, p.in_format, in_row + c, ok), ok);
+      }
+      return;
+    }
+    const float* in = static_cast<const float*>(p.in) + a * p.ia + b0 * p.ib;
+    float* out = static_cast<float*>(p.out) + a * p.oa + b0 * p.ob;
     const bool quads = ((C | p.ia | p.ib | p.oa | p.ob) & 3) == 0 &&
                        ((reinterpret_cast<std::uintptr_t>(in) | reinterpret_cast<std::uintptr_t>(out)) & 15) == 0;
     if (quads) {  // 16-byte vectors: each lane moves 4 consecutive floats

@@ -19,8 +19,7 @@
 
 #include <type_traits>
 
-#include "lockstep/formats.hpp"
-#include "lockstep/kernels/hd.hpp"
+#include "lockstep/kernels/act.hpp"
 
 namespace lockstep::kernels {
 
@@ -145,29 +144,8 @@ LOCKSTEP_HD int row_length(X& x, const DecodeParams& p, int r) {
 // (q . k_code) * (scale * s_k), the output (sum p v_code / l) * s_v. Equal to dequantizing each
 // code (code * s) in exact arithmetic; in float, each product is rounded in another place, the
 // same place on both backends. Without scales (float, half and bfloat16 caches) no multiplication
-// is made, so those formats' bits are those of widened codes.
-inline constexpr int kActF32 = 0, kActF16 = 1, kActBF16 = 2;
-
-// An activation value (q, k_new, v_new) at base[off] as float, base in format fmt.
-template <class X, class I, class B>
-LOCKSTEP_HD typename X::template Lanes<float> load_act(X& x, const void* base, int fmt, const I& off, const B& ok) {
-  typename X::template Lanes<float> v;
-  if (fmt == kActF16) v = x.load(static_cast<const half*>(base), off, ok, 0.0f);
-  else if (fmt == kActBF16) v = x.load(static_cast<const bfloat16*>(base), off, ok, 0.0f);
-  else v = x.load(static_cast<const float*>(base), off, ok, 0.0f);
-  return v;
-}
-// Stores v at base[off] (+ elem0 elements) rounded to format fmt.
-template <class X, class I, class F, class B>
-LOCKSTEP_HD void store_act(X& x, void* base, int fmt, std::int64_t elem0, const I& off, const F& v, const B& ok) {
-  if (fmt == kActF16) x.store(static_cast<half*>(base) + elem0, off, v, ok);
-  else if (fmt == kActBF16) x.store(static_cast<bfloat16*>(base) + elem0, off, v, ok);
-  else x.store(static_cast<float*>(base) + elem0, off, v, ok);
-}
-// The base of an activation array at element elem0, for pointer arithmetic in its format.
-LOCKSTEP_HD const void* act_at(const void* base, int fmt, std::int64_t elem0) {
-  return static_cast<const char*>(base) + elem0 * (fmt == kActF32 ? 4 : 2);
-}
+// is made, so those formats' bits are those of widened codes. The activation helpers
+// (load_act, store_act, act_at) are in kernels/act.hpp.
 
 // A block's coordinates in its (chunk) grid: its own block index, or the one its ticket gives in
 // DecodeOneGrid (Note [one grid]).

@@ -8,15 +8,18 @@
 
 #include <type_traits>
 
-#include "lockstep/kernels/hd.hpp"
+#include "lockstep/kernels/act.hpp"
 
 namespace lockstep::kernels {
 
 struct FusedAttentionParams {
-  const float* q;
-  const float* k;
-  const float* v;
-  float* out;
+  // In act_format (kernels/act.hpp): float, or half or bfloat16 for FusedAttentionExact (Note
+  // [exact formats]); float or half for the tensor-core kernels (Note [tensor-core formats]).
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;
+  std::int32_t act_format;
   float* lse;  // [B, H, Sq] natural log-sum-exp of the scaled scores, or null
   std::int64_t q_sb, q_ss, q_sh;  // strides: batch, sequence, head
   std::int64_t k_sb, k_ss, k_sh;
@@ -60,11 +63,18 @@ struct FusedAttentionParams {
 struct FusedBlock {
   int b, h, hk, s0, rows;
   int shift;  // causal: row i sees keys j <= i + shift (bottom-right alignment)
+  // The block's operands in p.act_format (q and out at its first row); qb .. ob: the same
+  // addresses as floats, for the float paths.
+  const void* qa;
+  const void* ka;
+  const void* va;
+  void* oa;
   const float* qb;
   const float* kb;
   const float* vb;
   float* ob;
   int q_ss, k_ss, v_ss, o_ss;
+  int fmt;         // p.act_format (kernels/act.hpp)
   int split = 0;   // Note [split keys]: which of the tile's key ranges the block takes
   int splits = 1;  // ... of how many
 
@@ -86,12 +96,16 @@ struct FusedBlock {
   LOCKSTEP_HD FusedBlock(const FusedAttentionParams& p, int b_, int h_, int tile, int kRows, int /*tag*/)
       : b(b_), h(h_), hk(h / (p.H / p.Hkv)), s0(tile * kRows),
         rows(static_cast<int>(imin(p.Sq - s0, kRows))), shift(p.Skv - p.Sq),
-        qb(p.q + b * p.q_sb + h * p.q_sh + std::int64_t{s0} * p.q_ss),
-        kb(p.k + b * p.k_sb + hk * p.k_sh),
-        vb(p.v + b * p.v_sb + hk * p.v_sh),
-        ob(p.out + b * p.o_sb + h * p.o_sh + std::int64_t{s0} * p.o_ss),
+        qa(act_at(p.q, p.act_format, b * p.q_sb + h * p.q_sh + std::int64_t{s0} * p.q_ss)),
+        ka(act_at(p.k, p.act_format, b * p.k_sb + hk * p.k_sh)),
+        va(act_at(p.v, p.act_format, b * p.v_sb + hk * p.v_sh)),
+        oa(act_at(p.out, p.act_format, b * p.o_sb + h * p.o_sh + std::int64_t{s0} * p.o_ss)),
+        qb(static_cast<const float*>(qa)),
+        kb(static_cast<const float*>(ka)),
+        vb(static_cast<const float*>(va)),
+        ob(static_cast<float*>(oa)),
         q_ss(static_cast<int>(p.q_ss)), k_ss(static_cast<int>(p.k_ss)),
-        v_ss(static_cast<int>(p.v_ss)), o_ss(static_cast<int>(p.o_ss)) {}
+        v_ss(static_cast<int>(p.v_ss)), o_ss(static_cast<int>(p.o_ss)), fmt(p.act_format) {}
 
   // Keys visible to the block's last row: causal tiles past it are skipped.
   LOCKSTEP_HD int last_key(const FusedAttentionParams& p) const {

@@ -55,6 +55,14 @@ namespace lockstep::kernels {
 // 0.255 ms, while 16x16x1024 causal, 4096 blocks, took 1.34-1.36 instead of 1.31-1.34).
 // Only when loads happen changes: not the bits.
 
+// Note [exact formats]
+// q, k, v and out are float, half or bfloat16 (p.act_format, one for all four; the log-sum-exp
+// and the split partials stay float). A load widens exactly and a store rounds once, so the
+// bytes in a 16-bit format are the float kernel's on the widened inputs, rounded: every sum,
+// weight and accumulator is the same float. 16-bit tiles arrive by plain loads that widen into
+// the same float tiles in shared memory (the asynchronous copies move floats only); on the CPU
+// the row form reads widened copies of the block's rows (backends/cpu/rows/exact.hpp).
+
 // Note [row-major exact]
 // The CPU device runs FusedAttentionExact's blocks statement by statement over their lanes,
 // each lane value an array in memory: 22 GFLOP/s at 1 x 4 x 256 x 64 on the 2-core machine,
@@ -131,14 +139,14 @@ struct FusedAttentionExact {
   // into dst[d * kQPitch + row]: the block's Q. Thread t takes elements t, t + kThreads, ...
   // (coalesced); all of its loads are in flight at once where the registers allow.
   template <class X>
-  LOCKSTEP_HD static void transpose_q(X& x, float* dst, const float* src, int ss, int valid) {
+  LOCKSTEP_HD static void transpose_q(X& x, float* dst, const void* src, int fmt, int ss, int valid) {
     constexpr int kPer = kRows * D / kThreads;
     static_assert(kPer * kThreads == kRows * D, "whole rows per block pass");
     LOCKSTEP_UNROLL
     for (int i = 0; i < kPer; ++i) {
       const typename X::template Lanes<lane_int> row = x.idiv(x.thread() + i * kThreads, D);
       const typename X::template Lanes<lane_int> c = x.thread() + i * kThreads - row * D;
-      x.store(dst, c * kQPitch + row, x.load(src, c + row * ss, row < valid, 0.0f));
+      x.store(dst, c * kQPitch + row, load_act(x, src, fmt, c + row * ss, row < valid));
     }
   }
   // Key j of the thread's kKeys in the tile (Note [exact register tiles]).
@@ -155,25 +163,29 @@ struct FusedAttentionExact {
       return c * 4 + key * D;
     }
   }
-  // A K tile (swizzled) or V tile (not) of `keys` rows from src into dst, zeros up to kTile rows:
-  // 16-byte asynchronous copies, or plain loads. Commits a group (empty when keys <= 0).
+  // A K tile (swizzled) or V tile (not) of `keys` rows from src (in format fmt, at element
+  // elem0) into dst, zeros up to kTile rows: 16-byte asynchronous copies (float only), or plain
+  // loads that widen. Commits a group (empty when keys <= 0).
   template <bool kSwizzle, class X>
-  LOCKSTEP_HD static void issue_tile(X& x, float* dst, const float* src, int ss, int keys, bool async) {
+  LOCKSTEP_HD static void issue_tile(X& x, float* dst, const void* src0, int fmt, std::int64_t elem0, int ss, int keys,
+                                     bool async) {
     using I = typename X::template Lanes<lane_int>;
     if (keys > 0) {
+      const void* src = act_at(src0, fmt, elem0);
       if (async) {
+        const float* srcf = static_cast<const float*>(src);
         LOCKSTEP_UNROLL_4
         for (int i = 0; i < kLoads / 4; ++i) {
           const I key = x.idiv(x.thread() + i * kThreads, D / 4);
           const I c = x.thread() + i * kThreads - key * (D / 4);  // quad in the row
-          x.copy4_async(dst, tile_quad<kSwizzle>(key, c), src, c * 4 + key * ss, key < keys);
+          x.copy4_async(dst, tile_quad<kSwizzle>(key, c), srcf, c * 4 + key * ss, key < keys);
         }
       } else {
         LOCKSTEP_UNROLL_4
         for (int i = 0; i < kLoads; ++i) {
           const I key = x.idiv(x.thread() + i * kThreads, D);
           const I c = x.thread() + i * kThreads - key * D;
-          const auto v = x.load(src, c + key * ss, key < keys, 0.0f);
+          const auto v = load_act(x, src, fmt, c + key * ss, key < keys);
           if constexpr (kSwizzle) {
             x.store(dst, swizzled(key, c >> 2, D) + (c & 3), v);
           } else {
@@ -207,16 +219,26 @@ struct FusedAttentionExact {
         // With splits the rows' partials (the lane path's bits) go to part_o and part_ml instead.
         float* po = fb.splits > 1 ? part_o(p, fb, fb.split) : nullptr;
         float* pml = fb.splits > 1 ? part_ml(p, fb, fb.split) : nullptr;
-        x.template exact_rows<D, KG, kTile>(fb.qb, fb.q_ss, fb.kb, fb.k_ss, fb.vb, fb.v_ss, fb.ob, fb.o_ss, lse,
-                                            fb.rows, fb.s0, fb.shift, key_begin, key_end, p.causal != 0, p.scale,
-                                            po, pml, kMlPitch);
+        const auto rows_in = [&](auto* tag) {  // Note [exact formats]: in the operands' format
+          using T = std::remove_pointer_t<decltype(tag)>;
+          x.template exact_rows<D, KG, kTile>(static_cast<const T*>(fb.qa), fb.q_ss, static_cast<const T*>(fb.ka),
+                                              fb.k_ss, static_cast<const T*>(fb.va), fb.v_ss, static_cast<T*>(fb.oa),
+                                              fb.o_ss, lse, fb.rows, fb.s0, fb.shift, key_begin, key_end,
+                                              p.causal != 0, p.scale, po, pml, kMlPitch);
+        };
+        if (p.act_format == kActF16) {
+          rows_in(static_cast<half*>(nullptr));
+        } else if (p.act_format == kActBF16) {
+          rows_in(static_cast<bfloat16*>(nullptr));
+        } else {
+          rows_in(static_cast<float*>(nullptr));
+        }
         if (fb.splits > 1) merge_splits(x, p, fb);
         return;
       }
     }
     const int s0 = fb.s0, rows = fb.rows, shift = fb.shift;
-    const float *qb = fb.qb, *kb = fb.kb, *vb = fb.vb;
-    float* ob = fb.ob;
+    const int fmt = p.act_format;  // Note [exact formats]
     const int q_ss = fb.q_ss, k_ss = fb.k_ss, v_ss = fb.v_ss, o_ss = fb.o_ss;
 
     using Q4 = decltype(x.load4(Qt, x.thread()));
@@ -227,25 +249,25 @@ struct FusedAttentionExact {
     const I ksw = kg & 7;                    // the swizzle of each of the thread's keys: (key / 4) & 7
 
     // Note [exact tile pipeline]: K_0 and V_0 are copied while Q is loaded.
-    const bool k_async = (reinterpret_cast<std::uintptr_t>(kb) & 15) == 0 && k_ss % 4 == 0;
-    const bool v_async = (reinterpret_cast<std::uintptr_t>(vb) & 15) == 0 && v_ss % 4 == 0;
+    const bool k_async = fmt == kActF32 && (reinterpret_cast<std::uintptr_t>(fb.ka) & 15) == 0 && k_ss % 4 == 0;
+    const bool v_async = fmt == kActF32 && (reinterpret_cast<std::uintptr_t>(fb.va) & 15) == 0 && v_ss % 4 == 0;
     const int last_key = key_end;  // the loop's last key + 1; its first is key_begin
     if (last_key > key_begin) {
       const int keys0 = static_cast<int>(imin(last_key - key_begin, kTile));
-      issue_tile<true>(x, Ks, kb + std::int64_t{key_begin} * p.k_ss, k_ss, keys0, k_async);
-      issue_tile<false>(x, Vs, vb + std::int64_t{key_begin} * p.v_ss, v_ss, keys0, v_async);
+      issue_tile<true>(x, Ks, fb.ka, fmt, std::int64_t{key_begin} * p.k_ss, k_ss, keys0, k_async);
+      issue_tile<false>(x, Vs, fb.va, fmt, std::int64_t{key_begin} * p.v_ss, v_ss, keys0, v_async);
     }
 
     // The block's query rows, transposed (rows past Sq are zeros, never stored). At head_dim 128
     // all of a thread's loads at once (2% faster than the row loop); elsewhere the row loop
     // (whisper-tiny at head_dim 64 was 7% slower with the batched loads).
     if constexpr (D == 128) {
-      transpose_q(x, Qt, qb, q_ss, rows);
+      transpose_q(x, Qt, fb.qa, fmt, q_ss, rows);
     } else {
       for (int r = 0; r < kRows; ++r)
         for (int c0 = 0; c0 < D; c0 += kThreads) {
           const I c = t + c0;
-          x.store(Qt, c * kQPitch + r, x.load(qb, c + r * q_ss, (c < D) & (r < rows), 0.0f), c < D);
+          x.store(Qt, c * kQPitch + r, load_act(x, fb.qa, fmt, c + r * q_ss, (c < D) & (r < rows)), c < D);
         }
     }
 
@@ -271,7 +293,7 @@ struct FusedAttentionExact {
         x.template async_wait<0>();
       }
       x.sync();  // K_j (and Q) visible; every thread is done with tile j - 1's P and V
-      if (j0 > key_begin) issue_tile<false>(x, Vs, vb + std::int64_t{j0} * p.v_ss, v_ss, keys, v_async);
+      if (j0 > key_begin) issue_tile<false>(x, Vs, fb.va, fmt, std::int64_t{j0} * p.v_ss, v_ss, keys, v_async);
 
       // Scores: each an fma chain over d, four d at a time.
       F s[4][kKeys];
@@ -303,7 +325,8 @@ struct FusedAttentionExact {
         }
       }
       x.sync();  // every thread is done with K_j
-      if constexpr (kSeparateP) issue_tile<true>(x, Ks, kb + std::int64_t{j0 + kTile} * p.k_ss, k_ss, next_keys, k_async);
+      if constexpr (kSeparateP)
+        issue_tile<true>(x, Ks, fb.ka, fmt, std::int64_t{j0 + kTile} * p.k_ss, k_ss, next_keys, k_async);
 
       // Online softmax per row; the weights replace the scores, then go to P one key at a time.
       // A tile whose every key is visible to every row of a full block (64 rows) skips the mask.
@@ -379,7 +402,7 @@ struct FusedAttentionExact {
       if constexpr (!kSeparateP) {
         if (next_keys > 0) {
           x.sync();  // P (in K's memory) is consumed
-          issue_tile<true>(x, Ks, kb + std::int64_t{j0 + kTile} * p.k_ss, k_ss, next_keys, k_async);
+          issue_tile<true>(x, Ks, fb.ka, fmt, std::int64_t{j0 + kTile} * p.k_ss, k_ss, next_keys, k_async);
         }
       }
     }
@@ -410,8 +433,8 @@ struct FusedAttentionExact {
       for (int u = 0; u < kColQuads; ++u)
         LOCKSTEP_UNROLL
         for (int e = 0; e < 4; ++e)
-          x.store(ob, row * o_ss + kg * 4 + (4 * KG * u + e), x.select(empty, 0.0f, acc[i][u][e] / l[i]),
-                  live);
+          store_act(x, fb.oa, fmt, 0, row * o_ss + kg * 4 + (4 * KG * u + e),
+                    x.select(empty, 0.0f, acc[i][u][e] / l[i]), live);
       fb.store_lse(x, p, row, live & (kg == 0), m[i], l[i]);
     }
   }
@@ -469,7 +492,8 @@ struct FusedAttentionExact {
       for (int u = 0; u < kColQuads; ++u)
         LOCKSTEP_UNROLL
         for (int e = 0; e < 4; ++e)
-          x.store(fb.ob, row * fb.o_ss + kg * 4 + (4 * KG * u + e), x.select(empty, 0.0f, acc[u][e] / lt), live);
+          store_act(x, fb.oa, p.act_format, 0, row * fb.o_ss + kg * 4 + (4 * KG * u + e),
+                    x.select(empty, 0.0f, acc[u][e] / lt), live);
       fb.store_lse(x, p, row, live & (kg == 0), mx, lt);
     }
   }

@@ -364,8 +364,8 @@ struct FusedAttentionTensorCore {
         for (int n = 0; n < D / 8; ++n)
           LOCKSTEP_UNROLL
           for (int e = 0; e < 2; ++e)
-            x.store(fb.ob, row * fb.o_ss + (tq * 2 + (8 * n + e)),
-                    x.select(empty, 0.0f, o[mt][n][h * 2 + e] / lt), live);
+            store_act(x, fb.oa, fb.fmt, 0, row * fb.o_ss + (tq * 2 + (8 * n + e)),
+                      x.select(empty, 0.0f, o[mt][n][h * 2 + e] / lt), live);
         if (p.lse != nullptr) {
           float* lrow = p.lse + (std::int64_t{fb.b} * p.H + fb.h) * p.Sq + fb.s0;
           x.store(lrow, row, x.select(empty, -kInf, m[mt][h] * p.scale + x.log(lt)), live & (tq == 0));
@@ -437,7 +437,8 @@ struct FusedAttentionTensorCore {
         for (int n = 0; n < D / 8; ++n)
           LOCKSTEP_UNROLL
           for (int e = 0; e < 2; ++e)
-            x.store(fb.ob, row * fb.o_ss + (tq * 2 + (8 * n + e)), x.select(empty, 0.0f, acc[n][e] / lt), live);
+            store_act(x, fb.oa, fb.fmt, 0, row * fb.o_ss + (tq * 2 + (8 * n + e)),
+                      x.select(empty, 0.0f, acc[n][e] / lt), live);
         if (p.lse != nullptr) {
           float* lrow = p.lse + bh * p.Sq + fb.s0;
           x.store(lrow, row, x.select(empty, -kInf, mx * p.scale + x.log(lt)), live & (tq == 0));
@@ -495,7 +496,7 @@ struct FusedAttentionTensorCore {
       const I e = t + i * kThreads;
       const I r = x.idiv(e, D);
       const I c = e - r * D;
-      x.store_half(Qs, r * kLd + c, x.load(fb.qb, r * fb.q_ss + c, r < rows, 0.0f));
+      x.store_half(Qs, r * kLd + c, load_act(x, fb.qa, fb.fmt, r * fb.q_ss + c, r < rows));
     }
 
     I qf[kQInRegs ? D / 16 : 1][4];

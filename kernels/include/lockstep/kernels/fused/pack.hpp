@@ -1,5 +1,12 @@
 #pragma once
 // The packing kernels: K and V rounded to fp16 (nearest even) as the tensor-core kernels read them.
+//
+// Note [tensor-core formats]
+// The tensor-core kernels take q, k, v and out in float or half (p.act_format): Q and the packed
+// K and V are fp16 either way (a half input's round trip through float and back is its own code),
+// the output is rounded once to the format. So a half call gives the float call's bytes on the
+// widened inputs, rounded; bfloat16 inputs are refused on the host (their products would need
+// bf16 tensor-core instructions).
 
 #include "lockstep/kernels/fused/common.hpp"
 
@@ -9,17 +16,25 @@ namespace lockstep::kernels {
 // head hk of batch b (fp32, by their strides), and the int32 words of their fp16 copies from
 // dst_words on (two halves per word).
 struct HalfPackRows {
-  const float* ks;
-  const float* vs;
+  const void* ks;  // in p.act_format: float or half
+  const void* vs;
   std::int32_t* kd;
   std::int32_t* vd;
   int rows;
   LOCKSTEP_HD HalfPackRows(const FusedAttentionParams& p, int b, int hk, int s0, int block_rows, std::int64_t dst_words)
-      : ks(p.k + b * p.k_sb + hk * p.k_sh + std::int64_t{s0} * p.k_ss),
-        vs(p.v + b * p.v_sb + hk * p.v_sh + std::int64_t{s0} * p.v_ss),
+      : ks(act_at(p.k, p.act_format, b * p.k_sb + hk * p.k_sh + std::int64_t{s0} * p.k_ss)),
+        vs(act_at(p.v, p.act_format, b * p.v_sb + hk * p.v_sh + std::int64_t{s0} * p.v_ss)),
         kd(static_cast<std::int32_t*>(p.k_half) + dst_words),
         vd(static_cast<std::int32_t*>(p.v_half) + dst_words),
-        rows(static_cast<int>(imin(p.Skv - s0, block_rows))) {}
+        rows(static_cast<int>(imin(p.Skv - s0, block_rows))), half_in(p.act_format == kActF16) {}
+  bool half_in;  // K and V are half (Note [tensor-core formats]), else float
+  // Four consecutive values of K (kv 0) or V (kv 1) at element off, widened.
+  template <class X, class I, class B>
+  LOCKSTEP_HD auto load4(X& x, int kv, const I& off, const B& ok) const {
+    const void* base = kv == 0 ? ks : vs;
+    if (half_in) return x.load4(static_cast<const half*>(base), off, ok);
+    return x.load4(static_cast<const float*>(base), off, ok);
+  }
 };
 
 // K and V rounded to fp16 (nearest even) into FusedAttentionWgmma's tiles (Note [wgmma products]):
@@ -53,7 +68,7 @@ struct FusedHalfPackTiled {
     const I t = x.thread();
     // Every chunk's loads are issued before the first store (which the compiler may not move
     // loads past: the buffers could alias), so that the tile takes one round trip, not kChunks.
-    using Q4 = decltype(x.load4(pr.ks, t, t < 0));
+    using Q4 = decltype(pr.load4(x, 0, t, t < 0));
     Q4 kv[kChunks][4];
     LOCKSTEP_UNROLL
     for (int i = 0; i < kChunks; ++i) {
@@ -61,10 +76,10 @@ struct FusedHalfPackTiled {
       const I r = x.idiv(q, D) * 8 + (q & 7);
       const I c = ((q >> 3) - x.idiv(q >> 3, D / 8) * (D / 8)) * 8;
       const auto ok = r < pr.rows;
-      kv[i][0] = x.load4(pr.ks, r * k_ss + c, ok);
-      kv[i][1] = x.load4(pr.ks, r * k_ss + (c + 4), ok);
-      kv[i][2] = x.load4(pr.vs, r * v_ss + c, ok);
-      kv[i][3] = x.load4(pr.vs, r * v_ss + (c + 4), ok);
+      kv[i][0] = pr.load4(x, 0, r * k_ss + c, ok);
+      kv[i][1] = pr.load4(x, 0, r * k_ss + (c + 4), ok);
+      kv[i][2] = pr.load4(x, 1, r * v_ss + c, ok);
+      kv[i][3] = pr.load4(x, 1, r * v_ss + (c + 4), ok);
     }
     LOCKSTEP_UNROLL
     for (int i = 0; i < kChunks; ++i) {
@@ -96,7 +111,6 @@ struct FusedHalfPack {
     const int b = x.block_z(), hk = x.block_y(), s0 = x.block_x() * kRows;
     const HalfPackRows pr(p, b, hk, s0, kRows, ((std::int64_t{b} * p.Hkv + hk) * p.Skv + s0) * (D / 2));
     const int rows = pr.rows;
-    const float *ks = pr.ks, *vs = pr.vs;
     std::int32_t *kd = pr.kd, *vd = pr.vd;
     const I t = x.thread();
     LOCKSTEP_UNROLL
@@ -105,8 +119,8 @@ struct FusedHalfPack {
       const I r = x.idiv(q, D / 4);
       const I c = (q - r * (D / 4)) * 4;
       const auto ok = r < rows;
-      const auto kq = x.load4(ks, r * static_cast<int>(p.k_ss) + c, ok);
-      const auto vq = x.load4(vs, r * static_cast<int>(p.v_ss) + c, ok);
+      const auto kq = pr.load4(x, 0, r * static_cast<int>(p.k_ss) + c, ok);
+      const auto vq = pr.load4(x, 1, r * static_cast<int>(p.v_ss) + c, ok);
       const I o = r * (D / 2) + (c >> 1);
       x.store(kd, o, x.pack_half2(kq.x, kq.y), ok);
       x.store(kd, o + 1, x.pack_half2(kq.z, kq.w), ok);

@@ -218,8 +218,8 @@ struct FusedAttentionWgmma {
         const I r = row0 + (e & 1) * 8;
         const I c = tq * 2 + (kk * 16 + (e >> 1) * 8);
         const auto live = r < fb.rows;
-        qv[kk][e][0] = x.load(fb.qb, r * fb.q_ss + c, live, 0.0f);
-        qv[kk][e][1] = x.load(fb.qb, r * fb.q_ss + (c + 1), live, 0.0f);
+        qv[kk][e][0] = load_act(x, fb.qa, fb.fmt, r * fb.q_ss + c, live);
+        qv[kk][e][1] = load_act(x, fb.qa, fb.fmt, r * fb.q_ss + (c + 1), live);
       }
   }
 
