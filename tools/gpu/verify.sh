@@ -98,7 +98,8 @@ stage_build() {
       { echo "verify.sh stage: unset descriptors ($G/sass.txt): do not run this build" >&2; return 3; }
     rm -f "$G/sass.txt"
   else
-    echo "verify.sh stage: no cuobjdump (set CUOBJDUMP): descriptors not checked" >&2
+    echo "verify.sh stage: no cuobjdump (set CUOBJDUMP; without a full toolkit, PyPI's nvidia-cuda-cuobjdump" \
+         "and nvidia-cuda-nvdisasm wheels have both, nvdisasm on PATH): descriptors not checked" >&2
   fi
   du -sh "$G"
 }

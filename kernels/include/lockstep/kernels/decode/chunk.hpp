@@ -122,9 +122,12 @@ struct DecodeChunkBound<true, N> {
 // ptxas 13.0 broke hinted copies in DecodeOneGrid's chunk blocks: the unrolled loop that issues
 // the ring's first NS tiles came out as LDGSTS through a descriptor register that nothing set
 // (an illegal instruction; ReadTiles' copies likewise until its ring slots were made
-// constants). Those blocks issue the first tiles by a loop that is not unrolled
-// (chunk_block<RolledFirstTiles = true>), and every copy then names a descriptor that the
-// kernel computes. tools/gpu/check_descriptors.py checks a build's SASS for such copies
+// constants), and again in the float chunk kernel with launch bounds once the format branches
+// (Note [decode formats]) changed its code. Those blocks (DecodeOneGrid's, and the chunk
+// kernel's for a float cache) issue the first tiles by a loop that is not unrolled
+// (chunk_block<RolledFirstTiles = true>), and every copy then names a descriptor that the kernel
+// computes; for the other formats the rolled loop is what ptxas 13.0 broke (16 kernels), so
+// theirs stays unrolled. tools/gpu/check_descriptors.py checks a build's SASS for such copies
 // (docs/kernels.md rule 7b).
 // Prefetching the rest of the chunk into the L2 (cp.async.bulk.prefetch.L2) in the grid's last
 // wave, so that its reads queue while other blocks still stream, measured slower on an H100
@@ -226,7 +229,8 @@ struct DecodeChunk
     x.wait_prior_grids();
     x.allow_dependent_grids();
     const BlockAt c{x.block_x(), x.block_y(), x.block_z(), x.grid_y(), x.grid_z()};
-    chunk_block(x, p, c);
+    // Note [streamed tiles]: a float cache's first tiles by a rolled loop on the GPU.
+    chunk_block<!X::kIsCpu && std::is_same_v<C, float>>(x, p, c);
   }
 
   // Note [row-major decode]: the chunk's phases on the CPU device, row by row
@@ -289,8 +293,8 @@ struct DecodeChunk
   // The work of chunk block c (Note [one grid]: also a block of DecodeOneGrid). Out of line on
   // the CPU, so that the chunk kernel and its one-grid kernels share one copy per SIMD variant.
   // The K and V copies take p's L2 policy (Note [streamed tiles]); RolledFirstTiles: the
-  // ring's first tiles are issued by a loop that is not unrolled (DecodeOneGrid on the GPU, Note
-  // [streamed tiles]: the unrolled hinted copies there got broken encodings from ptxas 13.0).
+  // ring's first tiles are issued by a loop that is not unrolled (DecodeOneGrid's and the float
+  // cache's chunk blocks on the GPU, Note [streamed tiles]: ptxas 13.0's broken encodings).
   template <bool RolledFirstTiles = false, class X>
   LOCKSTEP_HD_OUTLINED_ON_CPU static void chunk_block(X& x, const Params& p, const BlockAt c) {
     using F = typename X::template Lanes<float>;
