@@ -144,9 +144,19 @@ Run run(const std::shared_ptr<Device>& dev, const Problem& pr) {
     }
     for (auto& p : len) ++p;
   }
+  // Each layer's codes with the tokens past each slot's length zeroed: only what was written is
+  // compared (the rest of a cache's memory is whatever the device's allocation held).
+  const auto written = [&](std::vector<std::uint8_t> b) {
+    const std::size_t tok = std::size_t(D) * sizeof(C);
+    for (std::int64_t s = 0; s < S; ++s)
+      for (std::int64_t h = 0; h < Hk; ++h)
+        for (std::int64_t t = len[std::size_t(s)]; t < pr.max_len; ++t)
+          std::fill_n(b.begin() + std::ptrdiff_t(std::size_t((s * Hk + h) * pr.max_len + t) * tok), tok, std::uint8_t{0});
+    return b;
+  };
   for (std::int64_t l = 0; l < pr.layers; ++l) {
-    r.cache_bytes.push_back(raw(cache.k_as<C>(l).to_vector(st)));
-    r.cache_bytes.push_back(raw(cache.v_as<C>(l).to_vector(st)));
+    r.cache_bytes.push_back(written(raw(cache.k_as<C>(l).to_vector(st))));
+    r.cache_bytes.push_back(written(raw(cache.v_as<C>(l).to_vector(st))));
   }
   // Check the stored codes of every token written: exactly the conversion of x / scale.
   for (std::int64_t l = 0; l < pr.layers; ++l)

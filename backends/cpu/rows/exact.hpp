@@ -31,9 +31,11 @@ struct ExactRows {
     float* const o = q + 64 * D;
     float* const k = o + 64 * D;
     float* const v = k + keys * D;
-    const auto widen = [](float* dst, const T* src, int ss, int r0, int r1) {
+    const auto widen = [](float* dst, const T* src, int ss, int r0, int r1) {  // RowSimd's: F16C, a shift
+      const DF d;
       for (int r = r0; r < r1; ++r)
-        for (int c = 0; c < D; ++c) dst[std::size_t(r) * D + c] = ::lockstep::to_float(src[std::int64_t(r) * ss + c]);
+        for (int c = 0; c < D; c += kL)
+          hn::StoreU(RowSimd::LoadWiden(d, src + std::int64_t(r) * ss + c), d, dst + std::size_t(r) * D + c);
     };
     widen(q, qb, q_ss, 0, rows);
     widen(k, kb, k_ss, key_begin, last_key);
