@@ -490,13 +490,23 @@ struct FusedAttentionTensorCore {
     }
     x.async_commit();
 
-    // The block's query rows, fp32 -> fp16 (rows past Sq are zeros, never stored).
-    LOCKSTEP_UNROLL
-    for (int i = 0; i < kRows * D / kThreads; ++i) {
-      const I e = t + i * kThreads;
-      const I r = x.idiv(e, D);
-      const I c = e - r * D;
-      x.store_half(Qs, r * kLd + c, load_act(x, fb.qa, fb.fmt, r * fb.q_ss + c, r < rows));
+    // The block's query rows, float or half -> fp16 (rows past Sq are zeros, never stored; one
+    // format branch outside the loads, Note [tensor-core formats]).
+    const auto q_rows = [&](auto* tag) {
+      using S = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
+      const S* q = static_cast<const S*>(fb.qa);
+      LOCKSTEP_UNROLL
+      for (int i = 0; i < kRows * D / kThreads; ++i) {
+        const I e = t + i * kThreads;
+        const I r = x.idiv(e, D);
+        const I c = e - r * D;
+        x.store_half(Qs, r * kLd + c, x.load(q, r * fb.q_ss + c, r < rows, 0.0f));
+      }
+    };
+    if (fb.fmt == kActF16) {
+      q_rows(static_cast<const half*>(nullptr));
+    } else {
+      q_rows(static_cast<const float*>(nullptr));
     }
 
     I qf[kQInRegs ? D / 16 : 1][4];

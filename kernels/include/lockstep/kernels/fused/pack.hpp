@@ -28,12 +28,11 @@ struct HalfPackRows {
         vd(static_cast<std::int32_t*>(p.v_half) + dst_words),
         rows(static_cast<int>(imin(p.Skv - s0, block_rows))), half_in(p.act_format == kActF16) {}
   bool half_in;  // K and V are half (Note [tensor-core formats]), else float
-  // Four consecutive values of K (kv 0) or V (kv 1) at element off, widened.
-  template <class X, class I, class B>
+  // Four consecutive values of K (kv 0) or V (kv 1) at element off, widened from S (float or half:
+  // the kernels branch on half_in once, outside their loads).
+  template <class S, class X, class I, class B>
   LOCKSTEP_HD auto load4(X& x, int kv, const I& off, const B& ok) const {
-    const void* base = kv == 0 ? ks : vs;
-    if (half_in) return x.load4(static_cast<const half*>(base), off, ok);
-    return x.load4(static_cast<const float*>(base), off, ok);
+    return x.load4(static_cast<const S*>(kv == 0 ? ks : vs), off, ok);
   }
 };
 
@@ -59,16 +58,24 @@ struct FusedHalfPackTiled {
   // packing blocks of FusedAttentionWgmma: Note [packing blocks]).
   template <int NT, class X>
   LOCKSTEP_HD static void pack_tile(X& x, const Params& p, int b, int hk, int tile, int tiles) {
+    const std::int64_t dst = ((std::int64_t{b} * p.Hkv + hk) * tiles + tile) * (kTile * D / 2);
+    const HalfPackRows pr(p, b, hk, tile * kTile, kTile, dst);
+    if (pr.half_in) {
+      pack_tile_as<NT, half>(x, p, pr);
+    } else {
+      pack_tile_as<NT, float>(x, p, pr);
+    }
+  }
+  template <int NT, class S, class X>
+  LOCKSTEP_HD static void pack_tile_as(X& x, const Params& p, const HalfPackRows& pr) {
     using I = typename X::template Lanes<lane_int>;
     constexpr int kChunks = kTile * D / 8 / NT;  // per thread
     static_assert(kChunks * NT * 8 == kTile * D, "whole chunks per thread");
-    const std::int64_t dst = ((std::int64_t{b} * p.Hkv + hk) * tiles + tile) * (kTile * D / 2);
-    const HalfPackRows pr(p, b, hk, tile * kTile, kTile, dst);
     const int k_ss = static_cast<int>(p.k_ss), v_ss = static_cast<int>(p.v_ss);
     const I t = x.thread();
     // Every chunk's loads are issued before the first store (which the compiler may not move
     // loads past: the buffers could alias), so that the tile takes one round trip, not kChunks.
-    using Q4 = decltype(pr.load4(x, 0, t, t < 0));
+    using Q4 = decltype(pr.template load4<S>(x, 0, t, t < 0));
     Q4 kv[kChunks][4];
     LOCKSTEP_UNROLL
     for (int i = 0; i < kChunks; ++i) {
@@ -76,10 +83,10 @@ struct FusedHalfPackTiled {
       const I r = x.idiv(q, D) * 8 + (q & 7);
       const I c = ((q >> 3) - x.idiv(q >> 3, D / 8) * (D / 8)) * 8;
       const auto ok = r < pr.rows;
-      kv[i][0] = pr.load4(x, 0, r * k_ss + c, ok);
-      kv[i][1] = pr.load4(x, 0, r * k_ss + (c + 4), ok);
-      kv[i][2] = pr.load4(x, 1, r * v_ss + c, ok);
-      kv[i][3] = pr.load4(x, 1, r * v_ss + (c + 4), ok);
+      kv[i][0] = pr.template load4<S>(x, 0, r * k_ss + c, ok);
+      kv[i][1] = pr.template load4<S>(x, 0, r * k_ss + (c + 4), ok);
+      kv[i][2] = pr.template load4<S>(x, 1, r * v_ss + c, ok);
+      kv[i][3] = pr.template load4<S>(x, 1, r * v_ss + (c + 4), ok);
     }
     LOCKSTEP_UNROLL
     for (int i = 0; i < kChunks; ++i) {
@@ -107,9 +114,17 @@ struct FusedHalfPack {
 
   template <class X>
   LOCKSTEP_HD static void run(X& x, const Params& p) {
-    using I = typename X::template Lanes<lane_int>;
     const int b = x.block_z(), hk = x.block_y(), s0 = x.block_x() * kRows;
     const HalfPackRows pr(p, b, hk, s0, kRows, ((std::int64_t{b} * p.Hkv + hk) * p.Skv + s0) * (D / 2));
+    if (pr.half_in) {
+      run_as<half>(x, p, pr);
+    } else {
+      run_as<float>(x, p, pr);
+    }
+  }
+  template <class S, class X>
+  LOCKSTEP_HD static void run_as(X& x, const Params& p, const HalfPackRows& pr) {
+    using I = typename X::template Lanes<lane_int>;
     const int rows = pr.rows;
     std::int32_t *kd = pr.kd, *vd = pr.vd;
     const I t = x.thread();
@@ -119,8 +134,8 @@ struct FusedHalfPack {
       const I r = x.idiv(q, D / 4);
       const I c = (q - r * (D / 4)) * 4;
       const auto ok = r < rows;
-      const auto kq = pr.load4(x, 0, r * static_cast<int>(p.k_ss) + c, ok);
-      const auto vq = pr.load4(x, 1, r * static_cast<int>(p.v_ss) + c, ok);
+      const auto kq = pr.template load4<S>(x, 0, r * static_cast<int>(p.k_ss) + c, ok);
+      const auto vq = pr.template load4<S>(x, 1, r * static_cast<int>(p.v_ss) + c, ok);
       const I o = r * (D / 2) + (c >> 1);
       x.store(kd, o, x.pack_half2(kq.x, kq.y), ok);
       x.store(kd, o + 1, x.pack_half2(kq.z, kq.w), ok);

@@ -206,9 +206,19 @@ struct FusedAttentionWgmma {
 
   // Q's fp32 values for the block's A fragments (rows past the block's are zeros): pair e of
   // k-step kk is row row0 + (e & 1) 8, columns tq 2 + kk 16 + (e >> 1) 8 and the next.
+  // Q in float or half (Note [tensor-core formats]): one branch, outside the loads.
   template <class X, class F>
   LOCKSTEP_HD static void load_q(X& x, const FusedBlock& fb, F (&qv)[D / 16][4][2]) {
+    if (fb.fmt == kActF16) {
+      load_q_as<half>(x, fb, qv);
+    } else {
+      load_q_as<float>(x, fb, qv);
+    }
+  }
+  template <class S, class X, class F>
+  LOCKSTEP_HD static void load_q_as(X& x, const FusedBlock& fb, F (&qv)[D / 16][4][2]) {
     using I = typename X::template Lanes<lane_int>;
+    const S* q = static_cast<const S*>(fb.qa);
     const I lane = x.lane();
     const I row0 = x.warp() * 16 + (lane >> 2), tq = lane & 3;
     LOCKSTEP_UNROLL
@@ -218,8 +228,8 @@ struct FusedAttentionWgmma {
         const I r = row0 + (e & 1) * 8;
         const I c = tq * 2 + (kk * 16 + (e >> 1) * 8);
         const auto live = r < fb.rows;
-        qv[kk][e][0] = load_act(x, fb.qa, fb.fmt, r * fb.q_ss + c, live);
-        qv[kk][e][1] = load_act(x, fb.qa, fb.fmt, r * fb.q_ss + (c + 1), live);
+        qv[kk][e][0] = x.load(q, r * fb.q_ss + c, live, 0.0f);
+        qv[kk][e][1] = x.load(q, r * fb.q_ss + (c + 1), live, 0.0f);
       }
   }
 
