@@ -23,13 +23,8 @@ namespace lockstep::testing {
 namespace {
 
 using harness::encode;
+using harness::raw;
 using harness::widen;
-template <class T>
-std::vector<std::uint8_t> raw(const std::vector<T>& v) {
-  std::vector<std::uint8_t> b(v.size() * sizeof(T));
-  std::memcpy(b.data(), v.data(), b.size());
-  return b;
-}
 
 // One decode problem: a cache of format C with `prefill[s]` tokens per slot imported from host
 // floats, then `steps` flash_decoding steps with new tokens (q, k_new, v_new in T), every layer.

@@ -19,12 +19,30 @@ namespace lockstep::testing {
 namespace {
 
 using harness::encode;
+using harness::raw;
 using harness::widen;
+
+// q, k and v uploaded to dev from host values in T, and out (q's size) filled with 42.
 template <class T>
-std::vector<std::uint8_t> raw(const std::vector<T>& v) {
-  std::vector<std::uint8_t> b(v.size() * sizeof(T));
-  std::memcpy(b.data(), v.data(), b.size());
-  return b;
+struct Operands {
+  Buffer<T> q, k, v, out;
+  Operands(const std::shared_ptr<Device>& dev, const std::vector<T>& hq, const std::vector<T>& hk,
+           const std::vector<T>& hv)
+      : q(dev, hq.size()), k(dev, hk.size()), v(dev, hv.size()), out(dev, hq.size()) {
+    Stream& st = dev->default_stream();
+    q.copy_from_host(st, hq);
+    k.copy_from_host(st, hk);
+    v.copy_from_host(st, hv);
+    out.copy_from_host(st, std::vector<T>(hq.size(), encode<T>({42.0f})[0]));
+  }
+};
+
+// The bytes of a float call's output, each value rounded to T.
+template <class T>
+std::vector<std::uint8_t> rounded(const std::vector<std::uint8_t>& float_bytes) {
+  std::vector<float> f(float_bytes.size() / sizeof(float));
+  std::memcpy(f.data(), float_bytes.data(), float_bytes.size());
+  return raw(encode<T>(f));
 }
 
 struct Outputs {
@@ -37,16 +55,12 @@ template <class T>
 Outputs call(const std::shared_ptr<Device>& dev, const std::vector<T>& hq, const std::vector<T>& hk,
              const std::vector<T>& hv, const AttentionShape& sh, AttentionOptions o) {
   Stream& st = dev->default_stream();
-  Buffer<T> q(dev, hq.size()), k(dev, hk.size()), v(dev, hv.size()), out(dev, hq.size());
-  q.copy_from_host(st, hq);
-  k.copy_from_host(st, hk);
-  v.copy_from_host(st, hv);
-  out.copy_from_host(st, std::vector<T>(hq.size(), encode<T>({42.0f})[0]));
+  Operands<T> b(dev, hq, hk, hv);
   Buffer<float> lse(dev, std::size_t(sh.batch * sh.num_heads * sh.seq_q));
   lse.fill(st, 42.0f);
   o.lse = &lse;
-  attention(st, q, k, v, out, sh, o);
-  return {raw(out.to_vector(st)), lse.to_vector(st)};
+  attention(st, b.q, b.k, b.v, b.out, sh, o);
+  return {raw(b.out.to_vector(st)), lse.to_vector(st)};
 }
 
 // The property for T on dev at shape sh: the bytes of the float call on the widened inputs,
@@ -70,9 +84,7 @@ void expect_float_call_rounded(const std::shared_ptr<Device>& dev, const Attenti
   const auto q = encode<T>(fq), k = encode<T>(fk), v = encode<T>(fv);
   const Outputs got = call<T>(dev, q, k, v, sh, o);
   const Outputs want = call<float>(dev, widen(q), widen(k), widen(v), sh, o);
-  std::vector<float> wf(nq);
-  std::memcpy(wf.data(), want.out.data(), want.out.size());
-  EXPECT_EQ(got.out, raw(encode<T>(wf))) << "out: not the float call's bytes rounded once";
+  EXPECT_EQ(got.out, rounded<T>(want.out)) << "out: not the float call's bytes rounded once";
   ASSERT_EQ(got.lse.size(), want.lse.size());
   for (std::size_t i = 0; i < got.lse.size(); ++i)
     ASSERT_TRUE(same_bits(got.lse[i], want.lse[i])) << "lse " << i << ": " << got.lse[i] << " vs " << want.lse[i];
@@ -137,14 +149,9 @@ TEST_P(Attention, FusedTensorCoreInHalfIsTheFloatCallRounded) {
 template <class T>
 std::vector<std::uint8_t> mha(const std::shared_ptr<Device>& dev, const std::vector<T>& hq, const std::vector<T>& hk,
                               const std::vector<T>& hv, const MhaShape& sh, const MhaOptions& o) {
-  Stream& st = dev->default_stream();
-  Buffer<T> q(dev, hq.size()), k(dev, hk.size()), v(dev, hv.size()), out(dev, hq.size());
-  q.copy_from_host(st, hq);
-  k.copy_from_host(st, hk);
-  v.copy_from_host(st, hv);
-  out.copy_from_host(st, std::vector<T>(hq.size(), encode<T>({42.0f})[0]));
-  multihead_attention(st, q, k, v, out, sh, o);
-  return raw(out.to_vector(st));
+  Operands<T> b(dev, hq, hk, hv);
+  multihead_attention(dev->default_stream(), b.q, b.k, b.v, b.out, sh, o);
+  return raw(b.out.to_vector(dev->default_stream()));
 }
 
 template <class T>
@@ -161,10 +168,7 @@ void expect_mha_float_call_rounded(const std::shared_ptr<Device>& dev, Lcg& rng)
       const std::size_t n = std::size_t(sh.seq_len * sh.num_heads * sh.head_dim);
       const auto q = encode<T>(rng.floats(n)), k = encode<T>(rng.floats(n)), v = encode<T>(rng.floats(n));
       const auto got = mha<T>(dev, q, k, v, sh, o);
-      const auto want = mha<float>(dev, widen(q), widen(k), widen(v), sh, o);
-      std::vector<float> wf(n);
-      std::memcpy(wf.data(), want.data(), want.size());
-      EXPECT_EQ(got, raw(encode<T>(wf)));
+      EXPECT_EQ(got, rounded<T>(mha<float>(dev, widen(q), widen(k), widen(v), sh, o)));
       EXPECT_NE(got, raw(std::vector<T>(n, encode<T>({42.0f})[0])));
       if (dev->id().kind == DeviceKind::kCuda && g == GemmKind::kExact)
         EXPECT_EQ(got, mha<T>(open("cpu"), q, k, v, sh, o)) << "CUDA against the CPU device";

@@ -350,11 +350,7 @@ class FusedCase final : public Case {
            (scale_ != 0.0f ? " scale " + std::to_string(scale_) : std::string());
   }
   Run run(const std::shared_ptr<Device>& dev) const override {
-    switch (s_.act) {
-      case Format::f16: return run_as<half>(dev);
-      case Format::bf16: return run_as<bfloat16>(dev);
-      default: return run_as<float>(dev);
-    }
+    return with_act(s_.act, [&](auto t) { return run_as<decltype(t)>(dev); });
   }
   template <class T>
   Run run_as(const std::shared_ptr<Device>& dev) const {

@@ -94,11 +94,7 @@ class FormatFlashCase final : public Case {
     return scales_.empty() ? 0.0f : scales_[std::size_t(kv * w_.shape.kv_heads + h)];
   }
   Run run(const std::shared_ptr<Device>& dev) const override {
-    switch (s_.act) {
-      case Format::f16: return run_as<half>(dev);
-      case Format::bf16: return run_as<bfloat16>(dev);
-      default: return run_as<float>(dev);
-    }
+    return with_act(s_.act, [&](auto t) { return run_as<decltype(t)>(dev); });
   }
   template <class T>
   Run run_as(const std::shared_ptr<Device>& dev) const {

@@ -2,6 +2,7 @@
 // Flash-Decoding in the formats (Note [decode formats] in kernels/decode/params.hpp): a decode
 // world (harness_decode.hpp) with q, out and the new tokens in float, half or bfloat16 and the
 // cache in any format; fp8 with scales per kv head drawn from the seed (not powers of two).
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <type_traits>
@@ -22,6 +23,22 @@ std::vector<T> encode(const std::vector<float>& x) {
     else out[i] = from_float<T>(x[i]);
   }
   return out;
+}
+// A host vector's bytes.
+template <class T>
+std::vector<std::uint8_t> raw(const std::vector<T>& v) {
+  std::vector<std::uint8_t> b(v.size() * sizeof(T));
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+// fn(T{}) with T the activation type of f: half, bfloat16, else float.
+template <class F>
+decltype(auto) with_act(Format f, F&& fn) {
+  switch (f) {
+    case Format::f16: return fn(half{});
+    case Format::bf16: return fn(bfloat16{});
+    default: return fn(float{});
+  }
 }
 template <class T>
 float widen(T v) {

@@ -63,16 +63,11 @@ struct FusedAttentionParams {
 struct FusedBlock {
   int b, h, hk, s0, rows;
   int shift;  // causal: row i sees keys j <= i + shift (bottom-right alignment)
-  // The block's operands in p.act_format (q and out at its first row); qb .. ob: the same
-  // addresses as floats, for the float paths.
+  // The block's operands in p.act_format (q and out at its first row).
   const void* qa;
   const void* ka;
   const void* va;
   void* oa;
-  const float* qb;
-  const float* kb;
-  const float* vb;
-  float* ob;
   int q_ss, k_ss, v_ss, o_ss;
   int fmt;         // p.act_format (kernels/act.hpp)
   int split = 0;   // Note [split keys]: which of the tile's key ranges the block takes
@@ -100,10 +95,6 @@ struct FusedBlock {
         ka(act_at(p.k, p.act_format, b * p.k_sb + hk * p.k_sh)),
         va(act_at(p.v, p.act_format, b * p.v_sb + hk * p.v_sh)),
         oa(act_at(p.out, p.act_format, b * p.o_sb + h * p.o_sh + std::int64_t{s0} * p.o_ss)),
-        qb(static_cast<const float*>(qa)),
-        kb(static_cast<const float*>(ka)),
-        vb(static_cast<const float*>(va)),
-        ob(static_cast<float*>(oa)),
         q_ss(static_cast<int>(p.q_ss)), k_ss(static_cast<int>(p.k_ss)),
         v_ss(static_cast<int>(p.v_ss)), o_ss(static_cast<int>(p.o_ss)), fmt(p.act_format) {}
 
