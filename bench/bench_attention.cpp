@@ -323,7 +323,7 @@ Result fused(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t S, std::
                                   : double(S) * double(Skv - S) + double(S) * double(S + 1) / 2.0;
   r.flops = 4.0 * double(B) * double(H) * pairs * double(D);
   r.bytes = double(sizeof(T)) * double(2 * n + 2 * nkv);
-  r.note = tc ? "2 launches (K, V to fp16; the fused kernel: wgmma on sm_90a builds at head_dim 64 and 128, else mma.sync m16n8k16; S, P, O in registers; at head_dim 64 with large grids the first launch packs one kv head and the fused kernel's packing blocks the rest), fp32 accumulation and softmax, FlashAttention-2 schedule; FLOPs halved when causal"
+  r.note = tc ? "2 launches (K, V to fp16, or bfloat16 for bfloat16 inputs; the fused kernel: wgmma on sm_90a builds at head_dim 64 and 128, else mma.sync m16n8k16; S, P, O in registers; at head_dim 64 with large grids the first launch packs one kv head and the fused kernel's packing blocks the rest), fp32 accumulation and softmax, FlashAttention-2 schedule; FLOPs halved when causal"
              : "strict fp32 SIMT, FlashAttention-2 schedule; FLOPs halved when causal";
   // The H200's dense fp16 tensor-core peak, 763 TFLOP/s (the vendor's figure), not measured here.
   if (tc && ctx.cuda) r.extra["frac_fp16_tensor_peak_763_TFLOPs"] = r.flops / (r.median_ms * 1e-3) / 763e12;
@@ -439,11 +439,13 @@ std::vector<Bench> attention_benches() {
       {"attention_fused_formats",
        [](Context& ctx) {
          // Note [exact formats]: Exact on bfloat16 q, k, v and out, at attention_fused's shapes;
-         // TensorCore on half inputs (Note [tensor-core formats]), FA2's own input type.
+         // TensorCore on half inputs (fp16 products) and on bfloat16 inputs (bfloat16 products:
+         // Note [tensor-core formats]), against FA2 on the same input type.
          std::vector<Result> rs;
          if (ctx.quick) {
            rs.push_back(fused<bfloat16>(ctx, 1, 2, 64, 64, true));
            rs.push_back(fused<half>(ctx, 1, 2, 64, 64, true, true));
+           rs.push_back(fused<bfloat16>(ctx, 1, 2, 64, 64, true, true));
          } else if (ctx.cuda) {
            rs.push_back(fused<bfloat16>(ctx, 1, 6, 1500, 64, false));
            rs.push_back(fused<bfloat16>(ctx, 4, 32, 4096, 128, false));
@@ -452,9 +454,14 @@ std::vector<Bench> attention_benches() {
            rs.push_back(fused<half>(ctx, 4, 32, 4096, 128, false, true));
            rs.push_back(fused<half>(ctx, 4, 32, 4096, 128, true, true));
            rs.push_back(fused<half>(ctx, 16, 16, 1024, 64, true, true));
+           rs.push_back(fused<bfloat16>(ctx, 1, 6, 1500, 64, false, true));
+           rs.push_back(fused<bfloat16>(ctx, 4, 32, 4096, 128, false, true));
+           rs.push_back(fused<bfloat16>(ctx, 4, 32, 4096, 128, true, true));
+           rs.push_back(fused<bfloat16>(ctx, 16, 16, 1024, 64, true, true));
          } else {
            rs.push_back(fused<bfloat16>(ctx, 1, 6, 1500, 64, false));
            rs.push_back(fused<half>(ctx, 1, 4, 1024, 128, false));
+           rs.push_back(fused<bfloat16>(ctx, 1, 2, 256, 64, true, true));
          }
          return rs;
        }},

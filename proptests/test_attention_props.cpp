@@ -238,8 +238,11 @@ RC_GTEST_PROP(Attention, FusedExactInFormats, ()) {
   check(*fused_case(s));
 }
 
+// In every input format (Note [tensor-core formats]): float and half inputs multiply in fp16,
+// bfloat16 inputs in bfloat16 (P rounded to bfloat16: the bound with bfloat16's unit roundoff).
 RC_GTEST_PROP(Attention, FusedTensorCore, ()) {
   FusedCaseShape s;
+  s.act = *rc::gen::element(Format::f32, Format::f32, Format::f16, Format::bf16);
   s.dim = *rc::gen::element<std::int64_t>(32, 64, 96, 128, 256);
   s.batch = full_range(1, 3);
   s.kv_heads = full_range(1, 3);
@@ -252,6 +255,7 @@ RC_GTEST_PROP(Attention, FusedTensorCore, ()) {
   s.tensor_core = true;
   s.key_ramp = *rc::gen::element(0.0f, 0.05f, 0.5f);  // Note [lazy rescale]: moves and stale maxima
   s.seed = *rc::gen::arbitrary<std::uint64_t>();
+  RC_CLASSIFY(s.act == Format::bf16, "bfloat16 products");
   check(*fused_case(s));
 }
 

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -144,6 +146,69 @@ TEST_P(Attention, FusedTensorCoreInHalfIsTheFloatCallRounded) {
   expect_float_call_rounded<half>(dev, AttentionShape{1, 4, 2, 100, 700, 128}, o, rng, false, false);
 }
 
+// Note [tensor-core formats]: TensorCore on bfloat16 inputs multiplies bfloat16 on the tensor cores
+// (Q, K, V as given, P rounded to bfloat16). So V far past fp16's range (2^70) stays finite, where
+// an fp16 product would be inf; and each output is within 2^-5 max|v| of Exact's on the same
+// inputs (bfloat16's rounding of P and of both outputs: about 3 x 2^-8 max|v|). On the CPU device
+// the wgmma kernel's emulation gives the mma.sync kernel's bytes, with and without its packing
+// blocks; CUDA is held to the CPU device within the same distance.
+std::vector<float> tc_bf16_outputs(const std::shared_ptr<Device>& dev, const std::vector<bfloat16>& q,
+                                   const std::vector<bfloat16>& k, const std::vector<bfloat16>& v,
+                                   const AttentionShape& sh, AttentionOptions o, std::vector<float>* lse = nullptr) {
+  const Outputs r = call<bfloat16>(dev, q, k, v, sh, o);
+  if (lse != nullptr) *lse = r.lse;
+  std::vector<bfloat16> out(r.out.size() / sizeof(bfloat16));
+  std::memcpy(out.data(), r.out.data(), r.out.size());
+  return widen(out);
+}
+
+TEST_P(Attention, FusedTensorCoreInBfloat16MultipliesBfloat16) {
+  Lcg rng{29};
+  const bool cpu = dev->id().kind == DeviceKind::kCpu;
+  for (std::int64_t D : {64, 128})
+    for (bool causal : {false, true}) {
+      const AttentionShape sh{2, 4, 2, 200, 230, D};
+      SCOPED_TRACE("D " + std::to_string(D) + (causal ? " causal" : ""));
+      const std::size_t nq = std::size_t(sh.batch * sh.num_heads * sh.seq_q * D);
+      const std::size_t nkv = std::size_t(sh.batch * sh.num_kv_heads * sh.seq_kv * D);
+      auto fv = rng.floats(nkv, 2.0f);
+      float vmax = 0.0f;
+      for (float& e : fv) vmax = std::max(vmax, std::fabs(e *= 0x1p70f));
+      const auto q = encode<bfloat16>(rng.floats(nq, 2.0f)), k = encode<bfloat16>(rng.floats(nkv, 2.0f)),
+                 v = encode<bfloat16>(fv);
+      AttentionOptions o;
+      o.causal = causal;
+      o.precision = AttentionPrecision::kExact;
+      std::vector<float> lse_exact, lse_tc;
+      const auto exact = tc_bf16_outputs(dev, q, k, v, sh, o, &lse_exact);
+      o.precision = AttentionPrecision::kTensorCore;
+      const auto tc = tc_bf16_outputs(dev, q, k, v, sh, o, &lse_tc);
+      const float tol = 0x1p-5f * vmax;
+      for (std::size_t i = 0; i < tc.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(tc[i])) << "out " << i << ": " << tc[i];
+        ASSERT_LE(std::fabs(tc[i] - exact[i]), tol) << "out " << i << ": " << tc[i] << " vs Exact's " << exact[i];
+      }
+      for (std::size_t i = 0; i < lse_tc.size(); ++i)
+        ASSERT_NEAR(lse_tc[i], lse_exact[i], 0x1p-5f) << "lse " << i;
+      if (cpu) {
+        for (const char* pack : {"0", "1"}) {
+          const ScopedSetting packing("fused.pack_in_kernel", pack);
+          std::vector<std::vector<float>> by;
+          for (const char* wg : {"0", "1"}) {
+            const ScopedSetting wgmma("fused.wgmma", wg);
+            by.push_back(tc_bf16_outputs(dev, q, k, v, sh, o));
+          }
+          EXPECT_EQ(raw(encode<bfloat16>(by[0])), raw(encode<bfloat16>(by[1])))
+              << "the wgmma kernel's emulation against the mma.sync kernel, packing blocks " << pack;
+        }
+      } else {
+        const auto on_cpu = tc_bf16_outputs(open("cpu"), q, k, v, sh, o);
+        for (std::size_t i = 0; i < tc.size(); ++i)
+          ASSERT_LE(std::fabs(tc[i] - on_cpu[i]), tol) << "out " << i << ": CUDA " << tc[i] << ", CPU " << on_cpu[i];
+      }
+    }
+}
+
 // Multi-head attention in half and bfloat16: the float call's bytes on the widened inputs, rounded
 // once, for both implementations and both GEMMs; Exact's bytes on CUDA are the CPU device's.
 template <class T>
@@ -181,8 +246,8 @@ TEST_P(Attention, MultiheadInFormatsIsTheFloatCallRounded) {
   expect_mha_float_call_rounded<bfloat16>(dev, rng);
 }
 
-// Refusals name the parameter and write nothing: TensorCore takes float inputs only (Unsupported),
-// and a buffer of the wrong size (InvalidArgument).
+// Refusals name the parameter and write nothing: a buffer of the wrong size (InvalidArgument), in
+// either precision.
 TEST_P(Attention, FusedFormatRefusalsWriteNothing) {
   const AttentionShape sh{1, 2, 2, 16, 16, 64};
   const std::size_t n = 2 * 16 * 64;
@@ -196,15 +261,10 @@ TEST_P(Attention, FusedFormatRefusalsWriteNothing) {
   out.copy_from_host(s(), marker);
   AttentionOptions tc;
   tc.precision = AttentionPrecision::kTensorCore;
-  try {
-    attention(s(), q, k, v, out, sh, tc);
-    ADD_FAILURE() << "TensorCore with bfloat16 inputs was not refused";
-  } catch (const Unsupported& e) {
-    EXPECT_NE(std::string(e.what()).find("bfloat16"), std::string::npos) << e.what();
-  }
   expect_invalid([&] { attention(s(), q, small, v, out, sh); }, "k.size()");
+  expect_invalid([&] { attention(s(), q, k, small, out, sh, tc); }, "v.size()");
   EXPECT_EQ(raw(out.to_vector(s())), raw(marker));
-  attention(s(), q, k, v, out, sh);  // and the same call in Exact runs
+  attention(s(), q, k, v, out, sh, tc);  // and the same call with every size right runs
   EXPECT_NE(raw(out.to_vector(s())), raw(marker));
 }
 

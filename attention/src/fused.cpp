@@ -17,7 +17,9 @@ namespace {
 // Enqueues the plan's launches (plan::plan_fused): the packing launch, if any, then the attention
 // kernel, with the workspace carved from the caller's or the stream's scratch (Note [caller
 // workspace]) and the stream's counters.
-template <int D>
+// E: the tensor-core kernels' element format (Note [tensor-core formats]: half for float and half
+// inputs, bfloat16 for bfloat16 inputs); Exact ignores it.
+template <int D, class E>
 void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, const plan::FusedPlan& pl,
                   Buffer<std::byte>* workspace) {
   kernels::FusedAttentionParams kp = p;
@@ -60,12 +62,12 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, const plan:
       if constexpr (D == 64) return go(kernels::FusedAttentionExact<64, 8, 1>{});
       break;
     case FusedKernel::kTensorCore:
-      if (pl.pack == plan::FusedPack::kLaunch) pack(kernels::FusedHalfPack<D>{}, kernels::FusedHalfPack<D>::kRows);
-      return go(kernels::FusedAttentionTensorCore<D>{});
+      if (pl.pack == plan::FusedPack::kLaunch) pack(kernels::FusedHalfPack<D, E>{}, kernels::FusedHalfPack<D, E>::kRows);
+      return go(kernels::FusedAttentionTensorCore<D, 1, E>{});
     case FusedKernel::kTensorCoreTwoTiles:
       if constexpr (D >= 64 && D <= 128) {
-        if (pl.pack == plan::FusedPack::kLaunch) pack(kernels::FusedHalfPack<D>{}, kernels::FusedHalfPack<D>::kRows);
-        return go(kernels::FusedAttentionTensorCore<D, 2>{});
+        if (pl.pack == plan::FusedPack::kLaunch) pack(kernels::FusedHalfPack<D, E>{}, kernels::FusedHalfPack<D, E>::kRows);
+        return go(kernels::FusedAttentionTensorCore<D, 2, E>{});
       }
       break;
     case FusedKernel::kWgmma:
@@ -78,23 +80,23 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, const plan:
           kp.ticket = c;
           kp.pack_counters = c + 1;
           kp.pack_ahead = pl.pack_ahead;
-          launch<kernels::FusedHalfPackTiled<D>>(
+          launch<kernels::FusedHalfPackTiled<D, E>>(
               s, Dim3{static_cast<std::uint32_t>(kernels::ceil_div(p.Skv, 64)), static_cast<std::uint32_t>(kp.pack_ahead), 1},
               0, kp);
           if constexpr (D == 64) {
-            if (pl.deferred) return go(kernels::FusedAttentionWgmma<64, 1, true, false, true>{});
-            if (pl.serial) return go(kernels::FusedAttentionWgmma<64, 1, true, false>{});
+            if (pl.deferred) return go(kernels::FusedAttentionWgmma<64, 1, true, false, true, E>{});
+            if (pl.serial) return go(kernels::FusedAttentionWgmma<64, 1, true, false, false, E>{});
           }
-          return pl.warpgroups == 2 ? go(kernels::FusedAttentionWgmma<D, 2, true>{})
-                                    : go(kernels::FusedAttentionWgmma<D, 1, true>{});
+          return pl.warpgroups == 2 ? go(kernels::FusedAttentionWgmma<D, 2, true, true, false, E>{})
+                                    : go(kernels::FusedAttentionWgmma<D, 1, true, true, false, E>{});
         }
-        if (pl.pack == plan::FusedPack::kTiledLaunch) pack(kernels::FusedHalfPackTiled<D>{}, 64);
-        if (pl.warpgroups == 2) return go(kernels::FusedAttentionWgmma<D, 2>{});
+        if (pl.pack == plan::FusedPack::kTiledLaunch) pack(kernels::FusedHalfPackTiled<D, E>{}, 64);
+        if (pl.warpgroups == 2) return go(kernels::FusedAttentionWgmma<D, 2, false, true, false, E>{});
         if constexpr (D == 64) {
-          if (pl.deferred) return go(kernels::FusedAttentionWgmma<64, 1, false, false, true>{});
-          if (pl.serial) return go(kernels::FusedAttentionWgmma<64, 1, false, false>{});
+          if (pl.deferred) return go(kernels::FusedAttentionWgmma<64, 1, false, false, true, E>{});
+          if (pl.serial) return go(kernels::FusedAttentionWgmma<64, 1, false, false, false, E>{});
         }
-        return go(kernels::FusedAttentionWgmma<D, 1>{});
+        return go(kernels::FusedAttentionWgmma<D, 1, false, true, false, E>{});
       }
       break;
   }
@@ -143,9 +145,6 @@ void attention(Stream& stream, const Buffer<T>& q, const Buffer<T>& k, const Buf
   if (tensor_core && !stream.device().caps().tensor_cores &&
       stream.device().id().kind == DeviceKind::kCuda)
     throw Unsupported(w, "precision", "TensorCore", "a CUDA device with tensor cores (this build targets sm_90)");
-  if (tensor_core && std::is_same_v<T, bfloat16>)  // Note [tensor-core formats]; docs/api.md, "Formats"
-    throw Unsupported(w, "precision", std::string("TensorCore with ") + format_name<T>() + " q, k and v",
-                      "TensorCore with float or half inputs; Exact (or Auto) with bfloat16");
   LOCKSTEP_CHECK_ARG(sh.batch <= 65535, w, "batch", sh.batch, "<= 65535");
   LOCKSTEP_CHECK_ARG(sh.num_heads <= 65535, w, "num_heads", sh.num_heads, "<= 65535");
   LOCKSTEP_CHECK_ARG(sh.seq_q <= 0x7fffffff, w, "seq_q", sh.seq_q, "<= 2147483647");
@@ -222,12 +221,13 @@ void attention(Stream& stream, const Buffer<T>& q, const Buffer<T>& k, const Buf
       tuning);
   detail::check_workspace(w, o.workspace, stream, pl.workspace_bytes);
   const std::uint64_t launches_before = stream.launches();
+  using E = std::conditional_t<std::is_same_v<T, bfloat16>, bfloat16, half>;  // Note [tensor-core formats]
   switch (D) {
-    case 32: launch_fused<32>(stream, p, pl, o.workspace); break;
-    case 64: launch_fused<64>(stream, p, pl, o.workspace); break;
-    case 96: launch_fused<96>(stream, p, pl, o.workspace); break;
-    case 128: launch_fused<128>(stream, p, pl, o.workspace); break;
-    default: launch_fused<256>(stream, p, pl, o.workspace); break;
+    case 32: launch_fused<32, E>(stream, p, pl, o.workspace); break;
+    case 64: launch_fused<64, E>(stream, p, pl, o.workspace); break;
+    case 96: launch_fused<96, E>(stream, p, pl, o.workspace); break;
+    case 128: launch_fused<128, E>(stream, p, pl, o.workspace); break;
+    default: launch_fused<256, E>(stream, p, pl, o.workspace); break;
   }
   LOCKSTEP_ASSERT(stream.launches() - launches_before == std::uint64_t(pl.launches), "fused plan: launches");
 }

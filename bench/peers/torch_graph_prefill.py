@@ -53,11 +53,16 @@ def main():
         k16 = torch.randn(B, H, Skv, D, device="cuda", dtype=torch.half)
         v16 = torch.randn_like(k16)
         q32, k32, v32 = q16.float(), k16.float(), v16.float()
+        qb, kb, vb = q16.bfloat16(), k16.bfloat16(), v16.bfloat16()
         kw = dict(is_causal=True) if causal and S == Skv else dict(attn_mask=causal_lower_right(S, Skv)) if causal else {}
         cases = (("fp16", "flash", SDPBackend.FLASH_ATTENTION,
                   lambda: F.scaled_dot_product_attention(q16, k16, v16, **kw)),
                  ("fp16", "cudnn", SDPBackend.CUDNN_ATTENTION,
                   lambda: F.scaled_dot_product_attention(q16, k16, v16, **kw)),
+                 ("bf16", "flash", SDPBackend.FLASH_ATTENTION,
+                  lambda: F.scaled_dot_product_attention(qb, kb, vb, **kw)),
+                 ("bf16", "cudnn", SDPBackend.CUDNN_ATTENTION,
+                  lambda: F.scaled_dot_product_attention(qb, kb, vb, **kw)),
                  ("fp32 in/out", "flash", SDPBackend.FLASH_ATTENTION,
                   lambda: F.scaled_dot_product_attention(q32.half(), k32.half(), v32.half(), **kw).float()),
                  ("fp32", "efficient", SDPBackend.EFFICIENT_ATTENTION,
@@ -70,7 +75,7 @@ def main():
                                  TFLOPs=flops / ms / 1e9))
             except Exception as e:  # noqa: BLE001
                 rows.append(dict(op="prefill graph", dtype=dtype, backend=name, shape=shape, error=str(e)[:120]))
-        del q16, k16, v16, q32, k32, v32
+        del q16, k16, v16, q32, k32, v32, qb, kb, vb
         torch.cuda.empty_cache()
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}")
     for r in rows:

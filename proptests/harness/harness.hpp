@@ -206,9 +206,10 @@ AttentionRef attention_reference(const float* q, std::int64_t q_stride, const fl
 // draws of every other parameter stay as they are): 0, unset (the default 1 / sqrt(head_dim)),
 // for three seeds in four, else a float in [1/64, 1/2].
 float softmax_scale_of(std::uint64_t seed);
-// The documented bounds (docs/numerics.md, Note [attention bound]).
+// The documented bounds (docs/numerics.md, Note [attention bound]). uh: the unit roundoff of the
+// tensor cores' element format (fp16 2^-11; bfloat16 2^-8).
 double attention_bound_fp32(double pv_mag, double qk_mag, std::int64_t Skv, std::int64_t D);
-double attention_bound_tc(double pv_mag, double qk_mag, std::int64_t Skv, std::int64_t D);
+double attention_bound_tc(double pv_mag, double qk_mag, std::int64_t Skv, std::int64_t D, double uh = 0x1p-11);
 
 struct FusedCaseShape {
   std::int64_t batch = 1, heads = 1, kv_heads = 1, seq_q = 1, seq_kv = 1, dim = 32;

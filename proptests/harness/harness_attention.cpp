@@ -87,8 +87,8 @@ double attention_bound_fp32(double pv_mag, double qk_mag, std::int64_t Skv, std:
                    (double(Skv) + std::ceil(double(Skv) / 32.0) + double(D) + 30.0) * kU) +
          1e-30;
 }
-double attention_bound_tc(double pv_mag, double qk_mag, std::int64_t Skv, std::int64_t D) {
-  return pv_mag * (2.0 * qk_mag * (2.0 * kUh + double(D + 4) * kU) + 4.0 * kUh +
+double attention_bound_tc(double pv_mag, double qk_mag, std::int64_t Skv, std::int64_t D, double uh) {
+  return pv_mag * (2.0 * qk_mag * (2.0 * uh + double(D + 4) * kU) + 4.0 * uh +
                    4.0 * (double(Skv) + double(D) + 40.0) * kU) +
          1e-30;
 }
@@ -398,6 +398,9 @@ class FusedCase final : public Case {
     const std::int64_t D = s_.dim, g = s_.heads / s_.kv_heads;
     const std::int64_t qstride = s_.interleaved ? s_.heads * D : D, kstride = s_.interleaved ? s_.kv_heads * D : D;
     const std::size_t lse0 = q_.size();
+    // The tensor cores' element format: bfloat16 for bfloat16 inputs, else fp16 (Note
+    // [tensor-core formats]); P is rounded to it.
+    const double uh = s_.act == Format::bf16 ? 0x1p-8 : kUh;
     for (std::int64_t b = 0; b < s_.batch; ++b)
       for (std::int64_t h = 0; h < s_.heads; ++h) {
         const std::int64_t hk = h / g;
@@ -410,7 +413,7 @@ class FusedCase final : public Case {
               s_.causal ? std::clamp<std::int64_t>(i + 1 + s_.seq_kv - s_.seq_q, 0, s_.seq_kv) : s_.seq_kv;
           for (std::int64_t d = 0; d < D; ++d) {
             const std::size_t o = at(b, h, i, s_.heads, s_.seq_q) + std::size_t(d), e = std::size_t(i * D + d);
-            double bound = s_.tensor_core ? attention_bound_tc(ref.pv_mag[e], ref.qk_mag[std::size_t(i)], visible, D)
+            double bound = s_.tensor_core ? attention_bound_tc(ref.pv_mag[e], ref.qk_mag[std::size_t(i)], visible, D, uh)
                                           : attention_bound_fp32(ref.pv_mag[e], ref.qk_mag[std::size_t(i)], visible, D);
             if (s_.act != Format::f32) {  // then the output's one rounding (Note [exact formats])
               const double ua = s_.act == Format::f16 ? 0x1p-11 : 0x1p-8;
@@ -426,7 +429,7 @@ class FusedCase final : public Case {
             // of Q and K on the tensor cores), so the log-sum-exp within that plus the sum's
             // relative error and the final m * scale + log(l) roundings.
             const double ref_lse = ref.lse[std::size_t(i)], qk = ref.qk_mag[std::size_t(i)];
-            const double lse_bound = qk * ((s_.tensor_core ? 2.0 * kUh : 0.0) + double(D + 4) * kU) +
+            const double lse_bound = qk * ((s_.tensor_core ? 2.0 * uh : 0.0) + double(D + 4) * kU) +
                                      (double(visible) + double(D) + 40.0) * kU + 4.0 * kU * std::fabs(ref_lse);
             account(rep, lse0 + std::size_t((b * s_.heads + h) * s_.seq_q + i), got, ref_lse, lse_bound);
           }
@@ -487,6 +490,12 @@ std::vector<KernelEntry> fused_entries() {
            [draw](std::mt19937_64& g) {
              const Format act = std::uniform_int_distribution<int>(0, 1)(g) != 0 ? Format::bf16 : Format::f16;
              return draw(g, false, act);
+           },
+           {}},
+          {"attention_fused_tensor_core_formats",  // Note [tensor-core formats]: half or bfloat16
+           [draw](std::mt19937_64& g) {
+             const Format act = std::uniform_int_distribution<int>(0, 1)(g) != 0 ? Format::bf16 : Format::f16;
+             return draw(g, true, act);
            },
            {}},
           {"attention_fused_tensor_core",

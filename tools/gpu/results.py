@@ -212,24 +212,25 @@ def entries(call, meta):
                 out.append(entry("decode_host_graph", call, name, shape, median(host), "us per attention call",
                                  None, [], t, "host time of a graph replay / layers", m_bench, host))
         elif name in ("attention_fused_tensor_core", "attention_fused_tensor_core_formats") and call.cuda:
-            pshape = shape  # the peers' shape: half inputs' rows carry a format suffix
+            pshape, dtype = shape, "fp16"  # the peers' shape: 16-bit inputs' rows carry a format suffix
             if name.endswith("_formats"):
-                if not shape.endswith(" half"):
+                fmt = next((f for f in ("half", "bfloat16") if shape.endswith(" " + f)), None)
+                if fmt is None:
                     continue
-                pshape = shape[:-len(" half")]
-            graph_fa2 = peer(call, "graph", "fp16", "flash", pshape)
+                pshape, dtype = shape[:-len(" " + fmt)], "fp16" if fmt == "half" else "bf16"
+            graph_fa2 = peer(call, "graph", dtype, "flash", pshape)
             busy = call.series(key, "busy_stream_ms")
             for target, backend in (("prefill_tc_vs_fa2", "flash"), ("prefill_tc_vs_cudnn", "cudnn")):
                 if graph_fa2 and busy:
-                    p, mine, timing = peer(call, "graph", "fp16", backend, pshape), busy, \
+                    p, mine, timing = peer(call, "graph", dtype, backend, pshape), busy, \
                         "device time (stream kept busy) against CUDA-graph replays"
                 else:
-                    p, mine, timing = peer(call, "prefill", "fp16", backend, pshape), ms, \
+                    p, mine, timing = peer(call, "prefill", dtype, backend, pshape), ms, \
                         "idle stream, host enqueue included, both"
                 if not p:
                     continue
                 label = "FA2" if backend == "flash" else "cuDNN"
-                against = {"name": f"PyTorch {label} fp16", "figure": round(median(p), 5),
+                against = {"name": f"PyTorch {label} {dtype}", "figure": round(median(p), 5),
                            "unit": "ms"}
                 pair = len(p) == len(mine)
                 ratios = [(p[i] if pair else median(p)) / x for i, x in enumerate(mine)]

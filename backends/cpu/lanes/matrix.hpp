@@ -107,22 +107,36 @@ class MatrixEmulation {
   // Two floats rounded to fp16 (nearest even), lo in the low half (CUDA __floats2half2_rn).
   template <class A, class B>
   Lanes<std::int32_t> pack_half2(const A& lo, const B& hi) const {
+    return pack2(lo, hi, ::lockstep::half{});
+  }
+  // The same in the element format E (half or bfloat16; CUDA __floats2bfloat162_rn for bfloat16).
+  template <class A, class B, class E>
+  Lanes<std::int32_t> pack2(const A& lo, const B& hi, E) const {
     const Lanes<float> a(wrap<float>(lo)), b(wrap<float>(hi));
     Lanes<std::int32_t> r;
-    for (int i = 0; i < PW; ++i) r.set(i, pack_bits(math::half_bits_rn(a[i]), math::half_bits_rn(b[i])));
+    for (int i = 0; i < PW; ++i) r.set(i, pack_bits(elem_rn<E>(a[i]), elem_rn<E>(b[i])));
     return r;
   }
+  // One value per active lane rounded to E into 16-bit storage (store_half for half).
+  template <class E, LaneExpr O, class V>
+  void store_elem(E, half_t* base, O&& off, V&& val) const {
+    const Lanes<std::int32_t> o(wrap<std::int32_t>(std::forward<O>(off)));
+    const Lanes<float> v(wrap<float>(std::forward<V>(val)));
+    for (int i = 0; i < PW; ++i) base[o[i]] = elem_rn<E>(v[i]);
+  }
   // c += A (16x16) x B (16x8) for each warp, Note [tensor-core emulation]: the 16 exact products
-  // of a row and column and the accumulator are summed in float64 and rounded once to fp32.
+  // of a row and column and the accumulator are summed in float64 and rounded once to fp32. The
+  // fragments hold elements of format E (half, or bfloat16: the .bf16 instruction).
+  template <class E = ::lockstep::half>
   void mma_16816(Lanes<float> (&c)[4], const Lanes<std::int32_t> (&a)[4], const Lanes<std::int32_t>& b0,
-                 const Lanes<std::int32_t>& b1) const {
+                 const Lanes<std::int32_t>& b1, E = {}) const {
     for (int w = 0; w < kWarps; ++w) {
       double A[16][16], Bm[16][8];
       float C[16][8];
       for (int l = 0; l < 32; ++l) {
         const int g = l >> 2, t = 2 * (l & 3), i = w * 32 + l;
-        auto lo = [](std::int32_t v) { return double(math::half_bits_to_float(half_t(std::uint32_t(v) & 0xffffu))); };
-        auto hi = [](std::int32_t v) { return double(math::half_bits_to_float(half_t(std::uint32_t(v) >> 16))); };
+        auto lo = [](std::int32_t v) { return double(elem_to_float<E>(half_t(std::uint32_t(v) & 0xffffu))); };
+        auto hi = [](std::int32_t v) { return double(elem_to_float<E>(half_t(std::uint32_t(v) >> 16))); };
         A[g][t] = lo(a[0][i]), A[g][t + 1] = hi(a[0][i]);
         A[g + 8][t] = lo(a[1][i]), A[g + 8][t + 1] = hi(a[1][i]);
         A[g][t + 8] = lo(a[2][i]), A[g][t + 9] = hi(a[2][i]);
@@ -148,9 +162,9 @@ class MatrixEmulation {
   // are its A fragment times that B, n-tile by n-tile, each as mma_16816 (Note [tensor-core
   // emulation]): the same bits as the mma.sync schedule over the same operands. The fences and
   // waits order nothing here (a block runs its statements in order).
-  template <int NB, bool kTransB>
+  template <int NB, bool kTransB, class E = ::lockstep::half>
   void wgmma(Lanes<float> (&c)[NB / 8][4], const Lanes<std::int32_t> (&a)[4], const half_t* base, int off,
-             int lbo, int sbo, bool accumulate) const {
+             int lbo, int sbo, bool accumulate, E e = {}) const {
     auto b_at = [&](int k, int n) -> half_t {
       return base[off + (kTransB ? n % 8 + (n / 8) * sbo + (k % 8) * 8 + (k / 8) * lbo
                                  : (n % 8) * 8 + (n / 8) * sbo + k % 8 + (k / 8) * lbo)];
@@ -165,7 +179,7 @@ class MatrixEmulation {
         b0.set(i, pack_bits(b_at(t, n), b_at(t + 1, n)));
         b1.set(i, pack_bits(b_at(t + 8, n), b_at(t + 9, n)));
       }
-      mma_16816(c[n8], a, b0, b1);
+      mma_16816(c[n8], a, b0, b1, e);
     }
   }
   void wgmma_fence() const {}
@@ -214,6 +228,16 @@ class MatrixEmulation {
   }
 
  private:
+  template <class E>
+  static half_t elem_rn(float v) {
+    if constexpr (std::is_same_v<E, ::lockstep::bfloat16>) return ::lockstep::to_bfloat16(v).bits;
+    else return math::half_bits_rn(v);
+  }
+  template <class E>
+  static float elem_to_float(half_t bits) {
+    if constexpr (std::is_same_v<E, ::lockstep::bfloat16>) return ::lockstep::to_float(::lockstep::bfloat16{bits});
+    else return math::half_bits_to_float(bits);
+  }
   static std::int32_t pack_bits(half_t lo, half_t hi) {
     return static_cast<std::int32_t>(std::uint32_t(lo) | (std::uint32_t(hi) << 16));
   }

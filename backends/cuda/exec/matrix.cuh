@@ -1,13 +1,17 @@
 #pragma once
 // CudaExec's tensor-core operations: fp16 storage, WMMA tiles, mma.sync fragments, warpgroup
-// products (wgmma) and bulk tiles.
+// products (wgmma) and bulk tiles. The fragment products and packing take the element format as a
+// tag (::lockstep::half or ::lockstep::bfloat16; half where none is given).
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <mma.h>
 
 #include <cstdint>
 #include <type_traits>
+
+#include "lockstep/formats.hpp"
 
 namespace lockstep::cuda {
 
@@ -71,11 +75,39 @@ struct CudaMatrix {
     const __half2 h = __floats2half2_rn(lo, hi);
     return static_cast<int>(*reinterpret_cast<const unsigned*>(&h));
   }
-  // c += A (16x16) x B (16x8), fp32 accumulation (mma.sync.m16n8k16.row.col.f32.f16.f16.f32).
-  __device__ __forceinline__ void mma_16816(float (&c)[4], const int (&a)[4], int b0, int b1) const {
+  // The same in an element format: fp16 (pack_half2) or bfloat16 (nearest even, __floats2bfloat162_rn).
+  __device__ __forceinline__ int pack2(float lo, float hi, ::lockstep::half) const { return pack_half2(lo, hi); }
+  __device__ __forceinline__ int pack2(float lo, float hi, ::lockstep::bfloat16) const {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return static_cast<int>(*reinterpret_cast<const unsigned*>(&h));
+  }
+  // One value rounded to the element format into 16-bit storage (store_half for fp16).
+  __device__ __forceinline__ void store_elem(::lockstep::half, half_t* base, int off, float v, bool m = true) const {
+    store_half(base, off, v, m);
+  }
+  __device__ __forceinline__ void store_elem(::lockstep::bfloat16, half_t* base, int off, float v,
+                                             bool m = true) const {
+    if (m) reinterpret_cast<__nv_bfloat16*>(base)[off] = __float2bfloat16_rn(v);
+  }
+  // c += A (16x16) x B (16x8), fp32 accumulation (mma.sync.m16n8k16.row.col.f32.f16.f16.f32; with
+  // the bfloat16 tag .bf16.bf16).
+  __device__ __forceinline__ void mma_16816(float (&c)[4], const int (&a)[4], int b0, int b1,
+                                            ::lockstep::half = {}) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    __trap();  // sm_80 and newer (this build targets sm_90)
+#endif
+  }
+  __device__ __forceinline__ void mma_16816(float (&c)[4], const int (&a)[4], int b0, int b1,
+                                            ::lockstep::bfloat16) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
         "{%8, %9}, {%0, %1, %2, %3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -92,15 +124,17 @@ struct CudaMatrix {
   // (k / 8) * lbo (MN-major); accumulate = false ignores c. Asynchronous: wgmma_fence() before the
   // first product of a batch (registers written since), wgmma_commit() after its last, and
   // wgmma_wait<P>() (at most P batches still pending) then wgmma_hold(c) before c is read.
-  template <int NB, bool kTransB>
+  // The element format's tag last (fp16 by default; bfloat16: .bf16.bf16, the same layouts).
+  template <int NB, bool kTransB, class E = ::lockstep::half>
   __device__ __forceinline__ void wgmma(float (&c)[NB / 8][4], const int (&a)[4], const half_t* base, int off,
-                                        int lbo, int sbo, bool accumulate) const {
+                                        int lbo, int sbo, bool accumulate, E = {}) const {
+    constexpr bool kBf = std::is_same_v<E, ::lockstep::bfloat16>;
     static_assert(NB == 64 || NB == 128, "wgmma: N = 64 or 128");
     const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(base + off));
     const std::uint64_t desc = std::uint64_t((addr & 0x3ffffu) >> 4) |
                                (std::uint64_t((static_cast<unsigned>(lbo) * 2u) >> 4) << 16) |
                                (std::uint64_t((static_cast<unsigned>(sbo) * 2u) >> 4) << 32);
-    wgmma_m64n_dispatch(c, a, desc, accumulate ? 1 : 0, std::integral_constant<int, kTransB ? 1 : 0>{});
+    wgmma_m64n_dispatch<kBf>(c, a, desc, accumulate ? 1 : 0, std::integral_constant<int, kTransB ? 1 : 0>{});
   }
   __device__ __forceinline__ void wgmma_fence() const {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -207,69 +241,74 @@ struct CudaMatrix {
     __trap();
 #endif
   }
-  template <int K, int T>
+  template <bool BF, int K, int T>
   __device__ __forceinline__ void wgmma_m64n_dispatch(float (&c)[K][4], const int (&a)[4], std::uint64_t desc,
                                                       int accumulate, std::integral_constant<int, T> t) const {
-    if constexpr (K == 8) wgmma_m64n64k16(c, a, desc, accumulate, t);
-    else wgmma_m64n128k16(c, a, desc, accumulate, t);
+    if constexpr (K == 8) wgmma_m64n64k16<BF>(c, a, desc, accumulate, t);
+    else wgmma_m64n128k16<BF>(c, a, desc, accumulate, t);
   }
-  // (Generated: the accumulator registers as operands; T is the transpose of B, an immediate.)
-  template <int T>
+  // (Generated: the accumulator registers as operands; T is the transpose of B, an immediate; BF
+  // the bfloat16 form of the instruction.)
+#define LOCKSTEP_ACC4(i) "+f"(c[i][0]), "+f"(c[i][1]), "+f"(c[i][2]), "+f"(c[i][3])
+#define LOCKSTEP_ACC64                                                                                    \
+  LOCKSTEP_ACC4(0), LOCKSTEP_ACC4(1), LOCKSTEP_ACC4(2), LOCKSTEP_ACC4(3), LOCKSTEP_ACC4(4), LOCKSTEP_ACC4(5), \
+      LOCKSTEP_ACC4(6), LOCKSTEP_ACC4(7)
+#define LOCKSTEP_ACC128                                                                                    \
+  LOCKSTEP_ACC64, LOCKSTEP_ACC4(8), LOCKSTEP_ACC4(9), LOCKSTEP_ACC4(10), LOCKSTEP_ACC4(11), LOCKSTEP_ACC4(12), \
+      LOCKSTEP_ACC4(13), LOCKSTEP_ACC4(14), LOCKSTEP_ACC4(15)
+#define LOCKSTEP_WGMMA_N64(TY)                                                                  \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                 \
+  "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " "                                   \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                      \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "            \
+  "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+#define LOCKSTEP_WGMMA_N128(TY)                                                                 \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                 \
+  "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " "                                  \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                      \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "             \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "             \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "            \
+  "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+  template <bool BF, int T>
   __device__ __forceinline__ void wgmma_m64n64k16(float (&c)[8][4], const int (&a)[4], std::uint64_t desc,
                                                    int accumulate, std::integral_constant<int, T>) const {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
-        : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]), "+f"(c[0][3]),
-          "+f"(c[1][0]), "+f"(c[1][1]), "+f"(c[1][2]), "+f"(c[1][3]),
-          "+f"(c[2][0]), "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]),
-          "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]), "+f"(c[3][3]),
-          "+f"(c[4][0]), "+f"(c[4][1]), "+f"(c[4][2]), "+f"(c[4][3]),
-          "+f"(c[5][0]), "+f"(c[5][1]), "+f"(c[5][2]), "+f"(c[5][3]),
-          "+f"(c[6][0]), "+f"(c[6][1]), "+f"(c[6][2]), "+f"(c[6][3]),
-          "+f"(c[7][0]), "+f"(c[7][1]), "+f"(c[7][2]), "+f"(c[7][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate), "n"(T));
+    if constexpr (BF) {
+      asm volatile(LOCKSTEP_WGMMA_N64("bf16")
+                   : LOCKSTEP_ACC64
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate), "n"(T));
+    } else {
+      asm volatile(LOCKSTEP_WGMMA_N64("f16")
+                   : LOCKSTEP_ACC64
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate), "n"(T));
+    }
 #else
     __trap();  // sm_90a only (Note [wgmma products])
 #endif
   }
-  template <int T>
+  template <bool BF, int T>
   __device__ __forceinline__ void wgmma_m64n128k16(float (&c)[16][4], const int (&a)[4], std::uint64_t desc,
                                                    int accumulate, std::integral_constant<int, T>) const {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
-        : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]), "+f"(c[0][3]),
-          "+f"(c[1][0]), "+f"(c[1][1]), "+f"(c[1][2]), "+f"(c[1][3]),
-          "+f"(c[2][0]), "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]),
-          "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]), "+f"(c[3][3]),
-          "+f"(c[4][0]), "+f"(c[4][1]), "+f"(c[4][2]), "+f"(c[4][3]),
-          "+f"(c[5][0]), "+f"(c[5][1]), "+f"(c[5][2]), "+f"(c[5][3]),
-          "+f"(c[6][0]), "+f"(c[6][1]), "+f"(c[6][2]), "+f"(c[6][3]),
-          "+f"(c[7][0]), "+f"(c[7][1]), "+f"(c[7][2]), "+f"(c[7][3]),
-          "+f"(c[8][0]), "+f"(c[8][1]), "+f"(c[8][2]), "+f"(c[8][3]),
-          "+f"(c[9][0]), "+f"(c[9][1]), "+f"(c[9][2]), "+f"(c[9][3]),
-          "+f"(c[10][0]), "+f"(c[10][1]), "+f"(c[10][2]), "+f"(c[10][3]),
-          "+f"(c[11][0]), "+f"(c[11][1]), "+f"(c[11][2]), "+f"(c[11][3]),
-          "+f"(c[12][0]), "+f"(c[12][1]), "+f"(c[12][2]), "+f"(c[12][3]),
-          "+f"(c[13][0]), "+f"(c[13][1]), "+f"(c[13][2]), "+f"(c[13][3]),
-          "+f"(c[14][0]), "+f"(c[14][1]), "+f"(c[14][2]), "+f"(c[14][3]),
-          "+f"(c[15][0]), "+f"(c[15][1]), "+f"(c[15][2]), "+f"(c[15][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate), "n"(T));
+    if constexpr (BF) {
+      asm volatile(LOCKSTEP_WGMMA_N128("bf16")
+                   : LOCKSTEP_ACC128
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate), "n"(T));
+    } else {
+      asm volatile(LOCKSTEP_WGMMA_N128("f16")
+                   : LOCKSTEP_ACC128
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate), "n"(T));
+    }
 #else
     __trap();  // sm_90a only (Note [wgmma products])
 #endif
   }
+#undef LOCKSTEP_WGMMA_N128
+#undef LOCKSTEP_WGMMA_N64
+#undef LOCKSTEP_ACC128
+#undef LOCKSTEP_ACC64
+#undef LOCKSTEP_ACC4
 
   // Four 32-bit words to base[off .. off + 3] (16-byte aligned), one 16-byte store, written in
   // PTX: inlined into FusedAttentionWgmma (Note [packing blocks]), an int4 store came out of the

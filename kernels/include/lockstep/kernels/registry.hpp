@@ -30,6 +30,25 @@ namespace lockstep::kernels {
       DecodeChunk<128, 2, 1, 4, C>, DecodeChunk<128, 4, 1, 4, C>, DecodeChunk<256, 1, 1, 4, C>,    \
       DecodeChunk<256, 2, 1, 4, C>
 
+// The tensor-core fused kernels with products in element format E (half or bfloat16: Note
+// [tensor-core formats]) and their packing kernels.
+#define LOCKSTEP_FUSED_TC(E)                                                                                    \
+  FusedAttentionTensorCore<32, 1, E>, FusedAttentionTensorCore<64, 1, E>, FusedAttentionTensorCore<96, 1, E>,   \
+      FusedAttentionTensorCore<128, 1, E>, FusedAttentionTensorCore<256, 1, E>,                                \
+      FusedAttentionTensorCore<64, 2, E>, FusedAttentionTensorCore<96, 2, E>, FusedAttentionTensorCore<128, 2, E>, \
+      /* Note [wgmma products]: (head_dim, warpgroups per block) */                                           \
+      FusedAttentionWgmma<64, 1, false, true, false, E>, FusedAttentionWgmma<64, 2, false, true, false, E>,     \
+      FusedAttentionWgmma<128, 1, false, true, false, E>, FusedAttentionWgmma<128, 2, false, true, false, E>,   \
+      /* with packing blocks (Note [packing blocks]) */                                                        \
+      FusedAttentionWgmma<64, 1, true, true, false, E>, FusedAttentionWgmma<64, 2, true, true, false, E>,       \
+      FusedAttentionWgmma<128, 1, true, true, false, E>, FusedAttentionWgmma<128, 2, true, true, false, E>,     \
+      /* Note [four wgmma blocks per SM] (fused.wgmma_deferred = 0), without and with packing blocks */        \
+      FusedAttentionWgmma<64, 1, false, false, false, E>, FusedAttentionWgmma<64, 1, true, false, false, E>,    \
+      /* Note [deferred P.V wait] (the default at head_dim 64, one warpgroup), without and with packing */     \
+      FusedAttentionWgmma<64, 1, false, false, true, E>, FusedAttentionWgmma<64, 1, true, false, true, E>,      \
+      FusedHalfPack<32, E>, FusedHalfPack<64, E>, FusedHalfPack<96, E>, FusedHalfPack<128, E>,                 \
+      FusedHalfPack<256, E>, FusedHalfPackTiled<64, E>, FusedHalfPackTiled<128, E>
+
 template <class... Ks>
 struct KernelList {
   static constexpr int size = sizeof...(Ks);
@@ -72,20 +91,7 @@ using AllKernels = KernelList<
     DecodeOneGrid<DecodeChunk<256, 1, 1, 4>, DecodeMerge<256>>, DecodeOneGrid<DecodeChunk<256, 2, 1, 4>, DecodeMerge<256>>,
     FusedAttentionExact<32>, FusedAttentionExact<64>, FusedAttentionExact<64, 8, 1>, FusedAttentionExact<96>,
     FusedAttentionExact<128>, FusedAttentionExact<256>,
-    FusedAttentionTensorCore<32>, FusedAttentionTensorCore<64>, FusedAttentionTensorCore<96>,
-    FusedAttentionTensorCore<128>, FusedAttentionTensorCore<256>,
-    FusedAttentionTensorCore<64, 2>, FusedAttentionTensorCore<96, 2>, FusedAttentionTensorCore<128, 2>,
-    // Note [wgmma products]: (head_dim, warpgroups per block)
-    FusedAttentionWgmma<64, 1>, FusedAttentionWgmma<64, 2>, FusedAttentionWgmma<128, 1>, FusedAttentionWgmma<128, 2>,
-    // with packing blocks (Note [packing blocks])
-    FusedAttentionWgmma<64, 1, true>, FusedAttentionWgmma<64, 2, true>, FusedAttentionWgmma<128, 1, true>,
-    FusedAttentionWgmma<128, 2, true>,
-    // Note [four wgmma blocks per SM] (fused.wgmma_deferred = 0), without and with packing blocks
-    FusedAttentionWgmma<64, 1, false, false>, FusedAttentionWgmma<64, 1, true, false>,
-    // Note [deferred P.V wait] (the default at head_dim 64, one warpgroup), without and with packing blocks
-    FusedAttentionWgmma<64, 1, false, false, true>, FusedAttentionWgmma<64, 1, true, false, true>,
-    FusedHalfPack<32>, FusedHalfPack<64>, FusedHalfPack<96>, FusedHalfPack<128>, FusedHalfPack<256>,
-    FusedHalfPackTiled<64>, FusedHalfPackTiled<128>>;
+    LOCKSTEP_FUSED_TC(half), LOCKSTEP_FUSED_TC(bfloat16)>;
 
 template <class K, class List>
 struct kernel_index;

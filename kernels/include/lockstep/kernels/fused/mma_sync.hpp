@@ -81,8 +81,9 @@ namespace lockstep::kernels {
 // arithmetic is the same for either M (same bits). Grid: x = ceil(Sq / kRows), y = H, z = B.
 // (Two groups of 4 warps per block taking turns on the tensor cores, FlashAttention-3's
 // ping-pong on mma.sync, gave the same bytes and was slower.)
-template <int D, int M = 1>
+template <int D, int M = 1, class E = half>
 struct FusedAttentionTensorCore {
+  static_assert(std::is_same_v<E, half> || std::is_same_v<E, bfloat16>, "products in fp16 or bfloat16");
   static_assert(D % 16 == 0 && D <= 256, "head_dim: a multiple of 16, at most 256");
   static_assert(M == 1 || (M == 2 && D <= 128), "two m-tiles per warp up to head_dim 128");
   static constexpr const char* kName = "fused_attention_tensor_core";
@@ -151,8 +152,8 @@ struct FusedAttentionTensorCore {
         x.ldmatrix_x4(kb, Kt, k_off + np * 16 * kLd + kk * 16);
         LOCKSTEP_UNROLL
         for (int mt = 0; mt < kM; ++mt) {
-          x.mma_16816(s[mt][2 * np], qa[mt], kb[0], kb[1]);
-          x.mma_16816(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+          x.mma_16816(s[mt][2 * np], qa[mt], kb[0], kb[1], E{});
+          x.mma_16816(s[mt][2 * np + 1], qa[mt], kb[2], kb[3], E{});
         }
       }
     }
@@ -328,10 +329,10 @@ struct FusedAttentionTensorCore {
       I pa[kM][4];
       LOCKSTEP_UNROLL
       for (int mt = 0; mt < kM; ++mt) {
-        pa[mt][0] = x.pack_half2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
-        pa[mt][1] = x.pack_half2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
-        pa[mt][2] = x.pack_half2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
-        pa[mt][3] = x.pack_half2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+        pa[mt][0] = x.pack2(s[mt][2 * kc][0], s[mt][2 * kc][1], E{});
+        pa[mt][1] = x.pack2(s[mt][2 * kc][2], s[mt][2 * kc][3], E{});
+        pa[mt][2] = x.pack2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1], E{});
+        pa[mt][3] = x.pack2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3], E{});
       }
       LOCKSTEP_UNROLL
       for (int dp = 0; dp < D / 16; ++dp) {
@@ -339,8 +340,8 @@ struct FusedAttentionTensorCore {
         x.ldmatrix_x4_trans(vb, Vt, v_off + kc * 16 * kLd + dp * 16);
         LOCKSTEP_UNROLL
         for (int mt = 0; mt < kM; ++mt) {
-          x.mma_16816(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
-          x.mma_16816(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+          x.mma_16816(o[mt][2 * dp], pa[mt], vb[0], vb[1], E{});
+          x.mma_16816(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3], E{});
         }
       }
     }
@@ -500,10 +501,12 @@ struct FusedAttentionTensorCore {
         const I e = t + i * kThreads;
         const I r = x.idiv(e, D);
         const I c = e - r * D;
-        x.store_half(Qs, r * kLd + c, x.load(q, r * fb.q_ss + c, r < rows, 0.0f));
+        x.store_elem(E{}, Qs, r * kLd + c, x.load(q, r * fb.q_ss + c, r < rows, 0.0f));
       }
     };
-    if (fb.fmt == kActF16) {
+    if constexpr (std::is_same_v<E, bfloat16>) {  // bfloat16 products: bfloat16 inputs only
+      q_rows(static_cast<const bfloat16*>(nullptr));
+    } else if (fb.fmt == kActF16) {
       q_rows(static_cast<const half*>(nullptr));
     } else {
       q_rows(static_cast<const float*>(nullptr));

@@ -2,11 +2,16 @@
 // The packing kernels: K and V rounded to fp16 (nearest even) as the tensor-core kernels read them.
 //
 // Note [tensor-core formats]
-// The tensor-core kernels take q, k, v and out in float or half (p.act_format): Q and the packed
-// K and V are fp16 either way (a half input's round trip through float and back is its own code),
-// the output is rounded once to the format. So a half call gives the float call's bytes on the
-// widened inputs, rounded; bfloat16 inputs are refused on the host (their products would need
-// bf16 tensor-core instructions).
+// The tensor-core kernels take q, k, v and out in float, half or bfloat16 (p.act_format), with
+// the products in an element format E, a template parameter of each kernel (the host picks it from
+// the inputs' type). E = half for float and half inputs: Q and the packed K and V are fp16 either
+// way (a half input's round trip through float and back is its own code), so a half call gives
+// the float call's bytes on the widened inputs, rounded. E = bfloat16 for bfloat16 inputs: the
+// products are the tensor cores' bfloat16 instructions (mma.sync and wgmma .bf16, the same
+// fragment and shared-memory layouts), Q, K and V enter as given (widened and rounded back: their
+// own codes; a NaN becomes 0x7fff), and P is rounded to bfloat16. The packing is then a copy into
+// the kernels' layout. Every other step (softmax, rescale, output) is the same code in float. The
+// output is rounded once to the format in every case.
 
 #include "lockstep/kernels/fused/common.hpp"
 
@@ -41,7 +46,7 @@ struct HalfPackRows {
 // x = tile, y = Hkv, z = B; thread t writes 16-byte chunks t, t + 256, ... of the tile (16-byte
 // chunk q holds key (q / D) 8 + q % 8, columns 8 ((q / 8) % (D / 8)) ..., eight halves), each
 // with one 16-byte store.
-template <int D>
+template <int D, class E = half>
 struct FusedHalfPackTiled {
   static constexpr const char* kName = "fused_attention_half_pack_tiled";
   static constexpr int kThreads = 256;
@@ -60,7 +65,9 @@ struct FusedHalfPackTiled {
   LOCKSTEP_HD static void pack_tile(X& x, const Params& p, int b, int hk, int tile, int tiles) {
     const std::int64_t dst = ((std::int64_t{b} * p.Hkv + hk) * tiles + tile) * (kTile * D / 2);
     const HalfPackRows pr(p, b, hk, tile * kTile, kTile, dst);
-    if (pr.half_in) {
+    if constexpr (std::is_same_v<E, bfloat16>) {  // bfloat16 inputs only: a copy into the layout
+      pack_tile_as<NT, bfloat16>(x, p, pr);
+    } else if (pr.half_in) {
       pack_tile_as<NT, half>(x, p, pr);
     } else {
       pack_tile_as<NT, float>(x, p, pr);
@@ -91,10 +98,10 @@ struct FusedHalfPackTiled {
     LOCKSTEP_UNROLL
     for (int i = 0; i < kChunks; ++i) {
       const I q = t + i * NT;
-      x.store_words4(pr.kd, q * 4, x.pack_half2(kv[i][0].x, kv[i][0].y), x.pack_half2(kv[i][0].z, kv[i][0].w),
-                     x.pack_half2(kv[i][1].x, kv[i][1].y), x.pack_half2(kv[i][1].z, kv[i][1].w));
-      x.store_words4(pr.vd, q * 4, x.pack_half2(kv[i][2].x, kv[i][2].y), x.pack_half2(kv[i][2].z, kv[i][2].w),
-                     x.pack_half2(kv[i][3].x, kv[i][3].y), x.pack_half2(kv[i][3].z, kv[i][3].w));
+      x.store_words4(pr.kd, q * 4, x.pack2(kv[i][0].x, kv[i][0].y, E{}), x.pack2(kv[i][0].z, kv[i][0].w, E{}),
+                     x.pack2(kv[i][1].x, kv[i][1].y, E{}), x.pack2(kv[i][1].z, kv[i][1].w, E{}));
+      x.store_words4(pr.vd, q * 4, x.pack2(kv[i][2].x, kv[i][2].y, E{}), x.pack2(kv[i][2].z, kv[i][2].w, E{}),
+                     x.pack2(kv[i][3].x, kv[i][3].y, E{}), x.pack2(kv[i][3].z, kv[i][3].w, E{}));
     }
   }
 };
@@ -102,7 +109,7 @@ struct FusedHalfPackTiled {
 // K and V rounded to fp16 (nearest even) into the packed operands of FusedAttentionTensorCore:
 // [B, Hkv, Skv, D] contiguous (p.k_half, p.v_half), read from p.k and p.v by their strides.
 // Grid: x = ceil(Skv / 32), y = Hkv, z = B; a block converts 32 rows of K and of V.
-template <int D>
+template <int D, class E = half>
 struct FusedHalfPack {
   static constexpr const char* kName = "fused_attention_half_pack";
   static constexpr int kThreads = 256;
@@ -116,7 +123,9 @@ struct FusedHalfPack {
   LOCKSTEP_HD static void run(X& x, const Params& p) {
     const int b = x.block_z(), hk = x.block_y(), s0 = x.block_x() * kRows;
     const HalfPackRows pr(p, b, hk, s0, kRows, ((std::int64_t{b} * p.Hkv + hk) * p.Skv + s0) * (D / 2));
-    if (pr.half_in) {
+    if constexpr (std::is_same_v<E, bfloat16>) {
+      run_as<bfloat16>(x, p, pr);
+    } else if (pr.half_in) {
       run_as<half>(x, p, pr);
     } else {
       run_as<float>(x, p, pr);
@@ -137,10 +146,10 @@ struct FusedHalfPack {
       const auto kq = pr.template load4<S>(x, 0, r * static_cast<int>(p.k_ss) + c, ok);
       const auto vq = pr.template load4<S>(x, 1, r * static_cast<int>(p.v_ss) + c, ok);
       const I o = r * (D / 2) + (c >> 1);
-      x.store(kd, o, x.pack_half2(kq.x, kq.y), ok);
-      x.store(kd, o + 1, x.pack_half2(kq.z, kq.w), ok);
-      x.store(vd, o, x.pack_half2(vq.x, vq.y), ok);
-      x.store(vd, o + 1, x.pack_half2(vq.z, vq.w), ok);
+      x.store(kd, o, x.pack2(kq.x, kq.y, E{}), ok);
+      x.store(kd, o + 1, x.pack2(kq.z, kq.w, E{}), ok);
+      x.store(vd, o, x.pack2(vq.x, vq.y, E{}), ok);
+      x.store(vd, o + 1, x.pack2(vq.z, vq.w, E{}), ok);
     }
   }
 };

@@ -129,13 +129,13 @@ namespace lockstep::kernels {
 // registers, no stack. The default where the serial kernel runs (H200,
 // 16x16x1024x64 causal, four rounds each: 0.1935-0.1958 ms against the serial order's
 // 0.1947-0.2025); the Tuning fused.wgmma_deferred = 0 keeps the serial order.
-template <int D, int WG = 2, bool PK = false, bool OV = true, bool DP = false>
+template <int D, int WG = 2, bool PK = false, bool OV = true, bool DP = false, class E = half>
 struct FusedAttentionWgmma {
   static_assert(D == 64 || D == 128, "wgmma attention: head_dim 64 or 128");
   static_assert(WG == 1 || WG == 2, "one or two warpgroups per block");
   static_assert(OV || (D == 64 && WG == 1), "the serial schedule: head_dim 64, one warpgroup");
   static_assert(!DP || !OV, "the deferred P.V wait is a form of the serial schedule");
-  using Tc = FusedAttentionTensorCore<D, 1>;
+  using Tc = FusedAttentionTensorCore<D, 1, E>;
   static constexpr const char* kName =
       PK ? (OV ? "fused_attention_wgmma_packing"
                : DP ? "fused_attention_wgmma_packing_deferred" : "fused_attention_wgmma_packing_serial")
@@ -187,7 +187,7 @@ struct FusedAttentionWgmma {
       if (u < parts && next < p.B * p.Hkv) {  // block-uniform
         const int nb = next / p.Hkv, nhk = next - nb * p.Hkv;
         for (int j = u; j < tiles_kv; j += parts)
-          FusedHalfPackTiled<D>::template pack_tile<kThreads>(x, p, nb, nhk, j, tiles_kv);
+          FusedHalfPackTiled<D, E>::template pack_tile<kThreads>(x, p, nb, nhk, j, tiles_kv);
         x.proxy_fence_global();
         x.signal(p.pack_counters + 2 * std::int64_t{next});
       }
@@ -209,7 +209,9 @@ struct FusedAttentionWgmma {
   // Q in float or half (Note [tensor-core formats]): one branch, outside the loads.
   template <class X, class F>
   LOCKSTEP_HD static void load_q(X& x, const FusedBlock& fb, F (&qv)[D / 16][4][2]) {
-    if (fb.fmt == kActF16) {
+    if constexpr (std::is_same_v<E, bfloat16>) {  // bfloat16 products: bfloat16 inputs only
+      load_q_as<bfloat16>(x, fb, qv);
+    } else if (fb.fmt == kActF16) {
       load_q_as<half>(x, fb, qv);
     } else {
       load_q_as<float>(x, fb, qv);
@@ -288,7 +290,7 @@ struct FusedAttentionWgmma {
     LOCKSTEP_UNROLL
     for (int kk = 0; kk < D / 16; ++kk)
       LOCKSTEP_UNROLL
-      for (int e = 0; e < 4; ++e) qf[kk][e] = x.pack_half2(qv[kk][e][0], qv[kk][e][1]);
+      for (int e = 0; e < 4; ++e) qf[kk][e] = x.pack2(qv[kk][e][0], qv[kk][e][1], E{});
 
     F o[1][D / 8][4];
     LOCKSTEP_UNROLL
@@ -307,17 +309,17 @@ struct FusedAttentionWgmma {
       LOCKSTEP_UNROLL
       for (int kk = 0; kk < D / 16; ++kk)
         x.template wgmma<kTile, false>(sj[0], qf[kk], Ks, (j % kStages) * kTileHalves + kk * 2 * kCoreStep,
-                                       k_lbo, k_sbo, kk > 0);
+                                       k_lbo, k_sbo, kk > 0, E{});
       x.wgmma_commit();
     };
     // P's A fragments from the weights s, fp16.
     auto pack_p = [&](F (&s)[1][kTile / 8][4], I (&pa)[kTile / 16][4]) {
       LOCKSTEP_UNROLL
       for (int kc = 0; kc < kTile / 16; ++kc) {
-        pa[kc][0] = x.pack_half2(s[0][2 * kc][0], s[0][2 * kc][1]);
-        pa[kc][1] = x.pack_half2(s[0][2 * kc][2], s[0][2 * kc][3]);
-        pa[kc][2] = x.pack_half2(s[0][2 * kc + 1][0], s[0][2 * kc + 1][1]);
-        pa[kc][3] = x.pack_half2(s[0][2 * kc + 1][2], s[0][2 * kc + 1][3]);
+        pa[kc][0] = x.pack2(s[0][2 * kc][0], s[0][2 * kc][1], E{});
+        pa[kc][1] = x.pack2(s[0][2 * kc][2], s[0][2 * kc][3], E{});
+        pa[kc][2] = x.pack2(s[0][2 * kc + 1][0], s[0][2 * kc + 1][1], E{});
+        pa[kc][3] = x.pack2(s[0][2 * kc + 1][2], s[0][2 * kc + 1][3], E{});
       }
     };
     // O += P.V of tile j from P's packed fragments pa, issued: the tile's keys in steps of 16,
@@ -328,7 +330,7 @@ struct FusedAttentionWgmma {
       LOCKSTEP_UNROLL
       for (int kc = 0; kc < kTile / 16; ++kc)
         x.template wgmma<D, true>(o[0], pa[kc], Vs, (j % kStages) * kTileHalves + kc * 2 * kKeyGroupStep,
-                                  v_lbo, v_sbo, true);
+                                  v_lbo, v_sbo, true, E{});
       x.wgmma_commit();
     };
     // O += P.V of tile j from its weights s (every A fragment packed into pa first).
