@@ -16,6 +16,7 @@
 #include "lockstep/attention/kv_cache.hpp"
 #include "lockstep/attention/ops.hpp"
 #include "lockstep/attention/rope.hpp"
+#include "lockstep/kernels/launch.hpp"
 #include "harness/harness_decode_formats.hpp"
 #include "support/attention.hpp"
 
@@ -223,6 +224,49 @@ TEST_P(Attention, DecodeInEveryFormatMatchesTheOracleAndTheOtherPaths) {
   wide.prefill = {260};
   check_pair<bfloat16, fp8_e4m3>(dev, wide);
   check_pair<half, half>(dev, wide);
+}
+
+// Note [wide tiles]: at head_dim 128, tiles of the float tiles' bytes for caches of 1- and 2-byte
+// codes (decode.wide_tiles = 1) give the bytes of 16-row tiles, outputs and appended cache, with
+// 4, 2 and 1 query heads per block, on every backend (on the CPU device also on the lane path,
+// the one that runs the tiles); the launch record shows that the wide kernel ran.
+TEST_P(Attention, DecodeWideTilesGiveTheSameBytes) {
+  const auto same_both_ways = [&]<class T, class C>(const std::shared_ptr<Device>& d, const Problem& pr) {
+    SCOPED_TRACE(std::string(format_name(format_of<T>())) + " / " + format_name(format_of<C>()) + ", heads " +
+                 std::to_string(pr.heads) + "/" + std::to_string(pr.kv_heads));
+    decltype(run<T, C>(d, pr)) narrow, wide;  // (Run names gtest's member here)
+    {
+      const ScopedSetting knob("decode.wide_tiles", "0");
+      narrow = run<T, C>(d, pr);
+    }
+    {
+      const ScopedSetting knob("decode.wide_tiles", "1");
+      detail::LaunchRecorder rec;
+      wide = run<T, C>(d, pr);
+      constexpr int kW = 4 / int(sizeof(C));
+      const int g = int(pr.heads / pr.kv_heads);
+      const int idx = g == 4   ? kernels::kernel_index_v<kernels::DecodeChunk<128, 4, kW, 4, C>>
+                      : g == 2 ? kernels::kernel_index_v<kernels::DecodeChunk<128, 2, kW, 4, C>>
+                               : kernels::kernel_index_v<kernels::DecodeChunk<128, 1, 2 * kW, 3, C>>;
+      EXPECT_TRUE(rec.launched(idx)) << "the wide chunk kernel did not run";
+    }
+    EXPECT_EQ(narrow.out_bytes, wide.out_bytes);
+    EXPECT_EQ(narrow.cache_bytes, wide.cache_bytes);
+  };
+  for (const auto& [H, Hk] : {std::pair<std::int64_t, std::int64_t>{8, 2}, {4, 2}, {4, 4}}) {
+    Problem pr;
+    pr.head_dim = 128;
+    pr.heads = H;
+    pr.kv_heads = Hk;
+    std::vector<std::shared_ptr<Device>> devs{dev};
+    if (dev->id().kind == DeviceKind::kCpu) devs.push_back(cpu_with(&CpuDeviceOptions::decode_lanes));
+    for (const auto& d : devs) {
+      same_both_ways.template operator()<bfloat16, bfloat16>(d, pr);
+      same_both_ways.template operator()<half, half>(d, pr);
+      same_both_ways.template operator()<bfloat16, fp8_e4m3>(d, pr);
+      same_both_ways.template operator()<float, fp8_e5m2>(d, pr);
+    }
+  }
 }
 
 // Batch invariance in each format: a sequence's output bytes alone equal its bytes as slot 1 of a

@@ -31,6 +31,10 @@ DecodePlan plan_decode(const DeviceCaps& caps, const DecodeProblem& pr, const Tu
     p.row_batch = 2;
     p.stages = 3;
   }
+  // Note [wide tiles] (kernels/decode/chunk.hpp): at head_dim 128, a cache of 1- or 2-byte codes in
+  // tiles of the float tiles' bytes, 4 / bytes times the rows.
+  const unsigned code_bytes = format_bytes(pr.cache);
+  if (D == 128 && code_bytes < 4 && t.wide_tiles.value_or(false)) p.row_batch *= static_cast<int>(4 / code_bytes);
   p.max_chunks = static_cast<std::int32_t>(std::max<std::int64_t>(1, ceil_div(pr.max_len, kernels::kDecodeChunk)));
   const auto rows_grid = static_cast<std::uint32_t>(std::min<std::int64_t>(pr.rows, 65535));
   p.chunk_grid = Dim3{static_cast<std::uint32_t>(p.max_chunks), static_cast<std::uint32_t>(pr.kv_heads * (group / g)),

@@ -51,6 +51,17 @@ void launch_with_shared(Stream& s, const kernels::DecodeParams& p, Dim3 grid) {
 template <int D, class C, class F>
 void with_chunk_kernel(const plan::DecodePlan& pl, F&& f) {
   using kernels::DecodeChunk;
+  if constexpr (D == 128 && !std::is_same_v<C, float>) {
+    constexpr int kW = 4 / int(sizeof(C));  // Note [wide tiles]: the plan's row batch times kW
+    if (pl.row_batch == (pl.heads_per_block == 1 ? 2 * kW : kW)) {
+      switch (pl.heads_per_block) {
+        case 4: return f.template operator()<DecodeChunk<128, 4, kW, 4, C>>();
+        case 2: return f.template operator()<DecodeChunk<128, 2, kW, 4, C>>();
+        case 1: return f.template operator()<DecodeChunk<128, 1, 2 * kW, 3, C>>();
+        default: break;
+      }
+    }
+  }
   switch (pl.heads_per_block) {
     case 8:
       if constexpr (D <= 64) return f.template operator()<DecodeChunk<D, 8, 1, 4, C>>();

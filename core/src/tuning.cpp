@@ -108,6 +108,7 @@ const std::vector<Field>& fields() {
             }},
       number("decode.max_heads_x_dim", "32 .. 512", 32, 512,
              [](Tuning& t) -> auto& { return t.decode.max_heads_x_dim; }),
+      maybe_flag("decode.wide_tiles", [](Tuning& t) -> auto& { return t.decode.wide_tiles; }),
       maybe_flag("fused.exact_separate_p", [](Tuning& t) -> auto& { return t.fused.exact_separate_p; }),
       maybe_number("fused.exact_splits", "auto, 1 .. 16", {1, 16}, true,
                    [](Tuning& t) -> auto& { return t.fused.exact_splits; }),

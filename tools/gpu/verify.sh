@@ -58,7 +58,8 @@ stage_build() {
   rm -rf "$G" && mkdir -p "$G"
   local bins=() name path
   for name in lockstep_tests lockstep_proptests lockstep lockstep-bench; do
-    path=$(find "$build" -name "$name" -type f -perm -u+x -not -path '*/CMakeFiles/*' | head -1)
+    # (not the copies that the install test puts under consumer-install/: they can be older)
+    path=$(find "$build" -name "$name" -type f -perm -u+x -not -path '*/CMakeFiles/*' -not -path '*/consumer-install/*' | head -1)
     [ -n "$path" ] || { echo "verify.sh stage: $name not built in $build" >&2; return 1; }
     cp "$path" "$G/" && bins+=("$G/$name")
   done

@@ -33,6 +33,9 @@ struct DecodeTuning {
   // The most query heads x head_dim one chunk block computes (32..512): more reuse of each K/V
   // byte against more registers per thread.
   int max_heads_x_dim = 512;
+  // Head_dim 128 with a cache of 1- or 2-byte codes: tiles of as many bytes as a float cache's
+  // (Note [wide tiles]). Unset: off.
+  std::optional<bool> wide_tiles;
 };
 
 struct FusedTuning {

@@ -49,6 +49,10 @@ namespace lockstep::kernels {
       FusedHalfPack<32, E>, FusedHalfPack<64, E>, FusedHalfPack<96, E>, FusedHalfPack<128, E>,                 \
       FusedHalfPack<256, E>, FusedHalfPackTiled<64, E>, FusedHalfPackTiled<128, E>
 
+// Note [wide tiles]: head_dim 128 chunk kernels of cache format C with W times the rows per tile.
+#define LOCKSTEP_DECODE_WIDE(C, W) \
+  DecodeChunk<128, 4, W, 4, C>, DecodeChunk<128, 2, W, 4, C>, DecodeChunk<128, 1, 2 * W, 3, C>
+
 template <class... Ks>
 struct KernelList {
   static constexpr int size = sizeof...(Ks);
@@ -73,6 +77,8 @@ using AllKernels = KernelList<
     // the same for each cache format but float (Note [decode formats])
     LOCKSTEP_DECODE_CHUNKS(half), LOCKSTEP_DECODE_CHUNKS(bfloat16), LOCKSTEP_DECODE_CHUNKS(fp8_e4m3),
     LOCKSTEP_DECODE_CHUNKS(fp8_e5m2),
+    LOCKSTEP_DECODE_WIDE(half, 2), LOCKSTEP_DECODE_WIDE(bfloat16, 2), LOCKSTEP_DECODE_WIDE(fp8_e4m3, 4),
+    LOCKSTEP_DECODE_WIDE(fp8_e5m2, 4),
     DecodeMerge<32>, DecodeMerge<64>, DecodeMerge<96>, DecodeMerge<128>, DecodeMerge<256>,
     DecodeMerge<128, 32, 4, 1>,  // short rows (few merge blocks): Note [merge schedule]
     DecodeMerge<128, 2>, DecodeMerge<128, 4>,  // 2- and 4-chunk merge batches of short rows

@@ -133,6 +133,12 @@ struct DecodeChunkBound<true, N> {
 // wave, so that its reads queue while other blocks still stream, measured slower on an H100
 // (B = 1 L = 32768: 0.0948 ms with the last block prefetching, 0.117 with all, 0.0941 with
 // none): the ring of NS tiles in flight per block is what the kernel keeps.
+// Note [wide tiles]
+// A tile of 16 RB rows of 1- or 2-byte codes holds a quarter or half of a float tile's bytes, so
+// a block has that much less in flight. At head_dim 128, the Tuning decode.wide_tiles multiplies
+// the rows per tile by 4 / bytes (RB 2 or 4, 4 or 8 for one head per block), the float tiles'
+// bytes and the same shared memory. RB is a schedule choice (the same bits, tested:
+// Attention.DecodeWideTilesGiveTheSameBytes).
 // C: the cache's format (Note [decode formats] in params.hpp); the ring holds its codes.
 template <int D, int G, int RB, int NS, class C = float>
 struct DecodeChunk
