@@ -17,8 +17,8 @@ namespace {
 // Enqueues the plan's launches (plan::plan_fused): the packing launch, if any, then the attention
 // kernel, with the workspace carved from the caller's or the stream's scratch (Note [caller
 // workspace]) and the stream's counters.
-// E: the tensor-core kernels' element format (Note [tensor-core formats]: half for float and half
-// inputs, bfloat16 for bfloat16 inputs); Exact ignores it.
+// E: the inputs' type, a template parameter of the tensor-core kernels (Note [tensor-core
+// formats]); Exact reads it from p.act_format.
 template <int D, class E>
 void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, const plan::FusedPlan& pl,
                   Buffer<std::byte>* workspace) {
@@ -221,7 +221,7 @@ void attention(Stream& stream, const Buffer<T>& q, const Buffer<T>& k, const Buf
       tuning);
   detail::check_workspace(w, o.workspace, stream, pl.workspace_bytes);
   const std::uint64_t launches_before = stream.launches();
-  using E = std::conditional_t<std::is_same_v<T, bfloat16>, bfloat16, half>;  // Note [tensor-core formats]
+  using E = T;  // the tensor-core kernels' input type (Note [tensor-core formats])
   switch (D) {
     case 32: launch_fused<32, E>(stream, p, pl, o.workspace); break;
     case 64: launch_fused<64, E>(stream, p, pl, o.workspace); break;

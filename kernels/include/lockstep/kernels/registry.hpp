@@ -30,8 +30,8 @@ namespace lockstep::kernels {
       DecodeChunk<128, 2, 1, 4, C>, DecodeChunk<128, 4, 1, 4, C>, DecodeChunk<256, 1, 1, 4, C>,    \
       DecodeChunk<256, 2, 1, 4, C>
 
-// The tensor-core fused kernels with products in element format E (half or bfloat16: Note
-// [tensor-core formats]) and their packing kernels.
+// The tensor-core fused kernels for inputs of type E (float, half or bfloat16: Note [tensor-core
+// formats]) and their packing kernels.
 #define LOCKSTEP_FUSED_TC(E)                                                                                    \
   FusedAttentionTensorCore<32, 1, E>, FusedAttentionTensorCore<64, 1, E>, FusedAttentionTensorCore<96, 1, E>,   \
       FusedAttentionTensorCore<128, 1, E>, FusedAttentionTensorCore<256, 1, E>,                                \
@@ -97,7 +97,7 @@ using AllKernels = KernelList<
     DecodeOneGrid<DecodeChunk<256, 1, 1, 4>, DecodeMerge<256>>, DecodeOneGrid<DecodeChunk<256, 2, 1, 4>, DecodeMerge<256>>,
     FusedAttentionExact<32>, FusedAttentionExact<64>, FusedAttentionExact<64, 8, 1>, FusedAttentionExact<96>,
     FusedAttentionExact<128>, FusedAttentionExact<256>,
-    LOCKSTEP_FUSED_TC(half), LOCKSTEP_FUSED_TC(bfloat16)>;
+    LOCKSTEP_FUSED_TC(float), LOCKSTEP_FUSED_TC(half), LOCKSTEP_FUSED_TC(bfloat16)>;
 
 template <class K, class List>
 struct kernel_index;

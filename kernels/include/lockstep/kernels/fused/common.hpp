@@ -60,6 +60,11 @@ struct FusedAttentionParams {
 // 1.305-1.311 instead of 1.353 ms on an H100); TensorCore does not (at head_dim 128 its kernels
 // were 1.3-1.7% slower with it, causal or not: a change of register allocation; the wgmma
 // kernel 1-1.3%).
+// The tensor cores' element format for inputs of type S (Note [tensor-core formats]): bfloat16
+// for bfloat16, fp16 for float and half.
+template <class S>
+using tc_elem_t = std::conditional_t<std::is_same_v<S, bfloat16>, bfloat16, half>;
+
 struct FusedBlock {
   int b, h, hk, s0, rows;
   int shift;  // causal: row i sees keys j <= i + shift (bottom-right alignment)

@@ -81,9 +81,11 @@ namespace lockstep::kernels {
 // arithmetic is the same for either M (same bits). Grid: x = ceil(Sq / kRows), y = H, z = B.
 // (Two groups of 4 warps per block taking turns on the tensor cores, FlashAttention-3's
 // ping-pong on mma.sync, gave the same bytes and was slower.)
-template <int D, int M = 1, class E = half>
+template <int D, int M = 1, class In = float>
 struct FusedAttentionTensorCore {
-  static_assert(std::is_same_v<E, half> || std::is_same_v<E, bfloat16>, "products in fp16 or bfloat16");
+  static_assert(std::is_same_v<In, float> || std::is_same_v<In, half> || std::is_same_v<In, bfloat16>,
+                "inputs in float, half or bfloat16");
+  using E = tc_elem_t<In>;  // the products' element format (Note [tensor-core formats])
   static_assert(D % 16 == 0 && D <= 256, "head_dim: a multiple of 16, at most 256");
   static_assert(M == 1 || (M == 2 && D <= 128), "two m-tiles per warp up to head_dim 128");
   static constexpr const char* kName = "fused_attention_tensor_core";
@@ -365,8 +367,8 @@ struct FusedAttentionTensorCore {
         for (int n = 0; n < D / 8; ++n)
           LOCKSTEP_UNROLL
           for (int e = 0; e < 2; ++e)
-            store_act(x, fb.oa, fb.fmt, 0, row * fb.o_ss + (tq * 2 + (8 * n + e)),
-                      x.select(empty, 0.0f, o[mt][n][h * 2 + e] / lt), live);
+            x.store(static_cast<In*>(fb.oa), row * fb.o_ss + (tq * 2 + (8 * n + e)),
+                    x.select(empty, 0.0f, o[mt][n][h * 2 + e] / lt), live);
         if (p.lse != nullptr) {
           float* lrow = p.lse + (std::int64_t{fb.b} * p.H + fb.h) * p.Sq + fb.s0;
           x.store(lrow, row, x.select(empty, -kInf, m[mt][h] * p.scale + x.log(lt)), live & (tq == 0));
@@ -438,8 +440,8 @@ struct FusedAttentionTensorCore {
         for (int n = 0; n < D / 8; ++n)
           LOCKSTEP_UNROLL
           for (int e = 0; e < 2; ++e)
-            store_act(x, fb.oa, fb.fmt, 0, row * fb.o_ss + (tq * 2 + (8 * n + e)),
-                      x.select(empty, 0.0f, acc[n][e] / lt), live);
+            x.store(static_cast<In*>(fb.oa), row * fb.o_ss + (tq * 2 + (8 * n + e)),
+                    x.select(empty, 0.0f, acc[n][e] / lt), live);
         if (p.lse != nullptr) {
           float* lrow = p.lse + bh * p.Sq + fb.s0;
           x.store(lrow, row, x.select(empty, -kInf, mx * p.scale + x.log(lt)), live & (tq == 0));
@@ -504,13 +506,7 @@ struct FusedAttentionTensorCore {
         x.store_elem(E{}, Qs, r * kLd + c, x.load(q, r * fb.q_ss + c, r < rows, 0.0f));
       }
     };
-    if constexpr (std::is_same_v<E, bfloat16>) {  // bfloat16 products: bfloat16 inputs only
-      q_rows(static_cast<const bfloat16*>(nullptr));
-    } else if (fb.fmt == kActF16) {
-      q_rows(static_cast<const half*>(nullptr));
-    } else {
-      q_rows(static_cast<const float*>(nullptr));
-    }
+    q_rows(static_cast<const In*>(nullptr));
 
     I qf[kQInRegs ? D / 16 : 1][4];
     F o[kM][D / 8][4];

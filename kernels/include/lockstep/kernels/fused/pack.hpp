@@ -2,16 +2,18 @@
 // The packing kernels: K and V rounded to fp16 (nearest even) as the tensor-core kernels read them.
 //
 // Note [tensor-core formats]
-// The tensor-core kernels take q, k, v and out in float, half or bfloat16 (p.act_format), with
-// the products in an element format E, a template parameter of each kernel (the host picks it from
-// the inputs' type). E = half for float and half inputs: Q and the packed K and V are fp16 either
-// way (a half input's round trip through float and back is its own code), so a half call gives
-// the float call's bytes on the widened inputs, rounded. E = bfloat16 for bfloat16 inputs: the
-// products are the tensor cores' bfloat16 instructions (mma.sync and wgmma .bf16, the same
-// fragment and shared-memory layouts), Q, K and V enter as given (widened and rounded back: their
-// own codes; a NaN becomes 0x7fff), and P is rounded to bfloat16. The packing is then a copy into
-// the kernels' layout. Every other step (softmax, rescale, output) is the same code in float. The
-// output is rounded once to the format in every case.
+// The tensor-core kernels take q, k, v and out of one type In, a template parameter of each kernel
+// (float, half or bfloat16; the host instantiates the call's), so no format branch runs in them.
+// Their products are in the element format E = tc_elem_t<In> (common.hpp). E = half for float and
+// half inputs: Q and the packed K and V are fp16 either way (a half input's round trip through
+// float and back is its own code), so a half call gives the float call's bytes on the widened
+// inputs, rounded. E = bfloat16 for bfloat16 inputs: the products are the tensor cores' bfloat16
+// instructions (mma.sync and wgmma .bf16, the same fragment and shared-memory layouts), Q, K and V
+// enter as given (widened and rounded back: their own codes; a NaN becomes 0x7fff), and P is
+// rounded to bfloat16; the packing is then a copy into the kernels' layout. Every other step
+// (softmax, rescale, output) is the same code in float, and the output is rounded once to In.
+// (With the input format read at run time instead, the float kernels were 2-6% slower on an H100
+// than before the formats existed: a branch in the Q loads, the packing and every output store.)
 
 #include "lockstep/kernels/fused/common.hpp"
 
@@ -31,10 +33,9 @@ struct HalfPackRows {
         vs(act_at(p.v, p.act_format, b * p.v_sb + hk * p.v_sh + std::int64_t{s0} * p.v_ss)),
         kd(static_cast<std::int32_t*>(p.k_half) + dst_words),
         vd(static_cast<std::int32_t*>(p.v_half) + dst_words),
-        rows(static_cast<int>(imin(p.Skv - s0, block_rows))), half_in(p.act_format == kActF16) {}
-  bool half_in;  // K and V are half (Note [tensor-core formats]), else float
-  // Four consecutive values of K (kv 0) or V (kv 1) at element off, widened from S (float or half:
-  // the kernels branch on half_in once, outside their loads).
+        rows(static_cast<int>(imin(p.Skv - s0, block_rows))) {}
+  // Four consecutive values of K (kv 0) or V (kv 1) at element off, widened from S (the kernels'
+  // input type).
   template <class S, class X, class I, class B>
   LOCKSTEP_HD auto load4(X& x, int kv, const I& off, const B& ok) const {
     return x.load4(static_cast<const S*>(kv == 0 ? ks : vs), off, ok);
@@ -46,8 +47,9 @@ struct HalfPackRows {
 // x = tile, y = Hkv, z = B; thread t writes 16-byte chunks t, t + 256, ... of the tile (16-byte
 // chunk q holds key (q / D) 8 + q % 8, columns 8 ((q / 8) % (D / 8)) ..., eight halves), each
 // with one 16-byte store.
-template <int D, class E = half>
+template <int D, class In = float>
 struct FusedHalfPackTiled {
+  using E = tc_elem_t<In>;
   static constexpr const char* kName = "fused_attention_half_pack_tiled";
   static constexpr int kThreads = 256;
   static constexpr int kTile = 64;
@@ -65,13 +67,7 @@ struct FusedHalfPackTiled {
   LOCKSTEP_HD static void pack_tile(X& x, const Params& p, int b, int hk, int tile, int tiles) {
     const std::int64_t dst = ((std::int64_t{b} * p.Hkv + hk) * tiles + tile) * (kTile * D / 2);
     const HalfPackRows pr(p, b, hk, tile * kTile, kTile, dst);
-    if constexpr (std::is_same_v<E, bfloat16>) {  // bfloat16 inputs only: a copy into the layout
-      pack_tile_as<NT, bfloat16>(x, p, pr);
-    } else if (pr.half_in) {
-      pack_tile_as<NT, half>(x, p, pr);
-    } else {
-      pack_tile_as<NT, float>(x, p, pr);
-    }
+    pack_tile_as<NT, In>(x, p, pr);
   }
   template <int NT, class S, class X>
   LOCKSTEP_HD static void pack_tile_as(X& x, const Params& p, const HalfPackRows& pr) {
@@ -109,8 +105,9 @@ struct FusedHalfPackTiled {
 // K and V rounded to fp16 (nearest even) into the packed operands of FusedAttentionTensorCore:
 // [B, Hkv, Skv, D] contiguous (p.k_half, p.v_half), read from p.k and p.v by their strides.
 // Grid: x = ceil(Skv / 32), y = Hkv, z = B; a block converts 32 rows of K and of V.
-template <int D, class E = half>
+template <int D, class In = float>
 struct FusedHalfPack {
+  using E = tc_elem_t<In>;
   static constexpr const char* kName = "fused_attention_half_pack";
   static constexpr int kThreads = 256;
   static constexpr int kRows = 32;
@@ -123,13 +120,7 @@ struct FusedHalfPack {
   LOCKSTEP_HD static void run(X& x, const Params& p) {
     const int b = x.block_z(), hk = x.block_y(), s0 = x.block_x() * kRows;
     const HalfPackRows pr(p, b, hk, s0, kRows, ((std::int64_t{b} * p.Hkv + hk) * p.Skv + s0) * (D / 2));
-    if constexpr (std::is_same_v<E, bfloat16>) {
-      run_as<bfloat16>(x, p, pr);
-    } else if (pr.half_in) {
-      run_as<half>(x, p, pr);
-    } else {
-      run_as<float>(x, p, pr);
-    }
+    run_as<In>(x, p, pr);
   }
   template <class S, class X>
   LOCKSTEP_HD static void run_as(X& x, const Params& p, const HalfPackRows& pr) {

@@ -129,13 +129,14 @@ namespace lockstep::kernels {
 // registers, no stack. The default where the serial kernel runs (H200,
 // 16x16x1024x64 causal, four rounds each: 0.1935-0.1958 ms against the serial order's
 // 0.1947-0.2025); the Tuning fused.wgmma_deferred = 0 keeps the serial order.
-template <int D, int WG = 2, bool PK = false, bool OV = true, bool DP = false, class E = half>
+template <int D, int WG = 2, bool PK = false, bool OV = true, bool DP = false, class In = float>
 struct FusedAttentionWgmma {
   static_assert(D == 64 || D == 128, "wgmma attention: head_dim 64 or 128");
   static_assert(WG == 1 || WG == 2, "one or two warpgroups per block");
   static_assert(OV || (D == 64 && WG == 1), "the serial schedule: head_dim 64, one warpgroup");
   static_assert(!DP || !OV, "the deferred P.V wait is a form of the serial schedule");
-  using Tc = FusedAttentionTensorCore<D, 1, E>;
+  using Tc = FusedAttentionTensorCore<D, 1, In>;
+  using E = typename Tc::E;  // the products' element format (Note [tensor-core formats])
   static constexpr const char* kName =
       PK ? (OV ? "fused_attention_wgmma_packing"
                : DP ? "fused_attention_wgmma_packing_deferred" : "fused_attention_wgmma_packing_serial")
@@ -187,7 +188,7 @@ struct FusedAttentionWgmma {
       if (u < parts && next < p.B * p.Hkv) {  // block-uniform
         const int nb = next / p.Hkv, nhk = next - nb * p.Hkv;
         for (int j = u; j < tiles_kv; j += parts)
-          FusedHalfPackTiled<D, E>::template pack_tile<kThreads>(x, p, nb, nhk, j, tiles_kv);
+          FusedHalfPackTiled<D, In>::template pack_tile<kThreads>(x, p, nb, nhk, j, tiles_kv);
         x.proxy_fence_global();
         x.signal(p.pack_counters + 2 * std::int64_t{next});
       }
@@ -209,13 +210,7 @@ struct FusedAttentionWgmma {
   // Q in float or half (Note [tensor-core formats]): one branch, outside the loads.
   template <class X, class F>
   LOCKSTEP_HD static void load_q(X& x, const FusedBlock& fb, F (&qv)[D / 16][4][2]) {
-    if constexpr (std::is_same_v<E, bfloat16>) {  // bfloat16 products: bfloat16 inputs only
-      load_q_as<bfloat16>(x, fb, qv);
-    } else if (fb.fmt == kActF16) {
-      load_q_as<half>(x, fb, qv);
-    } else {
-      load_q_as<float>(x, fb, qv);
-    }
+    load_q_as<In>(x, fb, qv);
   }
   template <class S, class X, class F>
   LOCKSTEP_HD static void load_q_as(X& x, const FusedBlock& fb, F (&qv)[D / 16][4][2]) {
