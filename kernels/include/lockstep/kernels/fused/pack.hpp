@@ -12,8 +12,9 @@
 // enter as given (widened and rounded back: their own codes; a NaN becomes 0x7fff), and P is
 // rounded to bfloat16; the packing is then a copy into the kernels' layout. Every other step
 // (softmax, rescale, output) is the same code in float, and the output is rounded once to In.
-// (With the input format read at run time instead, the float kernels were 2-6% slower on an H100
-// than before the formats existed: a branch in the Q loads, the packing and every output store.)
+// (With the input format read at run time instead -- a branch in the Q loads, the packing and
+// every output store -- the float kernels measured 2-6% slower on an H100 than before the formats
+// existed; this form has not yet been timed.)
 
 #include "lockstep/kernels/fused/common.hpp"
 
