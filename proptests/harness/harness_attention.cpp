@@ -72,6 +72,42 @@ AttentionRef attention_reference(const float* q, std::int64_t q_stride, const fl
   return r;
 }
 
+// A naive attention in the 16-bit format act, the reference of FlashAttention's rule (its tests
+// hold a kernel in a format to at most twice the error that a naive implementation in the same
+// format makes against a float32 reference): each scaled score rounded to act, the softmax of
+// those in float, each weight rounded to act, the weighted sum of V in float, the output rounded
+// to act. Sq x D outputs; rows that see no key are 0.
+std::vector<float> naive_in_format(Format act, const float* q, std::int64_t q_stride, const float* k, const float* v,
+                                   std::int64_t kv_stride, std::int64_t Sq, std::int64_t Skv, std::int64_t D,
+                                   bool causal, double scale_or_0) {
+  const auto round = [act](float x) {
+    return act == Format::bf16 ? to_float(to_bfloat16(x)) : act == Format::f16 ? to_float(to_half(x)) : x;
+  };
+  const float scale = float(scale_or_0 != 0 ? scale_or_0 : 1.0 / std::sqrt(double(D)));
+  std::vector<float> out(std::size_t(Sq * D), 0.0f), s(std::size_t(std::max<std::int64_t>(Skv, 1)));
+  std::vector<double> acc(static_cast<std::size_t>(D));
+  for (std::int64_t i = 0; i < Sq; ++i) {
+    const std::int64_t visible = causal ? std::min(Skv, i + 1 + (Skv - Sq)) : Skv;
+    if (visible <= 0) continue;
+    float m = -INFINITY;
+    for (std::int64_t j = 0; j < visible; ++j) {
+      float dot = 0.0f;
+      for (std::int64_t d = 0; d < D; ++d) dot += q[i * q_stride + d] * k[j * kv_stride + d];
+      s[std::size_t(j)] = round(dot * scale);
+      m = std::max(m, s[std::size_t(j)]);
+    }
+    float sum = 0.0f;
+    for (std::int64_t j = 0; j < visible; ++j) sum += std::exp(s[std::size_t(j)] - m);
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (std::int64_t j = 0; j < visible; ++j) {
+      const float p = round(std::exp(s[std::size_t(j)] - m) / sum);
+      for (std::int64_t d = 0; d < D; ++d) acc[std::size_t(d)] += double(p * v[j * kv_stride + d]);
+    }
+    for (std::int64_t d = 0; d < D; ++d) out[std::size_t(i * D + d)] = round(float(acc[std::size_t(d)]));
+  }
+  return out;
+}
+
 float softmax_scale_of(std::uint64_t seed) {
   const std::uint64_t h = seed * 0x9e3779b97f4a7c15ull;  // spread the seed's bits
   if ((h >> 62) != 0) return 0.0f;
@@ -401,6 +437,12 @@ class FusedCase final : public Case {
     // The tensor cores' element format: bfloat16 for bfloat16 inputs, else fp16 (Note
     // [tensor-core formats]); P is rounded to it.
     const double uh = s_.act == Format::bf16 ? 0x1p-8 : kUh;
+    // FlashAttention's rule in a 16-bit format: the largest error against the float64 oracle at
+    // most twice a naive same-format attention's (naive_in_format), plus an ulp of the format at
+    // the largest |ref|: the output's own rounding, and on the tensor cores that of the
+    // unnormalized weights (up to 2^8, Note [lazy rescale]), where the naive one rounds weights
+    // in [0, 1] (a one-hot row is exact there).
+    double err = 0, naive_err = 0, ref_max = 0;
     for (std::int64_t b = 0; b < s_.batch; ++b)
       for (std::int64_t h = 0; h < s_.heads; ++h) {
         const std::int64_t hk = h / g;
@@ -408,6 +450,19 @@ class FusedCase final : public Case {
                                              k_.data() + at(b, hk, 0, s_.kv_heads, s_.seq_kv),
                                              v_.data() + at(b, hk, 0, s_.kv_heads, s_.seq_kv), kstride,
                                              s_.seq_q, s_.seq_kv, D, s_.causal, scale_);
+        if (s_.act != Format::f32) {
+          const auto naive = naive_in_format(s_.act, q_.data() + at(b, h, 0, s_.heads, s_.seq_q), qstride,
+                                             k_.data() + at(b, hk, 0, s_.kv_heads, s_.seq_kv),
+                                             v_.data() + at(b, hk, 0, s_.kv_heads, s_.seq_kv), kstride,
+                                             s_.seq_q, s_.seq_kv, D, s_.causal, scale_);
+          for (std::int64_t i = 0; i < s_.seq_q; ++i)
+            for (std::int64_t d = 0; d < D; ++d) {
+              const std::size_t o = at(b, h, i, s_.heads, s_.seq_q) + std::size_t(d), e = std::size_t(i * D + d);
+              err = std::max(err, std::fabs(double(r.out[o]) - ref.out[e]));
+              naive_err = std::max(naive_err, std::fabs(double(naive[e]) - ref.out[e]));
+              ref_max = std::max(ref_max, std::fabs(ref.out[e]));
+            }
+        }
         for (std::int64_t i = 0; i < s_.seq_q; ++i) {
           const std::int64_t visible =
               s_.causal ? std::clamp<std::int64_t>(i + 1 + s_.seq_kv - s_.seq_q, 0, s_.seq_kv) : s_.seq_kv;
@@ -435,6 +490,13 @@ class FusedCase final : public Case {
           }
         }
       }
+    if (s_.act != Format::f32 && !(err <= 2.0 * naive_err + 2.0 * uh * ref_max)) {
+      std::ostringstream os;
+      os.precision(9);
+      os << "largest error " << err << " against the float64 oracle, more than twice a naive "
+         << format_name(s_.act) << " attention's " << naive_err << " plus " << 2.0 * uh << " x " << ref_max;
+      if (rep.violations++ == 0) rep.first_violation = os.str();
+    }
     return rep;
   }
 
