@@ -17,9 +17,9 @@ namespace {
 // Enqueues the plan's launches (plan::plan_fused): the packing launch, if any, then the attention
 // kernel, with the workspace carved from the caller's or the stream's scratch (Note [caller
 // workspace]) and the stream's counters.
-// E: the inputs' type, a template parameter of the tensor-core kernels (Note [tensor-core
+// T: the inputs' type, a template parameter of the tensor-core kernels (Note [tensor-core
 // formats]); Exact reads it from p.act_format.
-template <int D, class E>
+template <int D, class T>
 void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, const plan::FusedPlan& pl,
                   Buffer<std::byte>* workspace) {
   kernels::FusedAttentionParams kp = p;
@@ -62,12 +62,12 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, const plan:
       if constexpr (D == 64) return go(kernels::FusedAttentionExact<64, 8, 1>{});
       break;
     case FusedKernel::kTensorCore:
-      if (pl.pack == plan::FusedPack::kLaunch) pack(kernels::FusedHalfPack<D, E>{}, kernels::FusedHalfPack<D, E>::kRows);
-      return go(kernels::FusedAttentionTensorCore<D, 1, E>{});
+      if (pl.pack == plan::FusedPack::kLaunch) pack(kernels::FusedHalfPack<D, T>{}, kernels::FusedHalfPack<D, T>::kRows);
+      return go(kernels::FusedAttentionTensorCore<D, 1, T>{});
     case FusedKernel::kTensorCoreTwoTiles:
       if constexpr (D >= 64 && D <= 128) {
-        if (pl.pack == plan::FusedPack::kLaunch) pack(kernels::FusedHalfPack<D, E>{}, kernels::FusedHalfPack<D, E>::kRows);
-        return go(kernels::FusedAttentionTensorCore<D, 2, E>{});
+        if (pl.pack == plan::FusedPack::kLaunch) pack(kernels::FusedHalfPack<D, T>{}, kernels::FusedHalfPack<D, T>::kRows);
+        return go(kernels::FusedAttentionTensorCore<D, 2, T>{});
       }
       break;
     case FusedKernel::kWgmma:
@@ -80,23 +80,23 @@ void launch_fused(Stream& s, const kernels::FusedAttentionParams& p, const plan:
           kp.ticket = c;
           kp.pack_counters = c + 1;
           kp.pack_ahead = pl.pack_ahead;
-          launch<kernels::FusedHalfPackTiled<D, E>>(
+          launch<kernels::FusedHalfPackTiled<D, T>>(
               s, Dim3{static_cast<std::uint32_t>(kernels::ceil_div(p.Skv, 64)), static_cast<std::uint32_t>(kp.pack_ahead), 1},
               0, kp);
           if constexpr (D == 64) {
-            if (pl.deferred) return go(kernels::FusedAttentionWgmma<64, 1, true, false, true, E>{});
-            if (pl.serial) return go(kernels::FusedAttentionWgmma<64, 1, true, false, false, E>{});
+            if (pl.deferred) return go(kernels::FusedAttentionWgmma<64, 1, true, false, true, T>{});
+            if (pl.serial) return go(kernels::FusedAttentionWgmma<64, 1, true, false, false, T>{});
           }
-          return pl.warpgroups == 2 ? go(kernels::FusedAttentionWgmma<D, 2, true, true, false, E>{})
-                                    : go(kernels::FusedAttentionWgmma<D, 1, true, true, false, E>{});
+          return pl.warpgroups == 2 ? go(kernels::FusedAttentionWgmma<D, 2, true, true, false, T>{})
+                                    : go(kernels::FusedAttentionWgmma<D, 1, true, true, false, T>{});
         }
-        if (pl.pack == plan::FusedPack::kTiledLaunch) pack(kernels::FusedHalfPackTiled<D, E>{}, 64);
-        if (pl.warpgroups == 2) return go(kernels::FusedAttentionWgmma<D, 2, false, true, false, E>{});
+        if (pl.pack == plan::FusedPack::kTiledLaunch) pack(kernels::FusedHalfPackTiled<D, T>{}, 64);
+        if (pl.warpgroups == 2) return go(kernels::FusedAttentionWgmma<D, 2, false, true, false, T>{});
         if constexpr (D == 64) {
-          if (pl.deferred) return go(kernels::FusedAttentionWgmma<64, 1, false, false, true, E>{});
-          if (pl.serial) return go(kernels::FusedAttentionWgmma<64, 1, false, false, false, E>{});
+          if (pl.deferred) return go(kernels::FusedAttentionWgmma<64, 1, false, false, true, T>{});
+          if (pl.serial) return go(kernels::FusedAttentionWgmma<64, 1, false, false, false, T>{});
         }
-        return go(kernels::FusedAttentionWgmma<D, 1, false, true, false, E>{});
+        return go(kernels::FusedAttentionWgmma<D, 1, false, true, false, T>{});
       }
       break;
   }
@@ -221,13 +221,12 @@ void attention(Stream& stream, const Buffer<T>& q, const Buffer<T>& k, const Buf
       tuning);
   detail::check_workspace(w, o.workspace, stream, pl.workspace_bytes);
   const std::uint64_t launches_before = stream.launches();
-  using E = T;  // the tensor-core kernels' input type (Note [tensor-core formats])
   switch (D) {
-    case 32: launch_fused<32, E>(stream, p, pl, o.workspace); break;
-    case 64: launch_fused<64, E>(stream, p, pl, o.workspace); break;
-    case 96: launch_fused<96, E>(stream, p, pl, o.workspace); break;
-    case 128: launch_fused<128, E>(stream, p, pl, o.workspace); break;
-    default: launch_fused<256, E>(stream, p, pl, o.workspace); break;
+    case 32: launch_fused<32, T>(stream, p, pl, o.workspace); break;
+    case 64: launch_fused<64, T>(stream, p, pl, o.workspace); break;
+    case 96: launch_fused<96, T>(stream, p, pl, o.workspace); break;
+    case 128: launch_fused<128, T>(stream, p, pl, o.workspace); break;
+    default: launch_fused<256, T>(stream, p, pl, o.workspace); break;
   }
   LOCKSTEP_ASSERT(stream.launches() - launches_before == std::uint64_t(pl.launches), "fused plan: launches");
 }

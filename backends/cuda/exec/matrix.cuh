@@ -91,26 +91,20 @@ struct CudaMatrix {
   }
   // c += A (16x16) x B (16x8), fp32 accumulation (mma.sync.m16n8k16.row.col.f32.f16.f16.f32; with
   // the bfloat16 tag .bf16.bf16).
-  __device__ __forceinline__ void mma_16816(float (&c)[4], const int (&a)[4], int b0, int b1,
-                                            ::lockstep::half = {}) const {
+  template <class E = ::lockstep::half>
+  __device__ __forceinline__ void mma_16816(float (&c)[4], const int (&a)[4], int b0, int b1, E = {}) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-    __trap();  // sm_80 and newer (this build targets sm_90)
-#endif
-  }
-  __device__ __forceinline__ void mma_16816(float (&c)[4], const int (&a)[4], int b0, int b1,
-                                            ::lockstep::bfloat16) const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#define LOCKSTEP_MMA_16816(TY)                                                                         \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, " \
+               "{%8, %9}, {%0, %1, %2, %3};\n"                                                        \
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                      \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+    if constexpr (std::is_same_v<E, ::lockstep::bfloat16>) {
+      LOCKSTEP_MMA_16816("bf16");
+    } else {
+      LOCKSTEP_MMA_16816("f16");
+    }
+#undef LOCKSTEP_MMA_16816
 #else
     __trap();  // sm_80 and newer (this build targets sm_90)
 #endif
